@@ -67,7 +67,7 @@ def test_mfu_value_and_trainer_logs_it(tmp_path, monkeypatch, fresh_cache):
     trainer = Trainer(tiny_config(write_corpus(tmp_path / "c.txt"), tmp_path / "runs", name="m", max_iters=10))
     trainer.train()
     logged = [r for r in read_metrics(trainer.run_dir) if "mfu" in r]
-    assert logged and all(r["mfu"] == pytest.approx(r["tokens_per_s"] * trainer.flops_per_token / 1e11)
+    assert logged and all(r["mfu"] == pytest.approx(r["tokens_per_s"] * trainer.flops_per_unit / 1e11)
                           for r in logged)
 
 

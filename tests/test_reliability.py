@@ -104,8 +104,8 @@ def _poison_steps(trainer: Trainer, monkeypatch, steps: set[int]) -> None:
     """Make the loss NaN on the given (1-based) optimisation steps."""
     real = trainer.forward
 
-    def forward(x, y):
-        out = real(x, y)
+    def forward(**batch):
+        out = real(**batch)
         if trainer.step + 1 in steps and trainer.model.training:
             out.loss = out.loss * float("nan")
         return out
@@ -148,8 +148,8 @@ def test_nan_gradient_is_caught(corpus, tmp_path, monkeypatch):
     trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="nan4", max_nonfinite_steps=1))
     real = trainer.forward
 
-    def forward(x, y):
-        out = real(x, y)
+    def forward(**batch):
+        out = real(**batch)
         if trainer.step + 1 == 3 and trainer.model.training:  # finite loss, infinite gradient
             out.loss = out.loss + 0.0 * trainer.model.tok_emb.weight.sum() * float("inf")
         return out

@@ -143,7 +143,7 @@ def test_gradient_accumulation_matches_a_bigger_batch(corpus, tmp_path):
     acc = Trainer(tiny_config(corpus, tmp_path / "runs", name="acc", batch_size=4, grad_accum=2))
     acc.model.load_state_dict(big.model.state_dict())
     gen = torch.Generator().manual_seed(0)
-    x, y = acc.data.get_batch("train", 8, 16, gen)
+    x, y = acc.task.data.get_batch("train", 8, 16, gen)
     big.model(x, y).loss.backward()
     for i in range(2):
         (acc.model(x[4 * i : 4 * i + 4], y[4 * i : 4 * i + 4]).loss / 2).backward()

@@ -93,29 +93,35 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    """Loss (and the task's metrics, e.g. accuracy) of a trained run on its data or on --data."""
     import math
 
-    import torch
-
-    from attnlab.data.text import TextDataset, resolve_text_source
-    from attnlab.runs import load_model_and_tokenizer, load_run_config
+    from attnlab.models.registry import from_pretrained
+    from attnlab.runs import load_run_config
+    from attnlab.training.tasks import build_task
+    from attnlab.training.trainer import evaluate_model
 
     run_dir = Path(args.run_dir)
     cfg = load_run_config(run_dir)
-    model, tok = load_model_and_tokenizer(run_dir)
-    data = TextDataset(resolve_text_source(args.data or cfg.data), tok, val_fraction=cfg.val_fraction)
-    block = model.config.block_size
-    print(f"{run_dir}: {model.num_parameters() / 1e6:.2f}M parameters, data {args.data or cfg.data}")
-    for i, split in enumerate(args.splits):
-        gen = torch.Generator().manual_seed(cfg.seed + 1 + i)
-        total = 0.0
-        with torch.no_grad():
-            for _ in range(args.eval_iters):
-                x, y = data.get_batch(split, args.batch_size, block, gen)
-                total += model(x, y).loss.item()
-        loss = total / args.eval_iters
-        print(f"{split:>5} loss {loss:.4f}  perplexity {math.exp(loss):.2f}  "
-              f"({args.eval_iters} batches of {args.batch_size}x{block} tokens)")
+    if args.data:
+        cfg.data = args.data
+    model = from_pretrained(run_dir)
+    task = build_task(cfg, assets=run_dir)  # the run's tokenizer / class names
+    splits = tuple(args.splits or task.splits)
+    unknown = [s for s in splits if s not in task.splits]
+    if unknown:
+        from attnlab.errors import ConfigError
+
+        raise ConfigError(f"this run's data has no split '{unknown[0]}'; choose from {', '.join(task.splits)}")
+    print(f"{run_dir}: {model.num_parameters() / 1e6:.2f}M parameters, data {cfg.data}")
+    results = evaluate_model(model, task, splits, args.batch_size, args.eval_iters, cfg.seed)
+    for split in splits:
+        loss = results[split]
+        extra = "".join(f"  {k[len(split) + 1:]} {v:.4f}" for k, v in results.items() if k.startswith(split + "_"))
+        ppl = f"  perplexity {math.exp(min(loss, 50)):.2f}" if task.unit == "tokens" else ""
+        print(f"{split:>5} loss {loss:.4f}{ppl}{extra}")
+    for path in task.eval_report(model, run_dir):
+        print(f"wrote {path}")
     return 0
 
 
@@ -220,12 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default runs/experiments/NAME)")
     p.set_defaults(func=_cmd_experiment)
 
-    p = sub.add_parser("eval", help="loss and perplexity of a run on its data (or --data)")
+    p = sub.add_parser("eval", help="loss, perplexity or accuracy of a run on its data (or --data)")
     p.add_argument("run_dir")
     p.add_argument("--data", default=None)
-    p.add_argument("--eval-iters", type=int, default=100)
+    p.add_argument("--eval-iters", type=int, default=100, help="batches per split (tasks with a small "
+                   "finite split evaluate all of it)")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--splits", nargs="+", default=["train", "val"], choices=["train", "val"])
+    p.add_argument("--splits", nargs="+", default=None, help="default: the task's, e.g. train val")
     p.set_defaults(func=_cmd_eval)
     return parser
 

@@ -50,6 +50,10 @@ class PretrainedModel(nn.Module):
 
     config: ModelConfig
 
+    @classmethod
+    def check_config(cls, config: ModelConfig) -> None:
+        """Rules of this family beyond ModelConfig.validate; raise ConfigError (one line)."""
+
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write config.json and model.safetensors (tied weights stored once) atomically."""
         directory = Path(directory)

@@ -54,13 +54,26 @@ class ModelConfig:
     moe_z_weight: float = 0.001  # router z-loss weight (ST-MoE: 1e-3)
     tie_embeddings: bool = True
     init_std: float = 0.02
+    # -- classification heads (bert, vit, cnn) ---------------------------------------------------
+    n_classes: int | None = None  # filled from the data's labels when a run builds the model
+    pooling: Literal["cls", "mean"] = "cls"  # sequence summary: the [CLS] token or the mean of tokens
+    # -- bert --------------------------------------------------------------------------------------
+    n_segments: int = 2  # segment (token type) embeddings, A/B sentences; 0 = none
+    # -- seq2seq -----------------------------------------------------------------------------------
+    n_decoder_layer: int | None = None  # decoder depth; None = n_layer (the encoder's)
+    # -- vit / cnn ---------------------------------------------------------------------------------
+    image_size: int = 28  # side of the square input image, in pixels
+    patch_size: int = 4  # side of a square ViT patch: (image_size / patch_size)^2 tokens + [CLS]
+    in_channels: int = 1  # 1 grey-scale, 3 RGB
 
     def validate(self) -> None:
         """Range checks that types alone cannot express; raises ConfigError (one line)."""
-        from attnlab.models.registry import MODEL_FAMILIES
+        from attnlab.models.registry import MODEL_FAMILIES, model_class
+        from attnlab.schema import did_you_mean
 
         if self.family not in MODEL_FAMILIES:
-            raise ConfigError(f"unknown model family '{self.family}'; choose one of {sorted(MODEL_FAMILIES)}")
+            hint = did_you_mean(self.family, MODEL_FAMILIES) or f"; choose one of {sorted(MODEL_FAMILIES)}"
+            raise ConfigError(f"unknown model family '{self.family}'{hint}")
         for key in ("block_size", "n_layer", "n_head", "d_model"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"model.{key} must be >= 1, got {getattr(self, key)}")
@@ -104,6 +117,12 @@ class ModelConfig:
             raise ConfigError("model.moe_aux_weight and model.moe_z_weight must be >= 0")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
             raise ConfigError("model.norm_eps, model.init_std and model.rope_theta must be > 0")
+        for key in ("n_classes", "n_decoder_layer"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"model.{key} must be >= 1, got {getattr(self, key)}")
+        if self.n_segments < 0 or min(self.image_size, self.patch_size, self.in_channels) < 1:
+            raise ConfigError("model.n_segments must be >= 0; image_size, patch_size, in_channels >= 1")
+        model_class(self.family).check_config(self)  # the family's own rules
 
     @property
     def head_dim(self) -> int:

@@ -3,6 +3,7 @@
 A checkpoint is a folder ``<run>/checkpoints/step-0000500/`` holding
 
     config.json, model.safetensors, tokenizer.json   the model, loadable by ``from_pretrained``
+                                                      (+ whatever else the task saves, e.g. labels.json)
     trainer_state.pt                                  optimiser moments, step, RNG states (tensors
                                                       and plain Python values only)
     manifest.json                                     step + SHA-256 of every file, written last
@@ -30,7 +31,6 @@ from attnlab.fileio import atomic_path, atomic_write_text
 CHECKPOINTS = "checkpoints"
 STATE_NAME = "trainer_state.pt"
 MANIFEST_NAME = "manifest.json"
-MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 BEST = "best"
 
 
@@ -51,7 +51,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model, tokenizer, trainer_state: dict[str, Any], keep: int = 2,
+    run_dir: Path, step: int, model, assets, trainer_state: dict[str, Any], keep: int = 2,
     is_best: bool = False,
 ) -> Path:
     """Write ``<run_dir>/checkpoints/step-NNNNNNN`` atomically and prune to the newest ``keep``.
@@ -67,7 +67,7 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp)
-        tokenizer.save(tmp)
+        assets.save(tmp)  # the task's: tokenizer.json, class names, ...
         with atomic_path(tmp / STATE_NAME) as f:
             torch.save(trainer_state, f)
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if not p.name.startswith(".")}
@@ -79,9 +79,10 @@ def save_checkpoint(
         _fsync_dir(root)
         if is_best:
             _replace_dir_with_links(final, root / BEST)
-        for name in MODEL_FILES:  # mirror the newest model at the top of the run folder
-            with atomic_path(Path(run_dir) / name) as dst:
-                shutil.copyfile(final / name, dst)
+        for file in sorted(final.iterdir()):  # mirror the newest model at the top of the run folder
+            if file.name not in (STATE_NAME, MANIFEST_NAME):
+                with atomic_path(Path(run_dir) / file.name) as dst:
+                    shutil.copyfile(file, dst)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         reason = e.strerror or str(e)

@@ -15,6 +15,8 @@ class TrainConfig:
 
     name: str | None = None  # run folder name; default: preset name + timestamp
     out_dir: str = "runs"
+    # what is trained (training/tasks/): None = the model family's default (gpt: lm)
+    task: str | None = None
     data: str = "shakespeare"  # a text file, or "shakespeare" (built-in corpus, no download)
     tokenizer: Literal["char", "bpe"] = "char"
     bpe_vocab_size: int = 1024
@@ -52,6 +54,7 @@ class TrainConfig:
     sample_tokens: int = 300  # characters/tokens sampled at the end of training (0 = none)
     sample_prompt: str = "\n"
     model: ModelConfig = field(default_factory=ModelConfig)
+    # task options, one section per task that has any (each a dataclass validated like the rest)
 
     def validate(self) -> None:
         positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval",
@@ -74,5 +77,8 @@ class TrainConfig:
             raise ConfigError(f"'checkpoint_interval' must be >= 1, got {self.checkpoint_interval}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"'threads' must be >= 1, got {self.threads}")
+        from attnlab.training.tasks import task_name
+
+        task_name(self)  # an unknown task, or a family without a default, fails here
         if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
             raise ConfigError(f"'name' must be a plain folder name, got {self.name!r}")

@@ -35,11 +35,12 @@ from attnlab.training.checkpoint import (
     save_checkpoint,
 )
 from attnlab.training.config import TrainConfig
-from attnlab.training.mfu import flops_per_token, mfu, peak_flops
+from attnlab.training.mfu import mfu, peak_flops
 from attnlab.training.moe_log import MoELog
 from attnlab.training.optim import make_optimizer
 from attnlab.training.profiling import StepProfiler
 from attnlab.training.schedule import lr_at
+from attnlab.training.tasks.base import Task
 
 
 class TrainingInterrupted(Exception):
@@ -64,18 +65,52 @@ class TrainResult:
     sample: str | None
 
 
+@torch.no_grad()
+def evaluate_model(
+    model: torch.nn.Module, task: Task, splits: tuple[str, ...], batch_size: int, n_batches: int, seed: int,
+    device: torch.device | str = "cpu", autocast=contextlib.nullcontext, dist: distributed.DistInfo | None = None,
+) -> dict[str, float]:
+    """Mean of the task's reported loss (key ``split``) and metrics (key ``split_metric``) per split.
+
+    Split i uses the batches of ``task.eval_batches(split, ..., seed + 1 + i)``, so every evaluation
+    of a run sees the same ones; with N processes each evaluates every N-th batch and they average.
+    """
+    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+    was_training = model.training
+    model.eval()
+    out: dict[str, float] = {}
+    for i, split in enumerate(splits):
+        sums: dict[str, torch.Tensor] = {}
+        n = 0
+        for j, batch in enumerate(task.eval_batches(split, batch_size, n_batches, seed + 1 + i)):
+            n += 1
+            if j % world != rank:
+                continue
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            with autocast():
+                result = model(**batch)
+            values = {split: task.reported_loss(result)}
+            values.update({f"{split}_{k}": v for k, v in task.metrics(result, batch).items()})
+            for key, value in values.items():
+                sums[key] = sums.get(key, torch.zeros((), device=device)) + value.detach().float()
+        for key, total in sums.items():
+            total = distributed.mean(total, dist) * world if dist is not None else total
+            out[key] = (total / max(n, 1)).item()
+    model.train(was_training)
+    return out
+
+
 def default_run_name(preset: str | None) -> str:
     stem = Path(preset).stem if preset else "run"
     return f"{stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 class Trainer:
-    """Builds data, tokenizer and model from a TrainConfig, then trains, evaluates and saves."""
+    """Builds the task (data, tokenizer) and model from a TrainConfig, then trains, evaluates and saves."""
 
     def __init__(self, cfg: TrainConfig, preset: str | None = None, log=print) -> None:
-        from attnlab.data.text import TextDataset, read_text, resolve_text_source
         from attnlab.models.registry import build_model
-        from attnlab.tokenizers import load_tokenizer, train_tokenizer
+        from attnlab.training.tasks import build_task
 
         self.dist = distributed.setup()  # rank 0 of 1 unless launched by torchrun
         self.cfg = cfg
@@ -95,14 +130,9 @@ class Trainer:
                 f"run folder {self.run_dir} already holds a run; pass resume=true or another name="
             )
 
-        source = resolve_text_source(cfg.data)
-        if checkpoint is not None:
-            self.tokenizer = load_tokenizer(checkpoint)
-        else:
-            self.tokenizer = train_tokenizer(cfg.tokenizer, read_text(source), cfg.bpe_vocab_size)
-        self.data = TextDataset(source, self.tokenizer, val_fraction=cfg.val_fraction)
-        self.data.check_block_size(cfg.model.block_size * self.dist.world_size)  # every shard holds a block
-        cfg.model.vocab_size = self.tokenizer.vocab_size
+        # data, tokenizer/class names (from the checkpoint when resuming); fills vocab_size etc.
+        self.task = build_task(cfg, assets=checkpoint, world_size=self.dist.world_size)
+        self.tokenizer = getattr(self.task, "tokenizer", None)
         cfg.model.validate()
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model).to(self.device)
@@ -121,9 +151,10 @@ class Trainer:
             self.ddp = DistributedDataParallel(self.model, device_ids=ids)
         wrapped = self.ddp or self.model
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
-        self.flops_per_token = flops_per_token(self.model)
+        self.flops_per_unit = self.task.flops_per_unit(self.model)
         self._peak: float | None = None
-        if cfg.mfu:  # measured once per machine and cached; here, so it never pauses the training loop
+        # the peak is measured once per machine and cached; here, so it never pauses the training loop
+        if cfg.mfu and self.flops_per_unit is not None:
             self._peak = peak_flops(torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32, self.device.type)
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -178,7 +209,7 @@ class Trainer:
         state = self._trainer_state()  # collective: every rank takes part
         path = None
         if self.dist.is_main:
-            path = save_checkpoint(self.run_dir, self.step, self.model, self.tokenizer, state,
+            path = save_checkpoint(self.run_dir, self.step, self.model, self.task, state,
                                    keep=self.cfg.keep_checkpoints, is_best=is_best)
         distributed.barrier(self.dist)
         return path
@@ -190,29 +221,16 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def batch(self, split: str, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, split: str, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """A batch of the task (keyword arguments of the model's forward), on the device."""
         shard = (self.dist.rank, self.dist.world_size) if split == "train" else (0, 1)
-        x, y = self.data.get_batch(split, self.cfg.batch_size, self.cfg.model.block_size, generator, shard)
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        batch = self.task.batch(split, self.cfg.batch_size, generator, shard)
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    @torch.no_grad()
-    def evaluate(self, splits: tuple[str, ...] = ("train", "val")) -> dict[str, float]:
-        """Mean loss over eval_iters batches per split; the same batches at every evaluation."""
-        self.model.eval()
-        out = {}
-        for i, split in enumerate(splits):
-            # the same eval_iters batches in every run; with N processes each evaluates every N-th
-            gen = torch.Generator().manual_seed(self.cfg.seed + 1 + i)
-            total = torch.zeros((), device=self.device)
-            for j in range(self.cfg.eval_iters):
-                x, y = self.batch(split, gen)
-                if j % self.dist.world_size != self.dist.rank:
-                    continue
-                with self.autocast():
-                    total += self.model(x, y).lm_loss.float()
-            out[split] = (distributed.mean(total, self.dist) * self.dist.world_size / self.cfg.eval_iters).item()
-        self.model.train()
-        return out
+    def evaluate(self, splits: tuple[str, ...] | None = None) -> dict[str, float]:
+        """Loss and task metrics per split on the same batches at every evaluation (see evaluate_model)."""
+        return evaluate_model(self.model, self.task, splits or self.task.splits, self.cfg.batch_size,
+                              self.cfg.eval_iters, self.cfg.seed, self.device, self.autocast, self.dist)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -246,14 +264,13 @@ class Trainer:
         cfg = self.cfg
         decay_iters = cfg.lr_decay_iters or cfg.max_iters
         ckpt_every = cfg.checkpoint_interval or cfg.eval_interval
-        tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.model.block_size * self.dist.world_size
         self.model.train()
         show = cfg.progress and self.dist.is_main
         bar = tqdm(total=cfg.max_iters, initial=self.step, disable=not show, unit="step", dynamic_ncols=True,
                    mininterval=0.5)
         say = bar.write if cfg.progress else self.log
         t_start = t_log = time.perf_counter()
-        steps_since_log, last_train, last_val, last_tps = 0, None, None, None
+        units_since_log, last_train, last_val, last_tps = 0, None, None, None
         bad_steps = 0  # consecutive steps with a non-finite loss or gradient
         profiler = StepProfiler(self.run_dir, self.step, cfg.profile_steps, say) if self.dist.is_main else None
         moe_log = MoELog()
@@ -266,17 +283,18 @@ class Trainer:
                 loss_sum = torch.zeros((), device=self.device)  # next-token cross-entropy
                 objective_sum = torch.zeros((), device=self.device)  # + mixture-of-experts losses
                 for micro in range(cfg.grad_accum):
-                    x, y = self.batch("train", self.batch_gen)
+                    batch = self.batch("train", self.batch_gen)
+                    units_since_log += self.task.count(batch) * self.dist.world_size
                     # with DDP, all-reduce the gradients only on the last micro-batch of the step
                     last = micro == cfg.grad_accum - 1
                     sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
                     with sync:
                         with self.autocast():
-                            out = self.forward(x, y)
+                            out = self.forward(**batch)
                         (out.loss / cfg.grad_accum).backward()
-                    loss_sum += out.lm_loss.detach() / cfg.grad_accum
+                    loss_sum += self.task.reported_loss(out).detach() / cfg.grad_accum
                     objective_sum += out.loss.detach() / cfg.grad_accum
-                    if out.moe_stats:
+                    if getattr(out, "moe_stats", None):
                         moe_log.add(out.moe_stats)
                 # the global gradient norm (clipped to grad_clip if set) doubles as the finiteness check
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or float("inf"))
@@ -291,21 +309,20 @@ class Trainer:
                 self.step += 1
                 if profiler is not None:
                     profiler.step()
-                steps_since_log += 1
                 bar.update(1)
                 done = self.step == cfg.max_iters
                 if self.step % cfg.log_interval == 0 or done:
                     now = time.perf_counter()
-                    last_tps = tokens_per_step * steps_since_log / max(now - t_log - pause_time, 1e-9)
+                    last_tps = units_since_log / max(now - t_log - pause_time, 1e-9)
                     last_train = distributed.mean(loss_sum, self.dist).item()  # one host sync per log interval
                     utilisation = self.mfu(last_tps / self.dist.world_size)  # per replica vs one device's peak
                     self._append_metrics({
-                        "step": self.step, "train_loss": last_train, "lr": lr, "tokens_per_s": last_tps,
+                        "step": self.step, "train_loss": last_train, "lr": lr, f"{self.task.unit}_per_s": last_tps,
                         **({"mfu": utilisation} if utilisation is not None else {}), **moe_log.flush(),
                     })
-                    bar.set_postfix(loss=f"{last_train:.4f}", tok_s=f"{last_tps:,.0f}",
+                    bar.set_postfix(loss=f"{last_train:.4f}", **{f"{self.task.unit}/s": f"{last_tps:,.0f}"},
                                     **({"mfu": f"{utilisation:.1%}"} if utilisation is not None else {}))
-                    t_log, steps_since_log, pause_time = now, 0, 0.0
+                    t_log, units_since_log, pause_time = now, 0, 0.0
                 improved = False
                 if self.step % cfg.eval_interval == 0 or done:
                     t_eval = time.perf_counter()
@@ -313,11 +330,14 @@ class Trainer:
                     last_val = losses["val"]
                     improved = self.best_val is None or last_val < self.best_val
                     self.best_val = last_val if improved else self.best_val
+                    extra = {k: v for k, v in losses.items() if k not in ("train", "val")}
                     self._append_metrics({
-                        "step": self.step, "train_loss": losses["train"], "val_loss": last_val,
-                        "lr": lr, "tokens_per_s": last_tps, "elapsed_s": t_eval - t_start,
+                        "step": self.step, "train_loss": losses.get("train"), "val_loss": last_val,
+                        "lr": lr, f"{self.task.unit}_per_s": last_tps, "elapsed_s": t_eval - t_start, **extra,
                     })
-                    say(f"step {self.step}: train loss {losses['train']:.4f}, val loss {last_val:.4f}")
+                    shown = "".join(f", {k.replace('_', ' ')} {v:.4f}" for k, v in extra.items())
+                    train_part = f"train loss {losses['train']:.4f}, " if "train" in losses else ""
+                    say(f"step {self.step}: {train_part}val loss {last_val:.4f}{shown}")
                     pause_time += time.perf_counter() - t_eval
                 stop = distributed.any_true(self._stop_requested is not None, self.device, self.dist)
                 if self.step % ckpt_every == 0 or done or stop:
@@ -333,7 +353,8 @@ class Trainer:
         wall = time.perf_counter() - t_start
         sample = None
         if self.dist.is_main:
-            sample = self.write_samples() if cfg.sample_tokens > 0 else None
+            sample = self.task.write_samples(self.model, self.run_dir)
+            self.model.train()
             self.write_plot()
         distributed.barrier(self.dist)
         return TrainResult(self.run_dir, self.step, last_train, last_val, wall, sample)
@@ -346,7 +367,7 @@ class Trainer:
         """Model FLOPs utilisation of the current throughput (None when cfg.mfu is off)."""
         if self._peak is None:
             return None
-        return mfu(tokens_per_s, self.flops_per_token, self._peak)
+        return mfu(tokens_per_s, self.flops_per_unit, self._peak)
 
     def _skip_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, bad_steps: int, say) -> None:
         """Record a skipped update; stop once the limit of consecutive bad steps is reached."""
@@ -364,19 +385,6 @@ class Trainer:
             )
 
     # -- outputs -------------------------------------------------------------------------------
-
-    def write_samples(self) -> str:
-        from attnlab.generation import SamplingConfig, generate
-
-        ids = self.tokenizer.encode(self.cfg.sample_prompt) or [0]
-        idx = torch.tensor([ids[-self.cfg.model.block_size:]], device=self.device)
-        cfg = SamplingConfig(max_new_tokens=self.cfg.sample_tokens, temperature=0.8, top_k=None,
-                             seed=self.cfg.seed)
-        out = generate(self.model, idx, cfg)
-        self.model.train()
-        text = self.tokenizer.decode(out[0].tolist())
-        (self.run_dir / "samples.txt").write_text(text + "\n", encoding="utf-8")
-        return text
 
     def write_plot(self) -> Path:
         from attnlab.training.curves import plot_loss_curve

@@ -1,0 +1,84 @@
+"""The interface between the training loop and what is trained: ``Task``.
+
+The trainer calls, per optimisation step, ``batch("train", ...)`` and ``model(**batch)``, then
+backpropagates ``out.loss`` (the full objective, auxiliary losses included) and logs
+``reported_loss(out)`` (e.g. the cross-entropy alone). Evaluation averages ``reported_loss`` and
+``metrics(out, batch)`` over ``eval_batches(split, ...)``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from attnlab.training.config import TrainConfig
+
+Batch = dict[str, Tensor]
+
+
+class Task(ABC):
+    """Data, objective and evaluation of one kind of training.
+
+    The constructor reads the data named by ``cfg``, loads (from ``assets``, a checkpoint or run
+    folder) or builds what the model needs besides its weights, and fills the model config fields
+    that depend on the data (``vocab_size``, ``n_classes``, ...). Bad data raises DataError.
+    """
+
+    unit: str = "tokens"  # what throughput counts (logged as <unit>_per_s): tokens, images, examples
+    splits: tuple[str, ...] = ("train", "val")  # evaluated during training, in this order
+
+    def __init__(self, cfg: TrainConfig, assets: Path | None = None, world_size: int = 1) -> None:
+        self.cfg = cfg
+        self.world_size = world_size
+
+    @abstractmethod
+    def batch(self, split: str, batch_size: int, generator: torch.Generator,
+              shard: tuple[int, int] = (0, 1)) -> Batch:
+        """A random training/eval batch (CPU tensors): keyword arguments of ``model.forward``.
+
+        ``shard = (rank, world_size)``: draw only from this process's part of the split.
+        """
+
+    def eval_batches(self, split: str, batch_size: int, n_batches: int, seed: int) -> Iterator[Batch]:
+        """The batches an evaluation averages over: the same ones at every evaluation.
+
+        Default: ``n_batches`` random batches from a generator seeded with ``seed``. Tasks with a
+        small finite split override this to walk the whole split once.
+        """
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(n_batches):
+            yield self.batch(split, batch_size, gen)
+
+    def count(self, batch: Batch) -> int:
+        """How many ``unit`` a batch holds (tokens/s, images/s); from shapes only, no device sync."""
+        return next(iter(batch.values())).numel()
+
+    def reported_loss(self, out: Any) -> Tensor:
+        """The loss logged as train/val loss (default: the objective ``out.loss``)."""
+        return out.loss
+
+    def metrics(self, out: Any, batch: Batch) -> dict[str, Tensor]:
+        """Extra per-batch evaluation metrics (0-dim tensors, averaged over eval batches)."""
+        return {}
+
+    def flops_per_unit(self, model: torch.nn.Module) -> float | None:
+        """Training FLOPs per ``unit`` for MFU (None: not counted for this task)."""
+        return None
+
+    @abstractmethod
+    def save(self, folder: Path) -> None:
+        """Write what the model needs besides config.json + model.safetensors (tokenizer.json, ...)."""
+
+    def eval_report(self, model: torch.nn.Module, run_dir: Path) -> list[Path]:
+        """Figures/tables ``attnlab eval`` writes beside the numbers (e.g. a confusion matrix PNG)."""
+        return []
+
+    def write_samples(self, model: torch.nn.Module, run_dir: Path) -> str | None:
+        """Something to show at the end of training (generated text, ...); None for nothing."""
+        return None
