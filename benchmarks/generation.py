@@ -4,13 +4,21 @@ An attnlab GPT (6 layers, 6 heads, 384 dims, context 1024) is exported to the GP
 loaded by ``transformers.GPT2LMHeadModel``; both generate 128 new tokens greedily (identical tokens
 are checked) for batch 1 and 8 and prompts of 16 and 512 tokens, alternating in one process. The
 table reports new tokens per second (batch x new tokens / wall time, prefill included) and the ratio.
+With ``--compile`` attnlab also runs with its decode step through torch.compile (compiled once,
+before timing).
 
-    python benchmarks/generation.py              # add --threads 1, --rounds 5
+The second table is the per-token latency of a cached decode step at batch 1 against the context
+length (64 ... 1024 tokens already in the cache): median ms of ``--latency-steps`` single-token
+steps, each round from a fresh copy of the prefilled cache; flat means the cache works (no prompt
+re-computation) and the step's cost is dominated by the weights, not by the context.
+
+    python benchmarks/generation.py              # add --threads 1, --rounds 5, --compile
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import tempfile
@@ -25,6 +33,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--compile", action="store_true", help="also time attnlab with a compiled decode step")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
+    ap.add_argument("--latency-steps", type=int, default=32)
     ap.add_argument("--out", default="benchmarks/results/generation.json")
     args = ap.parse_args()
     if args.threads:
@@ -44,34 +55,90 @@ def main() -> None:
     def run_ours(prompt):
         return generate(ours, prompt, SamplingConfig(max_new_tokens=args.new_tokens, temperature=0))
 
+    def run_ours_compiled(prompt):
+        return generate(ours, prompt, SamplingConfig(max_new_tokens=args.new_tokens, temperature=0, compile=True))
+
     def run_hf(prompt):
         with torch.no_grad():
             return hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=args.new_tokens,
                                min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
 
+    contenders = {"attnlab": run_ours, "hf": run_hf}
+    if args.compile:
+        contenders["attnlab+compile"] = run_ours_compiled
     rows = []
     for batch in (1, 8):
         for prompt_len in (16, 512):
             prompt = torch.randint(0, 256, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
-            same = torch.equal(run_ours(prompt), run_hf(prompt))  # also warms both up
-            times = {"attnlab": [], "hf": []}
+            reference = run_hf(prompt)  # also warms up (and compiles) every contender
+            same = {name: torch.equal(fn(prompt), reference) for name, fn in contenders.items() if name != "hf"}
+            times = {name: [] for name in contenders}
             for _ in range(args.rounds):
-                for name, fn in (("attnlab", run_ours), ("hf", run_hf)):
+                for name, fn in contenders.items():
                     t0 = time.perf_counter()
                     fn(prompt)
                     times[name].append(time.perf_counter() - t0)
             tps = {k: batch * args.new_tokens / statistics.median(v) for k, v in times.items()}
-            rows.append(dict(batch=batch, prompt=prompt_len, new_tokens=args.new_tokens, identical_tokens=same,
-                             attnlab_tokens_per_s=tps["attnlab"], hf_tokens_per_s=tps["hf"],
-                             ratio=tps["attnlab"] / tps["hf"]))
-            r = rows[-1]
+            r = dict(batch=batch, prompt=prompt_len, new_tokens=args.new_tokens,
+                     identical_tokens=all(same.values()), identical_tokens_by_contender=same,
+                     attnlab_tokens_per_s=tps["attnlab"], hf_tokens_per_s=tps["hf"],
+                     ratio=tps["attnlab"] / tps["hf"])
+            if args.compile:
+                r.update(attnlab_compiled_tokens_per_s=tps["attnlab+compile"],
+                         ratio_compiled=tps["attnlab+compile"] / tps["hf"])
+            rows.append(r)
+            compiled = (f"   compiled {r['attnlab_compiled_tokens_per_s']:8.1f} tok/s ({r['ratio_compiled']:.2f}x)"
+                        if args.compile else "")
             print(f"batch {batch}  prompt {prompt_len:>3}:  attnlab {r['attnlab_tokens_per_s']:8.1f} tok/s   "
-                  f"HF generate {r['hf_tokens_per_s']:8.1f} tok/s   ratio {r['ratio']:.2f}x   "
-                  f"identical tokens: {same}", flush=True)
+                  f"HF generate {r['hf_tokens_per_s']:8.1f} tok/s   ratio {r['ratio']:.2f}x{compiled}   "
+                  f"identical tokens: {r['identical_tokens']}", flush=True)
+    latency = per_token_latency(ours, hf, args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"threads": torch.get_num_threads(), "results": rows}, indent=2))
+    out.write_text(json.dumps({"threads": torch.get_num_threads(), "results": rows, "latency": latency}, indent=2))
     print(f"wrote {out}")
+
+
+@torch.no_grad()
+def per_token_latency(ours, hf, args) -> list[dict]:
+    """ms per cached decode step at batch 1 vs the context already in the cache, both libraries."""
+    from attnlab.generation import _decode_step, compiled_decode_step
+
+    steppers = {"attnlab": _decode_step}
+    if args.compile:
+        steppers["attnlab+compile"] = compiled_decode_step()
+    rows = []
+    print(f"\nper-token latency, batch 1 (median of {args.latency_steps} steps x {args.rounds} rounds)")
+    print(f"{'context':>8}" + "".join(f"{name:>18}" for name in [*steppers, "hf"]))
+    for context in args.contexts:
+        prompt = torch.randint(0, 256, (1, context - 1), generator=torch.Generator().manual_seed(2))
+        token = torch.zeros(1, 1, dtype=torch.long)
+        cache = ours.new_cache(1)
+        ours(prompt, cache=cache, last_only=True)  # prefill
+        hf_out = hf(prompt, use_cache=True)
+        times: dict[str, list[float]] = {name: [] for name in [*steppers, "hf"]}
+        for _ in range(args.rounds):
+            for name, step in steppers.items():
+                c = copy.deepcopy(cache)
+                step(ours, token, c)  # warm-up (compiles once)
+                c = copy.deepcopy(cache)
+                for _ in range(args.latency_steps):
+                    t0 = time.perf_counter()
+                    step(ours, token, c)
+                    times[name].append(time.perf_counter() - t0)
+            past = copy.deepcopy(hf_out.past_key_values)
+            for _ in range(args.latency_steps):
+                t0 = time.perf_counter()
+                past = hf(token, past_key_values=past, use_cache=True).past_key_values
+                times["hf"].append(time.perf_counter() - t0)
+        row = {"context": context, **{f"{k}_ms": 1000 * statistics.median(v) for k, v in times.items()}}
+        rows.append(row)
+        print(f"{context:>8}" + "".join(f"{row[f'{k}_ms']:>18.2f}" for k in times), flush=True)
+    first, last = rows[0], rows[-1]
+    for name in [*steppers, "hf"]:
+        print(f"{name}: {last['context']} / {first['context']} tokens of context = "
+              f"{last[f'{name}_ms'] / first[f'{name}_ms']:.2f}x the latency")
+    return rows
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 Each step is a full optimisation step (forward, backward, clip to 1.0, AdamW, zero_grad) on the
 same random (B, T) batches. The contenders are timed alternately, round after round, in one
-process, so machine noise hits both alike; the table reports the median tokens/s over rounds
-and the ratio attnlab / HF.
+process, so machine noise hits both alike; the table reports the median tokens/s over rounds,
+the ratio attnlab / HF, and the model FLOPs utilisation (MFU: 6N + 12 L C T FLOPs per token, as in
+the PaLM appendix, over this machine's measured matmul peak for the dtype; both models have the
+same shape, hence the same FLOPs per token).
 
     python benchmarks/train_throughput.py                 # shakespeare-char shape, fp32 + bf16
     python benchmarks/train_throughput.py --shape large   # 6L/6H/384d, T=256, B=8
@@ -120,12 +122,17 @@ def main() -> None:
             for name, (model, opt, fn) in contenders.items():
                 times.setdefault((name, dtype), []).append(time_steps(model, opt, fn, batches, dtype))
 
+    from attnlab.training.mfu import flops_per_token, mfu, peak_flops
+
     tokens = B * T * args.steps
+    flops = flops_per_token(contenders["attnlab"][0])
+    peaks = {d: peak_flops(torch.bfloat16 if d == "bf16" else torch.float32) for d in args.dtypes}
     rows = []
     for (name, dtype), ts in times.items():
         tps = tokens / statistics.median(ts)
         rows.append(dict(model=name, dtype=dtype, params=params[name], tokens_per_s=tps,
                          step_ms=1000 * statistics.median(ts) / args.steps,
+                         flops_per_token=flops, peak_flops=peaks[dtype], mfu=mfu(tps, flops, peaks[dtype]),
                          tokens_per_s_all_rounds=[tokens / t for t in ts]))
     base = {r["dtype"]: r["tokens_per_s"] for r in rows if r["model"] == "hf-gpt2"}
     fp32_hf = base.get("fp32")
@@ -133,19 +140,20 @@ def main() -> None:
           f"C={shape['d_model']} T={T} B={B}), {torch.get_num_threads()} threads, "
           f"median of {args.rounds} rounds x {args.steps} steps\n")
     header = f"{'model':<18}{'dtype':<7}{'params':>10}{'tokens/s':>11}{'ms/step':>9}"
-    print(header + f"{'vs HF same dtype':>18}{'vs HF fp32':>12}")
+    print(header + f"{'MFU':>7}{'vs HF same dtype':>18}{'vs HF fp32':>12}")
     for r in rows:
         r["ratio_vs_hf_same_dtype"] = r["tokens_per_s"] / base[r["dtype"]] if r["dtype"] in base else None
         r["ratio_vs_hf_fp32"] = r["tokens_per_s"] / fp32_hf if fp32_hf else None
         same = f"{r['ratio_vs_hf_same_dtype']:.2f}x" if r["ratio_vs_hf_same_dtype"] else "-"
         vs32 = f"{r['ratio_vs_hf_fp32']:.2f}x" if r["ratio_vs_hf_fp32"] else "-"
         print(f"{r['model']:<18}{r['dtype']:<7}{r['params']:>10,}{r['tokens_per_s']:>11,.0f}"
-              f"{r['step_ms']:>9.1f}{same:>18}{vs32:>12}")
+              f"{r['step_ms']:>9.1f}{r['mfu']:>7.1%}{same:>18}{vs32:>12}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(shape=args.shape, **shape, rounds=args.rounds, steps=args.steps,
                 threads=torch.get_num_threads(), torch=torch.__version__, machine=platform.machine(),
                 processor=platform.processor())
+    print("\nMFU peaks (measured matmul, cached): " + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks.items()))
     out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     print(f"\nwrote {out}")
 

@@ -65,7 +65,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     model, tok = load_model_and_tokenizer(args.run_dir)
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, use_cache=not args.no_cache, seed=args.seed)
+                         top_k=args.top_k, top_p=args.top_p, use_cache=not args.no_cache, seed=args.seed,
+                         compile=args.compile)
     cfg.validate()
     ids = tok.encode(args.prompt)  # raises TokenizerError for characters outside the vocabulary
     if not ids:
@@ -211,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--no-cache", action="store_true", help="re-run the whole context every step")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step (faster after a "
+                   "one-off compilation of some seconds)")
     p.set_defaults(func=_cmd_sample)
 
     p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (prints a table, writes JSON)")
