@@ -45,7 +45,9 @@ def test_two_processes_train_resume_exactly_and_move_to_one_process(tmp_path):
     assert full.stdout.count("done: step 20") == 1  # only rank 0 reports
     state = load_trainer_state(list_checkpoints(out / "full")[-1])
     assert state["world_size"] == 2 and len(state["batch_rng_per_rank"]) == 2
-    assert not torch.equal(state["batch_rng_per_rank"][0], state["batch_rng_per_rank"][1])  # own shards
+    # one global-batch generator, the same state on every rank (each reads its own rows)
+    assert torch.equal(state["batch_rng_per_rank"][0], state["batch_rng_per_rank"][1])
+    assert not torch.equal(state["torch_rng_per_rank"][0], state["torch_rng_per_rank"][1])  # own dropout
     records = read_metrics(out / "full")
     assert [r["step"] for r in records if "val_loss" in r] == [10, 20]
     train_records = [r["step"] for r in records if "val_loss" not in r]
@@ -69,3 +71,20 @@ def test_two_processes_train_resume_exactly_and_move_to_one_process(tmp_path):
                      tmp_path)
     assert "resumed" in more.stdout and "done: step 40" in more.stdout
     assert load_trainer_state(list_checkpoints(out / "full")[-1])["world_size"] == 2
+
+
+def test_two_processes_take_the_steps_of_one_process_with_the_global_batch(tmp_path):
+    """2 processes x batch 4 (DDP, gloo) == 1 process x batch 8 after k steps, to 1e-5: every rank
+    reads its rows of the same global batch and the all-reduce averages the gradients."""
+    corpus = write_corpus(tmp_path / "corpus.txt", n_chars=40_000)
+    preset = tmp_path / "defaults.yaml"
+    preset.write_text("{}\n")
+    out = tmp_path / "runs"
+    extra = dict(max_iters=12, dropout=0.0, threads=1, eval_interval=12)
+    _torchrun(preset, tiny_overrides(corpus, out, name="two", batch_size=4, **extra), tmp_path)
+    Trainer(tiny_config(corpus, out, name="one", batch_size=8, **extra)).train()
+    two, one = _weights(out / "two"), _weights(out / "one")
+    worst = max((two[k] - one[k]).abs().max().item() for k in one)
+    assert worst < 1e-5, worst
+    init = Trainer(tiny_config(corpus, out, name="init", batch_size=8, **extra)).model.state_dict()
+    assert max((one[k] - init[k]).abs().max().item() for k in one) > 1e-3  # and training did move them

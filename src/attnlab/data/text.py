@@ -149,16 +149,16 @@ class TextDataset:
         """Random windows: ``x`` and ``y`` are int64 ``(B, T)``, ``y`` is ``x`` shifted by one.
 
         Window starts come from ``torch.randint`` on ``generator`` only, so equal generator states
-        give equal batches. ``shard=(r, n)`` draws only from the r-th of n equal contiguous parts of
-        the split (each data-parallel process reads its own part).
+        give equal batches. ``shard=(r, n)``: the generator draws the starts of a global batch of
+        n x B windows and this process reads rows r*B .. (r+1)*B - 1 of it (as torch's
+        DistributedSampler does), so n processes with batch B see exactly the batch of B x n that
+        one process would draw from the same generator state.
         """
         data = self.split_ids(split)
         rank, n_shards = shard
-        if n_shards > 1:
-            size = len(data) // n_shards
-            data = data[rank * size : (rank + 1) * size]
         self.check_block_size(block_size, (split,))
-        starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)  # (B,)
+        starts = torch.randint(len(data) - block_size, (batch_size * n_shards,), generator=generator)  # (n B,)
+        starts = starts[rank * batch_size : (rank + 1) * batch_size]  # (B,) this process's rows
         offsets = starts.numpy()[:, None] + np.arange(block_size + 1)  # (B, T + 1)
         windows = torch.from_numpy(np.asarray(data[offsets], dtype=np.int64))  # (B, T + 1)
         x = windows[:, :-1].contiguous()  # (B, T)

@@ -1,8 +1,10 @@
 """Data-parallel training on PyTorch's own engine: ``torchrun --nproc_per_node=N attnlab train ...``.
 
 torchrun starts N processes and sets RANK, LOCAL_RANK and WORLD_SIZE; each process holds a full
-copy of the model, reads its own shard of the training tokens, and DistributedDataParallel
-averages the gradients (all-reduce) during backward, so every replica takes the same step:
+copy of the model, reads its own rows of each global batch (all processes draw the same N x B
+windows and process r reads rows rB .. (r+1)B - 1, as DistributedSampler does), and
+DistributedDataParallel averages the gradients (all-reduce) during backward, so every replica
+takes the same step, the one a single process with batch N x B would take:
 
     g = (1/N) sum_r g_r,     tokens per step = N x batch_size x grad_accum x block_size
 

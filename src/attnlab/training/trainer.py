@@ -63,6 +63,7 @@ class TrainResult:
     val_loss: float | None
     wall_time_s: float
     sample: str | None
+    train_time_s: float = 0.0  # wall time minus evaluations and checkpoint writes
 
 
 @torch.no_grad()
@@ -137,7 +138,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model).to(self.device)
         self.optimizer = make_optimizer(self.model, cfg)
-        self.batch_gen = torch.Generator().manual_seed(cfg.seed + self.dist.rank)
+        self.batch_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process (global batches)
         torch.manual_seed(cfg.seed + self.dist.rank)  # dropout differs between replicas
         self.step = 0
         self.best_val: float | None = None
@@ -196,7 +197,7 @@ class Trainer:
             self.batch_gen.set_state(per_rank[self.dist.rank])
             torch.set_rng_state(torch_per_rank[self.dist.rank])
         else:  # weights and optimiser carry over; the data order starts afresh for the new world size
-            self.batch_gen.manual_seed(self.cfg.seed + self.dist.rank + 7919 * self.step)
+            self.batch_gen.manual_seed(self.cfg.seed + 7919 * self.step)
             torch.manual_seed(self.cfg.seed + self.dist.rank + 7919 * self.step)
             self.log(f"note: checkpoint from {saved_world} process(es) resumed with {self.dist.world_size}: "
                      "same weights and optimiser state, new data order")
@@ -275,6 +276,7 @@ class Trainer:
         profiler = StepProfiler(self.run_dir, self.step, cfg.profile_steps, say) if self.dist.is_main else None
         moe_log = MoELog()
         pause_time = 0.0  # evaluation and checkpoint time, left out of tokens/s
+        pause_total = 0.0
         try:
             while self.step < cfg.max_iters:
                 lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, decay_iters)
@@ -339,11 +341,13 @@ class Trainer:
                     train_part = f"train loss {losses['train']:.4f}, " if "train" in losses else ""
                     say(f"step {self.step}: {train_part}val loss {last_val:.4f}{shown}")
                     pause_time += time.perf_counter() - t_eval
+                    pause_total += time.perf_counter() - t_eval
                 stop = distributed.any_true(self._stop_requested is not None, self.device, self.dist)
                 if self.step % ckpt_every == 0 or done or stop:
                     t_save = time.perf_counter()
                     self.save(is_best=improved)
                     pause_time += time.perf_counter() - t_save
+                    pause_total += time.perf_counter() - t_save
                 if stop and not done:
                     raise TrainingInterrupted(self.step, self.run_dir)
         finally:
@@ -357,7 +361,7 @@ class Trainer:
             self.model.train()
             self.write_plot()
         distributed.barrier(self.dist)
-        return TrainResult(self.run_dir, self.step, last_train, last_val, wall, sample)
+        return TrainResult(self.run_dir, self.step, last_train, last_val, wall, sample, wall - pause_total)
 
     def _append_metrics(self, record: dict[str, Any]) -> None:
         if self.dist.is_main:

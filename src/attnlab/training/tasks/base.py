@@ -42,7 +42,10 @@ class Task(ABC):
               shard: tuple[int, int] = (0, 1)) -> Batch:
         """A random training/eval batch (CPU tensors): keyword arguments of ``model.forward``.
 
-        ``shard = (rank, world_size)``: draw only from this process's part of the split.
+        ``shard = (rank, world_size)``: rows rank*B .. (rank+1)*B - 1 of the global batch of
+        world_size x B examples that ``generator`` draws (every process holds the same generator
+        state), as torch's DistributedSampler does; so N processes step exactly like one process
+        with N times the batch.
         """
 
     def eval_batches(self, split: str, batch_size: int, n_batches: int, seed: int) -> Iterator[Batch]:

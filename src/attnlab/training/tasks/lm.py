@@ -35,7 +35,7 @@ class LanguageModelTask(Task):
         else:
             self.tokenizer = train_tokenizer(cfg.tokenizer, read_text(source), cfg.bpe_vocab_size)
         self.data = TextDataset(source, self.tokenizer, val_fraction=cfg.val_fraction)
-        self.data.check_block_size(cfg.model.block_size * world_size)  # every shard holds a block
+        self.data.check_block_size(cfg.model.block_size)
         cfg.model.vocab_size = self.tokenizer.vocab_size
 
     def batch(self, split: str, batch_size: int, generator: torch.Generator,
