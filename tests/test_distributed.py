@@ -88,3 +88,32 @@ def test_two_processes_take_the_steps_of_one_process_with_the_global_batch(tmp_p
     assert worst < 1e-5, worst
     init = Trainer(tiny_config(corpus, out, name="init", batch_size=8, **extra)).model.state_dict()
     assert max((one[k] - init[k]).abs().max().item() for k in one) > 1e-3  # and training did move them
+
+
+def test_fsdp_matches_one_process_resumes_exactly_and_moves_to_one_process(tmp_path):
+    """parallel=fsdp (FSDP2, gloo): each rank holds half of every parameter and moment, yet the
+    steps equal one process's with the global batch (to 1e-5); a 2-process FSDP run cut and
+    resumed is bit-identical to the uninterrupted one; its checkpoint continues in one process."""
+    corpus = write_corpus(tmp_path / "corpus.txt", n_chars=40_000)
+    preset = tmp_path / "defaults.yaml"
+    preset.write_text("{}\n")
+    out = tmp_path / "runs"
+    extra = dict(max_iters=12, dropout=0.0, threads=1, eval_interval=6, grad_accum=2, sample_tokens=5)
+    full = _torchrun(preset, tiny_overrides(corpus, out, name="fsdp", batch_size=4, parallel="fsdp", **extra),
+                     tmp_path)
+    assert full.stdout.count("done: step 12") == 1 and (out / "fsdp" / "samples.txt").is_file()
+    Trainer(tiny_config(corpus, out, name="one", batch_size=8, **extra)).train()
+    sharded, one = _weights(out / "fsdp"), _weights(out / "one")
+    assert max((sharded[k] - one[k]).abs().max().item() for k in one) < 1e-5
+
+    shutil.copytree(out / "fsdp", out / "cut")
+    shutil.rmtree(out / "cut" / "checkpoints" / "step-0000012")
+    _torchrun(preset, tiny_overrides(corpus, out, name="cut", batch_size=4, parallel="fsdp", resume=True, **extra),
+              tmp_path)
+    a = _weights(out / "cut")
+    assert all(torch.equal(a[k], sharded[k]) for k in a)
+
+    single = Trainer(tiny_config(corpus, out, name="fsdp", batch_size=8, resume=True, **{**extra, "max_iters": 16}))
+    assert single.step == 12
+    assert single.optimizer.state_dict()["state"][0]["exp_avg"].abs().sum() > 0  # the moments came along
+    assert single.train().step == 16

@@ -37,6 +37,9 @@ class TrainConfig:
     compile: bool = False
     seed: int = 1337
     threads: int | None = None  # torch intra-op threads; None = torch's default
+    # under torchrun: "ddp" = a full replica per process, gradients all-reduced; "fsdp" = fully
+    # sharded (FSDP2): each process keeps 1/N of weights, gradients and optimiser state
+    parallel: Literal["ddp", "fsdp"] = "ddp"
     # evaluation, logging, checkpoints
     eval_interval: int = 250
     eval_iters: int = 100  # batches per evaluation

@@ -88,3 +88,74 @@ def gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     out: list[Any] = [None] * info.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+# ------------------------------------------------------------------------------------------ FSDP
+
+
+def shard_model(model: torch.nn.Module, block_types: tuple[type, ...]) -> None:
+    """Fully shard ``model`` in place (FSDP2, ``fully_shard``): every block of ``block_types`` is
+    its own unit, the rest (embeddings, final norm, head) the root unit.
+
+    Each process keeps 1/N of every parameter, gradient and optimiser moment; a unit's full
+    parameters are all-gathered just before its forward/backward and freed after, and gradients
+    are reduce-scattered. The step equals DDP's (and one process's with N x the batch).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    flags = {name for name, p in model.named_parameters() if getattr(p, "_no_weight_decay", False)}
+    for module in model.modules():
+        if isinstance(module, block_types):
+            fully_shard(module)
+    fully_shard(model)
+    for name, p in model.named_parameters():  # sharding makes new Parameter objects: re-flag them
+        if name in flags:
+            p._no_weight_decay = True
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded weights on rank 0 (CPU), {} elsewhere; collective under FSDP."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimiser's state dict, keyed by parameter index as torch's ``Optimizer.state_dict``;
+    under FSDP each sharded moment is all-gathered into its full tensor (collective: every rank
+    calls this, in the same order), so the checkpoint is the same as a single process's."""
+    state = optimizer.state_dict()
+    if not is_sharded(model):
+        return state
+    full = {i: {k: _full(v) for k, v in s.items()} for i, s in sorted(state["state"].items())}
+    return {"state": full, "param_groups": state["param_groups"]}
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load an optimiser state saved by any number of processes; under FSDP every rank keeps its
+    own shard of each full moment (no communication: every rank has read the checkpoint)."""
+    if is_sharded(model):
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        shards = {}
+        for i, s in state["state"].items():
+            p = params[i]
+            shards[i] = {k: distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+                         if isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape else v
+                         for k, v in s.items()}
+        state = {"state": shards, "param_groups": state["param_groups"]}
+    optimizer.load_state_dict(state)
+
+
+def _full(value: Any) -> Any:
+    """A DTensor's full tensor on the CPU (collective); anything else as it is."""
+    return value.full_tensor().cpu() if hasattr(value, "full_tensor") else value

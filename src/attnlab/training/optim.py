@@ -12,9 +12,10 @@ import torch
 from attnlab.training.config import TrainConfig
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = True) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices (dim >= 2) only: not on biases, norms' gains, nor on
-    parameters flagged ``_no_weight_decay`` (an SSM's A_log)."""
+    parameters flagged ``_no_weight_decay`` (an SSM's A_log). ``fused``: one kernel for all
+    parameters (the foreach path is used for FSDP's sharded DTensor parameters)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)]
     no_decay = [p for p in params if p.dim() < 2 or getattr(p, "_no_weight_decay", False)]
@@ -22,4 +23,5 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True)
+    kernel = {"fused": True} if fused else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **kernel)

@@ -137,19 +137,25 @@ class Trainer:
         cfg.model.validate()
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model).to(self.device)
-        self.optimizer = make_optimizer(self.model, cfg)
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process (global batches)
         torch.manual_seed(cfg.seed + self.dist.rank)  # dropout differs between replicas
         self.step = 0
         self.best_val: float | None = None
-        if checkpoint is not None:
-            self._restore(checkpoint)
+        state = self._restore_weights(checkpoint) if checkpoint is not None else None
         self.ddp: torch.nn.Module | None = None
-        if self.dist.enabled:  # gradients are all-reduced during backward
+        self.sharded = self.dist.enabled and cfg.parallel == "fsdp"
+        if self.sharded:  # each process keeps 1/N of the weights, gradients and moments
+            from attnlab.nn.blocks import TransformerBlock
+
+            distributed.shard_model(self.model, (TransformerBlock,))
+        elif self.dist.enabled:  # full replicas; gradients are all-reduced during backward
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.dist.local_rank] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+        self.optimizer = make_optimizer(self.model, cfg, fused=not self.sharded)
+        if state is not None:
+            self._restore_state(state)
         wrapped = self.ddp or self.model
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
         self.flops_per_unit = self.task.flops_per_unit(self.model)
@@ -170,7 +176,7 @@ class Trainer:
         rngs = distributed.gather_objects((self.batch_gen.get_state(), torch.get_rng_state()), self.dist)
         return {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": distributed.optimizer_state(self.model, self.optimizer),  # collective under FSDP
             "batch_rng": rngs[0][0],
             "torch_rng": rngs[0][1],
             "world_size": self.dist.world_size,
@@ -179,15 +185,19 @@ class Trainer:
             "best_val": self.best_val,
         }
 
-    def _restore(self, checkpoint: Path) -> None:
+    def _restore_weights(self, checkpoint: Path) -> dict[str, Any]:
+        """Load the checkpoint's weights (before any wrapping) and return its trainer state."""
         loaded = type(self.model).from_pretrained(checkpoint)
         if loaded.config != self.model.config:
             theirs, ours = dataclasses.asdict(loaded.config), dataclasses.asdict(self.model.config)
             diff = ", ".join(f"{k}={theirs[k]!r} (config says {ours[k]!r})" for k in ours if theirs[k] != ours[k])
             raise CheckpointError(f"{checkpoint} was trained with a different model: {diff}")
         self.model.load_state_dict(loaded.state_dict())
-        state = load_trainer_state(checkpoint)
-        self.optimizer.load_state_dict(state["optimizer"])
+        return load_trainer_state(checkpoint)
+
+    def _restore_state(self, state: dict[str, Any]) -> None:
+        """Optimiser moments, step, best val loss and RNG states (after the model is wrapped)."""
+        distributed.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.step = int(state["step"])
         self.best_val = state.get("best_val")
         saved_world = int(state.get("world_size", 1))
@@ -208,12 +218,27 @@ class Trainer:
     def save(self, is_best: bool = False) -> Path | None:
         """Write a checkpoint (rank 0 only; every process contributes its RNG states)."""
         state = self._trainer_state()  # collective: every rank takes part
+        model = self.plain_model()  # collective under FSDP
         path = None
         if self.dist.is_main:
-            path = save_checkpoint(self.run_dir, self.step, self.model, self.task, state,
+            path = save_checkpoint(self.run_dir, self.step, model, self.task, state,
                                    keep=self.cfg.keep_checkpoints, is_best=is_best)
         distributed.barrier(self.dist)
         return path
+
+    def plain_model(self) -> torch.nn.Module | None:
+        """The model with full (unsharded) weights: itself, or under FSDP a gathered copy on rank 0
+        (None on the other ranks). Collective under FSDP: every rank must call it."""
+        if not self.sharded:
+            return self.model
+        from attnlab.models.registry import build_model
+
+        full = distributed.full_model_state(self.model)
+        if not self.dist.is_main:
+            return None
+        copy = build_model(self.cfg.model)
+        copy.load_state_dict(full)
+        return copy.to(self.device)
 
     # -- evaluation ----------------------------------------------------------------------------
 
@@ -230,8 +255,10 @@ class Trainer:
 
     def evaluate(self, splits: tuple[str, ...] | None = None) -> dict[str, float]:
         """Loss and task metrics per split on the same batches at every evaluation (see evaluate_model)."""
+        # under FSDP every rank runs every batch (each forward gathers weights collectively)
         return evaluate_model(self.model, self.task, splits or self.task.splits, self.cfg.batch_size,
-                              self.cfg.eval_iters, self.cfg.seed, self.device, self.autocast, self.dist)
+                              self.cfg.eval_iters, self.cfg.seed, self.device, self.autocast,
+                              None if self.sharded else self.dist)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -290,6 +317,8 @@ class Trainer:
                     # with DDP, all-reduce the gradients only on the last micro-batch of the step
                     last = micro == cfg.grad_accum - 1
                     sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
+                    if self.sharded:
+                        self.model.set_requires_gradient_sync(last)
                     with sync:
                         with self.autocast():
                             out = self.forward(**batch)
@@ -300,6 +329,8 @@ class Trainer:
                         moe_log.add(out.moe_stats)
                 # the global gradient norm (clipped to grad_clip if set) doubles as the finiteness check
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or float("inf"))
+                if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+                    grad_norm = grad_norm.full_tensor()
                 bad = not (torch.isfinite(objective_sum) and torch.isfinite(grad_norm))
                 if not distributed.any_true(bad, self.device, self.dist):  # every replica decides alike
                     self.optimizer.step()
@@ -356,9 +387,11 @@ class Trainer:
                 profiler.close()
         wall = time.perf_counter() - t_start
         sample = None
+        model = self.plain_model() if cfg.sample_tokens > 0 else None  # collective under FSDP
         if self.dist.is_main:
-            sample = self.task.write_samples(self.model, self.run_dir)
-            self.model.train()
+            if model is not None:
+                sample = self.task.write_samples(model, self.run_dir)
+                model.train()
             self.write_plot()
         distributed.barrier(self.dist)
         return TrainResult(self.run_dir, self.step, last_train, last_val, wall, sample, wall - pause_total)
