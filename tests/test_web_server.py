@@ -98,7 +98,8 @@ def test_info_and_the_page(client):
     assert page.status_code == 200 and "/static/app.js" in page.text
     for name in ("app.js", "style.css"):
         assert client.get(f"/static/{name}").status_code == 200
-    assert client.get("/api/health").json() == {"status": "ok", "pending": 0}
+    health = client.get("/api/health").json()
+    assert health["status"] == "ok" and health["pending"] == 0 and health["peak_pending"] == 1
 
 
 def test_the_page_loads_nothing_from_elsewhere(client):
@@ -239,7 +240,7 @@ def test_concurrent_requests_beyond_the_queue_get_a_clean_503(run_dir):
 
     health, responses = asyncio.run(scenario())
     codes = sorted(r.status_code for r in responses)
-    assert health == {"status": "ok", "pending": 3}
+    assert health == {"status": "ok", "pending": 3, "peak_pending": 3}
     assert codes == [200] * 3 + [503] * 5
     refused = [r for r in responses if r.status_code == 503]
     assert all("busy" in r.json()["error"] and r.headers["retry-after"] == "1" for r in refused)

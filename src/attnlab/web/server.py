@@ -1,7 +1,8 @@
 """The explorer's web server: one offline page plus a small JSON API, with every input bounded.
 
     GET  /                 the page (static/index.html; script and style from /static, no CDN)
-    GET  /api/health       {"status": "ok", "pending": n}: liveness, and how many inferences are queued
+    GET  /api/health       {"status": "ok", "pending": n, "peak_pending": m}: liveness; inferences running or
+                           queued now, and the most there have ever been at once
     GET  /api/info         the run's family, layers, heads and input limits
     POST /api/attention    {"text": "..."} -> tokens, attention maps (layer, head, query, key), top-10 next tokens
 
@@ -83,6 +84,7 @@ class InferenceGate:
         self.capacity = 1 + max_queue  # one running + the waiting ones
         self.timeout_s = timeout_s
         self.pending = 0
+        self.peak_pending = 0  # the most ever running + waiting at once (never above capacity)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnlab-explore")
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -91,6 +93,7 @@ class InferenceGate:
                                   retry_after_s=1)
         loop = asyncio.get_running_loop()
         self.pending += 1
+        self.peak_pending = max(self.peak_pending, self.pending)
         job = self._executor.submit(fn, *args)
         job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release))
         try:
@@ -205,7 +208,7 @@ def create_app(
 
     @app.get("/api/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "pending": gate.pending}
+        return {"status": "ok", "pending": gate.pending, "peak_pending": gate.peak_pending}
 
     @app.get("/api/info")
     async def info() -> dict[str, Any]:

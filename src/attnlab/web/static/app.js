@@ -444,6 +444,10 @@ function drawConv() {
   ctx.font = "12px system-ui, sans-serif";
   ctx.textBaseline = "middle";
   const bands = [`conv k=${k}, ×${L}`, `attention L${state.result.layer_index[state.layer]} H${state.head}`];
+  ctx.fillStyle = "#667085";
+  ctx.textAlign = "left";
+  ctx.fillText(`blue: inputs the stacked convolution can reach from position ${i}; colour below: attention ` +
+    `weight of position ${i} on each input (scaled to the row's largest, ${rowMax.toFixed(3)})`, 4, 14);
   bands.forEach((label, band) => {
     const [, y] = convCellXY(0, band);
     ctx.fillStyle = "#1d2330";
