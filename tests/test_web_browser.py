@@ -57,9 +57,13 @@ def signature(matrix) -> str:
 
 
 def run_text(page, text: str) -> None:
+    """Type ``text``, run the model, and wait until the page has drawn the new result."""
+    runs = int(page.get_attribute("body", "data-runs") or 0)
     page.fill("#text-input", text)
     page.click("#run")
-    page.wait_for_function(f"document.getElementById('heatmap').dataset.tokens === '{len(text)}'")
+    # a selector, not wait_for_function: the page's CSP forbids the eval that one needs
+    page.wait_for_selector(f'body[data-runs="{runs + 1}"]')
+    assert page.get_attribute("#heatmap", "data-tokens") == str(len(text))
 
 
 def heatmap_pixels(page) -> str:

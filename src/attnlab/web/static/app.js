@@ -249,6 +249,7 @@ async function runModel() {
     selectHead(state.head);
     setStatus(`${result.tokens.length} tokens, ${result.layers.length} attention layers × ${heads} heads`);
     document.body.dataset.ready = "1";
+    document.body.dataset.runs = String(parseInt(document.body.dataset.runs || "0", 10) + 1);
   } catch (e) {
     setStatus(e.message, true);
   } finally {
@@ -446,8 +447,8 @@ function drawConv() {
   const bands = [`conv k=${k}, ×${L}`, `attention L${state.result.layer_index[state.layer]} H${state.head}`];
   ctx.fillStyle = "#667085";
   ctx.textAlign = "left";
-  ctx.fillText(`blue: inputs the stacked convolution can reach from position ${i}; colour below: attention ` +
-    `weight of position ${i} on each input (scaled to the row's largest, ${rowMax.toFixed(3)})`, 4, 14);
+  ctx.fillText(`blue: what the convolution reaches from position ${i}; below: the attention weights of ` +
+    `position ${i} (colour = weight / row max ${rowMax.toFixed(3)})`, 4, 14);
   bands.forEach((label, band) => {
     const [, y] = convCellXY(0, band);
     ctx.fillStyle = "#1d2330";
