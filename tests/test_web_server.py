@@ -322,3 +322,14 @@ def test_static_files_ship_with_the_package():
     assert "web/static/*" in patterns
     assert {p.name for p in STATIC_DIR.iterdir()} >= {"index.html", "app.js", "style.css"}
     assert web_server.STATIC_DIR.is_relative_to(Path(web_server.__file__).parent)
+
+
+def test_the_worker_thread_stops_with_the_app(run_dir):
+    before = set(threading.enumerate())  # other tests' apps may still hold theirs
+    app = create_app(run_dir)
+    with TestClient(app) as c:
+        assert c.post("/api/attention", json={"text": "the"}).status_code == 200
+        workers = [t for t in set(threading.enumerate()) - before if t.name.startswith("attnlab-explore")]
+        assert len(workers) == 1
+    workers[0].join(timeout=5)
+    assert not workers[0].is_alive()

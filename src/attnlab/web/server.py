@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import ipaddress
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +175,13 @@ def create_app(
     """The explorer app for one run folder (loaded now; a bad folder raises a one-line AttnlabError)."""
     adapter = adapter or load_adapter(run_dir)
     gate = InferenceGate(max_queue=max_queue, timeout_s=timeout_s)
-    app = FastAPI(title="attnlab explorer", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        gate.shutdown()  # the worker thread ends with the server
+
+    app = FastAPI(title="attnlab explorer", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.adapter = adapter
     app.state.gate = gate
 
@@ -225,7 +232,6 @@ def create_app(
         return FileResponse(STATIC_DIR / "index.html")
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    app.router.on_shutdown.append(gate.shutdown)
     # outermost: the body limit runs before routing, validation or any handler
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, timeout_s=timeout_s)
     return app
