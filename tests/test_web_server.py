@@ -181,6 +181,13 @@ def test_no_file_outside_the_static_folder_is_served(client):
 # ---------------------------------------------------------------- serialised inference, queue, time limit
 
 
+async def _until(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
 def test_the_gate_refuses_beyond_its_queue_and_times_out():
     async def scenario():
         gate = InferenceGate(max_queue=1, timeout_s=5)
@@ -214,8 +221,7 @@ def test_the_gate_refuses_beyond_its_queue_and_times_out():
         assert slow.pending == 1  # the computation still runs: its slot stays taken
         with pytest.raises(ExplorerRefusal, match="busy"):
             await slow.run(lambda: None)
-        await asyncio.sleep(0.5)
-        assert slow.pending == 0
+        await _until(lambda: slow.pending == 0)  # the computation ends about 0.4 s in
         assert await slow.run(lambda: 7) == 7
         gate.shutdown()
         slow.shutdown()
@@ -232,7 +238,7 @@ def test_concurrent_requests_beyond_the_queue_get_a_clean_503(run_dir):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://explorer") as c:
             tasks = [asyncio.create_task(c.post("/api/attention", json={"text": "the"})) for _ in range(8)]
-            await asyncio.sleep(0.3)
+            await _until(lambda: sum(t.done() for t in tasks) == 5)  # the refusals come back at once
             health = (await c.get("/api/health")).json()  # answered while the model is busy
             slow.release.set()
             responses = await asyncio.gather(*tasks)
@@ -252,7 +258,9 @@ def test_a_request_over_the_time_limit_gets_503_and_the_server_recovers(run_dir)
     with TestClient(create_app(run_dir, timeout_s=0.1, adapter=slow)) as c:
         r = c.post("/api/attention", json={"text": "the"})
         assert r.status_code == 503 and "did not answer within 0.1 s" in r.json()["error"]
-        time.sleep(0.6)
+        deadline = time.monotonic() + 20
+        while c.get("/api/health").json()["pending"] and time.monotonic() < deadline:
+            time.sleep(0.05)  # the computation ends about 0.5 s in
         assert c.get("/api/health").json()["pending"] == 0
         slow.delay_s = 0
         assert c.post("/api/attention", json={"text": "the"}).status_code == 200
