@@ -81,14 +81,16 @@ const MARGIN = 46; // room for the token labels on the top and left
 
 function drawHeatmap() {
   const canvas = $("heatmap");
+  const matrix = currentMatrix();
+  const T = matrix ? matrix.length : 0;
+  const cell = Math.max(1, Math.floor((canvas.width - MARGIN - 4) / Math.max(T, 1)));
+  const height = matrix ? MARGIN + T * cell + 6 : canvas.width;
+  if (canvas.height !== height) canvas.height = height; // as tall as the matrix needs
   const ctx = canvas.getContext("2d");
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
-  const matrix = currentMatrix();
   if (!matrix) return;
   const tokens = state.result.tokens;
-  const T = tokens.length;
-  const cell = Math.max(1, Math.floor((canvas.width - MARGIN - 4) / T));
   for (let i = 0; i < T; i++) {
     for (let j = 0; j < T; j++) {
       ctx.fillStyle = colour(matrix[i][j]);
