@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from attnlab.experiments.hand_trace import by_hand
-from attnlab.web.server import create_app
+from attnlab.web.server import LOOPBACK_NAMES, create_app
 
 from .web_helpers import chromium_path, headless_chromium, offline_page, running_server, train_tiny_run
 
@@ -31,7 +31,7 @@ TEXT = "the quick brown fox"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     run_dir = train_tiny_run(tmp_path_factory.mktemp("explorer-browser"))
-    with running_server(create_app(run_dir)) as url:
+    with running_server(create_app(run_dir, allowed_hosts=LOOPBACK_NAMES)) as url:  # as `serve` configures it
         yield url
 
 

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from attnlab.web.loadtest import fire, summarise
-from attnlab.web.server import create_app
+from attnlab.web.server import LOOPBACK_NAMES, create_app
 
 from .web_helpers import running_server, train_tiny_run
 
@@ -17,7 +17,8 @@ def run_dir(tmp_path_factory):
 
 
 def test_200_concurrent_requests_are_answered_or_cleanly_refused(run_dir):
-    app = create_app(run_dir)  # the defaults `attnlab explore` uses: one worker, queue of 8, 10 s limit
+    # what `attnlab explore` serves: one worker, a queue of 8, a 10 s limit, loopback Host names only
+    app = create_app(run_dir, allowed_hosts=LOOPBACK_NAMES)
     with running_server(app) as url:
         outcomes = fire(url, n=200, text="the quick brown fox", timeout_s=60)
         stats = summarise(outcomes, wall_s=0)

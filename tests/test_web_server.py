@@ -78,6 +78,24 @@ def test_attention_maps_match_the_model_and_are_causal(client, run_dir):
     assert not torch.allclose(probs[0, 0], probs[0, 1])  # the heads differ (the browser test relies on it)
 
 
+@pytest.mark.parametrize("backend", ["eager", "tiled"])
+def test_the_maps_agree_with_the_other_backends(client, run_dir, backend):
+    """The run uses sdpa (the default); its maps equal those of the same weights on eager / tiled."""
+    import dataclasses
+
+    from attnlab.models.gpt import GPT
+
+    text = "over the lazy dog"
+    served = torch.tensor(client.post("/api/attention", json={"text": text}).json()["layers"])
+    model, tok = load_model_and_tokenizer(run_dir)
+    assert model.config.attn_backend == "sdpa"
+    other = GPT(dataclasses.replace(model.config, attn_backend=backend)).eval()
+    other.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        out = other(torch.tensor([tok.encode(text)]), need_weights=True)
+    assert torch.allclose(served, torch.stack([a["self"][0] for a in out.attentions]), atol=1e-5)
+
+
 def test_next_token_top10_is_the_softmax_of_the_last_logits(client, run_dir):
     data = client.post("/api/attention", json={"text": "the qu"}).json()
     model, tok = load_model_and_tokenizer(run_dir)
@@ -294,6 +312,18 @@ def test_a_bad_run_folder_fails_at_start_up_with_one_line(tmp_path, setup):
     assert str(e.value).count("\n") == 0 and str(run) in str(e.value)
 
 
+def test_a_foreign_host_header_is_refused(run_dir):
+    """DNS rebinding: a page on evil.example resolved to 127.0.0.1 sends Host: evil.example."""
+    app = create_app(run_dir, allowed_hosts=web_server.LOOPBACK_NAMES)
+    with TestClient(app, base_url="http://127.0.0.1:8000") as c:
+        assert c.post("/api/attention", json={"text": "the"}).status_code == 200
+        for host in ("localhost:8000", "[::1]:8000", "127.0.0.1"):
+            assert c.get("/api/health", headers={"host": host}).status_code == 200, host
+        for host in ("evil.example", "evil.example:8000", "127.0.0.1.evil.example", ""):
+            r = c.get("/", headers={"host": host})
+            assert r.status_code == 400 and r.json()["error"].startswith("unexpected Host header"), host
+
+
 def test_only_loopback_binds_without_a_warning():
     for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
         assert host_warning(host) is None, host
@@ -303,9 +333,12 @@ def test_only_loopback_binds_without_a_warning():
 
 def test_cli_explore_binds_loopback_by_default(run_dir, monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: calls.append(kw))
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: calls.append(dict(kw, app=app)))
     assert main(["explore", str(run_dir), "--port", "8765"]) == 0
     assert calls[-1]["host"] == "127.0.0.1" and calls[-1]["port"] == 8765
+    with TestClient(calls[-1]["app"], base_url="http://127.0.0.1:8765") as c:  # guarded against rebinding
+        assert c.get("/api/health").status_code == 200
+        assert c.get("/api/health", headers={"host": "evil.example"}).status_code == 400
     captured = capsys.readouterr()
     assert "http://127.0.0.1:8765/" in captured.out and captured.err == ""
     assert main(["explore", str(run_dir), "--host", "0.0.0.0"]) == 0

@@ -17,6 +17,7 @@ Limits (issue 9, item 5):
 * a request whose inference has not finished within ``timeout_s`` gets 503 (the slot stays taken
   until the computation really ends, so a slow model cannot pile up work);
 * the run folder is fixed at start-up: no request names a file, unknown JSON fields are refused;
+* on a loopback address it answers only Host headers naming this machine (no DNS rebinding);
 * every error is JSON ``{"error": "one line"}``.
 """
 
@@ -157,6 +158,26 @@ class BodyLimitMiddleware:
         return await self.app(scope, replay, send)
 
 
+class HostGuard:
+    """Answers only requests whose Host header names this machine (blocks DNS rebinding: a web page
+    elsewhere cannot point its own domain at 127.0.0.1 and script the explorer through the browser)."""
+
+    def __init__(self, app: Any, allowed_hosts: set[str]) -> None:
+        self.app, self.allowed_hosts = app, allowed_hosts
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host  # drop the port
+            if name.lower() not in self.allowed_hosts:
+                return await _error(400, f"unexpected Host header '{host[:100]}': open the explorer at "
+                                         "the address it printed")(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+LOOPBACK_NAMES = {"127.0.0.1", "localhost", "[::1]"}
+
+
 class TextRequest(BaseModel):
     """The only input the model endpoint takes: text. Unknown fields (a path, a model name) are refused."""
 
@@ -171,8 +192,13 @@ def create_app(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_queue: int = DEFAULT_MAX_QUEUE,
     adapter: ExplorerAdapter | None = None,
+    allowed_hosts: set[str] | None = None,
 ) -> FastAPI:
-    """The explorer app for one run folder (loaded now; a bad folder raises a one-line AttnlabError)."""
+    """The explorer app for one run folder (loaded now; a bad folder raises a one-line AttnlabError).
+
+    ``allowed_hosts``: the Host header names it answers to (None: any; ``serve`` passes the loopback
+    names when it binds a loopback address).
+    """
     adapter = adapter or load_adapter(run_dir)
     gate = InferenceGate(max_queue=max_queue, timeout_s=timeout_s)
 
@@ -234,6 +260,8 @@ def create_app(
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     # outermost: the body limit runs before routing, validation or any handler
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, timeout_s=timeout_s)
+    if allowed_hosts is not None:
+        app.add_middleware(HostGuard, allowed_hosts={h.lower() for h in allowed_hosts})
     return app
 
 
@@ -269,7 +297,9 @@ def serve(
 
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be between 1 and 65535, got {port}")
-    app = create_app(run_dir, max_body_bytes=max_body_bytes, timeout_s=timeout_s, max_queue=max_queue)
+    allowed = LOOPBACK_NAMES if is_loopback(host) else None  # elsewhere the user chose to be reachable
+    app = create_app(run_dir, max_body_bytes=max_body_bytes, timeout_s=timeout_s, max_queue=max_queue,
+                     allowed_hosts=allowed)
     warning = host_warning(host)
     if warning:
         print(warning, file=sys.stderr)
