@@ -313,7 +313,8 @@ def test_a_bad_run_folder_fails_at_start_up_with_one_line(tmp_path, setup):
 
 
 def test_a_foreign_host_header_is_refused(run_dir):
-    """DNS rebinding: a page on evil.example resolved to 127.0.0.1 sends Host: evil.example."""
+    """DNS rebinding: a page on evil.example resolved to 127.0.0.1 sends Host: evil.example; a page
+    on evil.example posting to 127.0.0.1 sends Origin: https://evil.example."""
     app = create_app(run_dir, allowed_hosts=web_server.LOOPBACK_NAMES)
     with TestClient(app, base_url="http://127.0.0.1:8000") as c:
         assert c.post("/api/attention", json={"text": "the"}).status_code == 200
@@ -322,6 +323,11 @@ def test_a_foreign_host_header_is_refused(run_dir):
         for host in ("evil.example", "evil.example:8000", "127.0.0.1.evil.example", ""):
             r = c.get("/", headers={"host": host})
             assert r.status_code == 400 and r.json()["error"].startswith("unexpected Host header"), host
+        # a page on another site posting to the explorer (the browser adds its Origin)
+        r = c.post("/api/attention", json={"text": "the"}, headers={"origin": "https://evil.example"})
+        assert r.status_code == 403 and "another site" in r.json()["error"]
+        same = c.post("/api/attention", json={"text": "the"}, headers={"origin": "http://127.0.0.1:8000"})
+        assert same.status_code == 200
 
 
 def test_only_loopback_binds_without_a_warning():

@@ -17,7 +17,8 @@ Limits (issue 9, item 5):
 * a request whose inference has not finished within ``timeout_s`` gets 503 (the slot stays taken
   until the computation really ends, so a slow model cannot pile up work);
 * the run folder is fixed at start-up: no request names a file, unknown JSON fields are refused;
-* on a loopback address it answers only Host headers naming this machine (no DNS rebinding);
+* on a loopback address it answers only Host headers naming this machine (no DNS rebinding) and no
+  browser request sent from another site's page (Origin header);
 * every error is JSON ``{"error": "one line"}``.
 """
 
@@ -167,12 +168,22 @@ class HostGuard:
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http":
-            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
-            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host  # drop the port
-            if name.lower() not in self.allowed_hosts:
+            headers = dict(scope["headers"])
+            host = headers.get(b"host", b"").decode("latin-1")
+            if self._name(host) not in self.allowed_hosts:
                 return await _error(400, f"unexpected Host header '{host[:100]}': open the explorer at "
                                          "the address it printed")(scope, receive, send)
+            origin = headers.get(b"origin", b"").decode("latin-1")  # sent by browsers with every POST
+            if origin and self._name(origin.split("://", 1)[-1]) not in self.allowed_hosts:
+                return await _error(403, f"requests from another site ('{origin[:100]}') are refused")(
+                    scope, receive, send)
         return await self.app(scope, receive, send)
+
+    @staticmethod
+    def _name(host: str) -> str:
+        """'127.0.0.1:8000' -> '127.0.0.1', '[::1]:8000' -> '[::1]' (lower case)."""
+        host = host.lower().rstrip("/")
+        return host if host.endswith("]") or ":" not in host else host.rsplit(":", 1)[0]
 
 
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "[::1]"}
