@@ -247,6 +247,26 @@ def test_the_gate_refuses_beyond_its_queue_and_times_out():
     asyncio.run(scenario())
 
 
+def test_a_request_whose_client_left_is_dropped_from_the_queue():
+    async def scenario():
+        gate = InferenceGate(max_queue=2, timeout_s=5)
+        release = threading.Event()
+        ran = []
+        first = asyncio.create_task(gate.run(lambda: ran.append("first") or release.wait(5)))
+        queued = asyncio.create_task(gate.run(lambda: ran.append("queued")))
+        await _until(lambda: gate.pending == 2)
+        queued.cancel()  # what the server does to a request's task when its client disconnects
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        release.set()
+        await first
+        await _until(lambda: gate.pending == 0)
+        gate.shutdown()
+        return ran
+
+    assert asyncio.run(scenario()) == ["first"]
+
+
 def test_concurrent_requests_beyond_the_queue_get_a_clean_503(run_dir):
     """Over HTTP: with the model busy, 1 runs, 2 wait, the rest are refused at once; all waiting ones finish."""
     slow = SlowAdapter(GPTAdapter(run_dir))

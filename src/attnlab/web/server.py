@@ -98,13 +98,21 @@ class InferenceGate:
         self.pending += 1
         self.peak_pending = max(self.peak_pending, self.pending)
         job = self._executor.submit(fn, *args)
-        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release))
+        job.add_done_callback(lambda _: self._release_from(loop))
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(job)), self.timeout_s)
+        except asyncio.CancelledError:  # the client went away: drop its job if it has not started
+            job.cancel()
+            raise
         except TimeoutError:
             job.cancel()  # drops it if still queued; a running computation ends on its own
             raise ExplorerRefusal(503, f"the model did not answer within {self.timeout_s:g} s; retry with a "
                                        "shorter text or later", retry_after_s=1) from None
+
+    def _release_from(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Called on the worker thread (or at shutdown) when a job ends: count it off on the loop."""
+        with contextlib.suppress(RuntimeError):  # the loop is already closed: nothing left to count
+            loop.call_soon_threadsafe(self._release)
 
     def _release(self) -> None:
         self.pending -= 1
