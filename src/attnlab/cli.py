@@ -170,6 +170,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, str(scripts[args.name]), *args.args])
 
 
+def _cmd_explore(args: argparse.Namespace) -> int:
+    from attnlab.web.server import serve
+
+    serve(args.run_dir, host=args.host, port=args.port)
+    return 0
+
+
 def _cmd_experiment(args: argparse.Namespace) -> int:
     from attnlab.experiments import EXPERIMENTS, load
 
@@ -237,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--splits", nargs="+", default=None, help="default: the task's, e.g. train val")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("explore", help="the offline web explorer: attention maps, toy example, conv vs attention")
+    p.add_argument("run_dir")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only); anything "
+                   "else makes the unauthenticated explorer reachable from the network")
+    p.set_defaults(func=_cmd_explore)
     return parser
 
 

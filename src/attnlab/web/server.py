@@ -1,0 +1,328 @@
+"""The explorer's web server: one offline page plus a small JSON API, with every input bounded.
+
+    GET  /                 the page (static/index.html; script and style from /static, no CDN)
+    GET  /api/health       {"status": "ok", "pending": n, "peak_pending": m}: liveness; inferences running or
+                           queued now, and the most there have ever been at once
+    GET  /api/info         the run's family, layers, heads and input limits
+    POST /api/attention    {"text": "..."} -> tokens, attention maps (layer, head, query, key), top-10 next tokens
+
+Limits (issue 9, item 5):
+
+* binds 127.0.0.1 unless ``host`` says otherwise (a warning is printed when it does);
+* a request body larger than ``max_body_bytes`` is refused with 413 before the app sees it, and a
+  body that does not arrive within ``timeout_s`` with 408;
+* model input is bounded by the adapter (characters, then tokens <= the model's context): 400;
+* inference runs on ONE worker thread (the model is used by one request at a time); at most
+  ``max_queue`` requests wait behind it, any more are refused at once with 503 "busy, retry";
+* a request whose inference has not finished within ``timeout_s`` gets 503 (the slot stays taken
+  until the computation really ends, so a slow model cannot pile up work);
+* the run folder is fixed at start-up: no request names a file, unknown JSON fields are refused;
+* on a loopback address it answers only Host headers naming this machine (no DNS rebinding) and no
+  browser request sent from another site's page (Origin header);
+* every error is JSON ``{"error": "one line"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import ipaddress
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from attnlab.errors import AttnlabError, ConfigError
+from attnlab.web.model_adapter import ExplorerAdapter, load_adapter
+
+STATIC_DIR = Path(__file__).parent / "static"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_MAX_BODY_BYTES = 16 * 1024  # the longest text the explorer takes is a few KB
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_QUEUE = 8
+
+# The page loads nothing from elsewhere; the browser is told so, and enforces it.
+SECURITY_HEADERS = {
+    "content-security-policy": ("default-src 'self'; img-src 'self' data: blob:; style-src 'self'; "
+                                "script-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+                                "frame-ancestors 'none'"),
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+
+
+class ExplorerRefusal(Exception):
+    """A request the server declines (busy, timed out, too large): an HTTP status and one line."""
+
+    def __init__(self, status: int, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+def _error(status: int, message: str, retry_after_s: int | None = None) -> JSONResponse:
+    headers = {"retry-after": str(retry_after_s)} if retry_after_s is not None else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+class InferenceGate:
+    """Serialises model calls on one worker thread behind a bounded queue, with a time limit.
+
+    ``pending`` counts calls submitted and not yet finished (running or queued); it is only touched
+    on the event loop thread. A call that times out keeps its slot until its computation ends.
+    """
+
+    def __init__(self, max_queue: int, timeout_s: float) -> None:
+        if max_queue < 0 or timeout_s <= 0:
+            raise ValueError("max_queue must be >= 0 and timeout_s > 0")
+        self.capacity = 1 + max_queue  # one running + the waiting ones
+        self.timeout_s = timeout_s
+        self.pending = 0
+        self.peak_pending = 0  # the most ever running + waiting at once (never above capacity)
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnlab-explore")
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.pending >= self.capacity:
+            raise ExplorerRefusal(503, f"busy: {self.pending} requests are already running or waiting; retry shortly",
+                                  retry_after_s=1)
+        loop = asyncio.get_running_loop()
+        self.pending += 1
+        self.peak_pending = max(self.peak_pending, self.pending)
+        job = self._executor.submit(fn, *args)
+        job.add_done_callback(lambda _: self._release_from(loop))
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(job)), self.timeout_s)
+        except asyncio.CancelledError:  # the client went away: drop its job if it has not started
+            job.cancel()
+            raise
+        except TimeoutError:
+            job.cancel()  # drops it if still queued; a running computation ends on its own
+            raise ExplorerRefusal(503, f"the model did not answer within {self.timeout_s:g} s; retry with a "
+                                       "shorter text or later", retry_after_s=1) from None
+
+    def _release_from(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Called on the worker thread (or at shutdown) when a job ends: count it off on the loop."""
+        with contextlib.suppress(RuntimeError):  # the loop is already closed: nothing left to count
+            loop.call_soon_threadsafe(self._release)
+
+    def _release(self) -> None:
+        self.pending -= 1
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class BodyLimitMiddleware:
+    """Reads a request body up to ``max_bytes`` (413 beyond it; 408 if it stalls), then replays it.
+
+    A declared Content-Length over the limit is refused before one byte of the body is read.
+    """
+
+    def __init__(self, app: Any, max_bytes: int, timeout_s: float) -> None:
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        too_large = f"request body too large: the explorer accepts at most {self.max_bytes} bytes"
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                return await _error(400, "invalid Content-Length header")(scope, receive, send)
+            if int(declared) > self.max_bytes:
+                return await _error(413, too_large)(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except TimeoutError:
+                return await _error(408, f"request body not received within {self.timeout_s:g} s")(scope, receive, send)
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return await _error(413, too_large)(scope, receive, send)
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the disconnect as usual
+
+        return await self.app(scope, replay, send)
+
+
+class HostGuard:
+    """Answers only requests whose Host header names this machine (blocks DNS rebinding: a web page
+    elsewhere cannot point its own domain at 127.0.0.1 and script the explorer through the browser)."""
+
+    def __init__(self, app: Any, allowed_hosts: set[str]) -> None:
+        self.app, self.allowed_hosts = app, allowed_hosts
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            host = headers.get(b"host", b"").decode("latin-1")
+            if self._name(host) not in self.allowed_hosts:
+                return await _error(400, f"unexpected Host header '{host[:100]}': open the explorer at "
+                                         "the address it printed")(scope, receive, send)
+            origin = headers.get(b"origin", b"").decode("latin-1")  # sent by browsers with every POST
+            if origin and self._name(origin.split("://", 1)[-1]) not in self.allowed_hosts:
+                return await _error(403, f"requests from another site ('{origin[:100]}') are refused")(
+                    scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    @staticmethod
+    def _name(host: str) -> str:
+        """'127.0.0.1:8000' -> '127.0.0.1', '[::1]:8000' -> '[::1]' (lower case)."""
+        host = host.lower().rstrip("/")
+        return host if host.endswith("]") or ":" not in host else host.rsplit(":", 1)[0]
+
+
+LOOPBACK_NAMES = {"127.0.0.1", "localhost", "[::1]"}
+
+
+class TextRequest(BaseModel):
+    """The only input the model endpoint takes: text. Unknown fields (a path, a model name) are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str
+
+
+def create_app(
+    run_dir: str | Path,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    adapter: ExplorerAdapter | None = None,
+    allowed_hosts: set[str] | None = None,
+) -> FastAPI:
+    """The explorer app for one run folder (loaded now; a bad folder raises a one-line AttnlabError).
+
+    ``allowed_hosts``: the Host header names it answers to (None: any; ``serve`` passes the loopback
+    names when it binds a loopback address).
+    """
+    adapter = adapter or load_adapter(run_dir)
+    gate = InferenceGate(max_queue=max_queue, timeout_s=timeout_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        gate.shutdown()  # the worker thread ends with the server
+
+    app = FastAPI(title="attnlab explorer", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.adapter = adapter
+    app.state.gate = gate
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Callable) -> Any:
+        response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    @app.exception_handler(AttnlabError)
+    async def user_error(request: Request, e: AttnlabError) -> JSONResponse:
+        return _error(400, str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+    @app.exception_handler(ExplorerRefusal)
+    async def refusal(request: Request, e: ExplorerRefusal) -> JSONResponse:
+        return _error(e.status, str(e), e.retry_after_s)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        return _error(400, f"bad request: {where}: {first.get('msg', 'invalid')}"[:300])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return _error(e.status_code, str(e.detail))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception) -> JSONResponse:
+        return _error(500, f"internal error: {type(e).__name__}")
+
+    @app.get("/api/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "pending": gate.pending, "peak_pending": gate.peak_pending}
+
+    @app.get("/api/info")
+    async def info() -> dict[str, Any]:
+        return {**adapter.describe(), "max_body_bytes": max_body_bytes, "timeout_s": timeout_s}
+
+    @app.post("/api/attention")
+    async def attention(req: TextRequest) -> dict[str, Any]:
+        if not adapter.info.supported:  # answer at once: no need to queue for a refusal
+            raise ConfigError(adapter.info.message)
+        return await gate.run(app.state.adapter.attention_maps, req.text)
+
+    @app.get("/")
+    async def index() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    # outermost: the body limit runs before routing, validation or any handler
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, timeout_s=timeout_s)
+    if allowed_hosts is not None:
+        app.add_middleware(HostGuard, allowed_hosts={h.lower() for h in allowed_hosts})
+    return app
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and 'localhost'."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_warning(host: str) -> str | None:
+    """A warning line when the explorer would be reachable from other machines."""
+    if is_loopback(host):
+        return None
+    return (f"warning: binding {host}: the explorer (and the model it serves) is reachable from other "
+            "machines on this network; it has no authentication. Use the default 127.0.0.1 to keep it local.")
+
+
+def serve(
+    run_dir: str | Path,
+    host: str = DEFAULT_HOST,
+    port: int = 8000,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+) -> None:
+    """Load the run and serve the explorer until Ctrl-C."""
+    import uvicorn
+
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port must be between 1 and 65535, got {port}")
+    allowed = LOOPBACK_NAMES if is_loopback(host) else None  # elsewhere the user chose to be reachable
+    app = create_app(run_dir, max_body_bytes=max_body_bytes, timeout_s=timeout_s, max_queue=max_queue,
+                     allowed_hosts=allowed)
+    warning = host_warning(host)
+    if warning:
+        print(warning, file=sys.stderr)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"attnlab explorer for {Path(run_dir).resolve()} on http://{shown}:{port}/  (Ctrl-C to stop)")
+    # limit_concurrency: beyond this many open connections uvicorn itself answers 503
+    uvicorn.run(app, host=host, port=port, log_level="warning", limit_concurrency=256, timeout_keep_alive=5)

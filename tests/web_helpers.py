@@ -1,0 +1,104 @@
+"""Shared by the explorer's tests: a tiny trained char GPT, and the real server on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from attnlab.training.trainer import Trainer
+
+from .helpers import tiny_config, write_corpus
+
+
+def train_tiny_run(root: Path, **extra) -> Path:
+    """A 2-layer, 2-head char GPT trained for 10 steps (about 1 s on one thread); returns its run folder."""
+    corpus = write_corpus(root / "corpus.txt")
+    settings = dict(max_iters=10, block_size=32, eval_interval=10) | extra
+    Trainer(tiny_config(corpus, root / "runs", name="tiny", **settings)).train()
+    return root / "runs" / "tiny"
+
+
+@contextlib.contextmanager
+def running_server(app) -> Iterator[str]:
+    """Serve ``app`` with uvicorn in a thread on a free 127.0.0.1 port; yields the base URL."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", limit_concurrency=256, timeout_keep_alive=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the explorer server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def chromium_path() -> str | None:
+    """The system Chromium (Debian's ``chromium``), or $ATTNLAB_CHROMIUM; None when there is none."""
+    import os
+    import shutil
+
+    if os.environ.get("ATTNLAB_CHROMIUM"):
+        return os.environ["ATTNLAB_CHROMIUM"]
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@contextlib.contextmanager
+def headless_chromium():
+    """Playwright driving the system Chromium headless (no downloaded browser build)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), headless=True,
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
+def offline_page(browser, base_url: str, viewport=(1300, 900)):
+    """A fresh page that may reach ``base_url`` and nothing else.
+
+    Yields (page, blocked, errors): ``blocked`` lists every request to anywhere else (each is aborted,
+    so the page sees the network as down), ``errors`` every JavaScript error and console error.
+    """
+    context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]}, accept_downloads=True)
+    blocked: list[str] = []
+    errors: list[str] = []
+
+    def route(r):
+        if r.request.url.startswith((base_url + "/", "data:", "blob:")):
+            r.continue_()
+        else:
+            blocked.append(r.request.url)
+            r.abort("internetdisconnected")
+
+    try:
+        context.route("**/*", route)
+        page = context.new_page()
+        page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+        page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+        yield page, blocked, errors
+    finally:
+        context.close()
