@@ -73,7 +73,6 @@ def read_idx(path: Path) -> np.ndarray:
     return data.reshape(dims)
 
 
-@functools.lru_cache(maxsize=2)
 def load_fashion_mnist(folder: str | Path = FASHION_MNIST_DIR) -> tuple[ImageSet, ImageSet]:
     """The official (train, test) split: 60,000 and 10,000 images (1, 28, 28)."""
     folder = Path(folder)
