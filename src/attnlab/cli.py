@@ -1,4 +1,4 @@
-"""The command line: ``attnlab train | resume | sample | eval | bench | experiment``.
+"""The command line: ``attnlab train | resume | sample | eval | inspect | bench | experiment``.
 
 Every user error (bad config, missing file, unknown character, corrupt checkpoint) ends with one
 line on stderr and exit status 2; ``--debug`` shows the traceback instead.
@@ -123,6 +123,19 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print(f"{split:>5} loss {loss:.4f}{ppl}{extra}")
     for path in task.eval_report(model, run_dir):
         print(f"wrote {path}")
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    """Saliency of a trained ViT on one image: [CLS] attention per layer/head and rollout, as a PNG."""
+    from attnlab.errors import ConfigError
+    from attnlab.inspect.saliency import inspect_image
+
+    if not args.image:
+        raise ConfigError("give an input to inspect, e.g. --image path.png")
+    result = inspect_image(args.run_dir, args.image, args.out, resize=args.resize)
+    print(f"{args.image}: {result['class']} ({result['probability']:.1%}); rollout peaks at patch "
+          f"(row, col) {result['rollout_peak']}; wrote {result['out']}")
     return 0
 
 
@@ -251,6 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only); anything "
                    "else makes the unauthenticated explorer reachable from the network")
     p.set_defaults(func=_cmd_explore)
+
+    p = sub.add_parser("inspect", help="saliency map of a trained model on an input (ViT: --image)")
+    p.add_argument("run_dir")
+    p.add_argument("--image", default=None, help="an image file (png, jpg, ...) for a vit run")
+    p.add_argument("--resize", action="store_true", help="resize an image of another size to the model's")
+    p.add_argument("--out", default="saliency.png", help="output PNG (default saliency.png)")
+    p.set_defaults(func=_cmd_inspect)
     return parser
 
 

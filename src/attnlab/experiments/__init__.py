@@ -12,6 +12,7 @@ from types import ModuleType
 
 EXPERIMENTS: dict[str, str] = {
     "hand-trace": "attnlab.experiments.hand_trace",
+    "vit-vs-cnn": "attnlab.experiments.vit_vs_cnn",
 }
 
 

@@ -65,6 +65,10 @@ class ModelConfig:
     image_size: int = 28  # side of the square input image, in pixels
     patch_size: int = 4  # side of a square ViT patch: (image_size / patch_size)^2 tokens + [CLS]
     in_channels: int = 1  # 1 grey-scale, 3 RGB
+    cnn_width: int = 32  # cnn: channels of the first stage (doubled at each later stage)
+    cnn_stages: int = 3  # cnn: stages of residual blocks; each after the first halves the resolution
+    cnn_blocks: int = 2  # cnn: residual blocks per stage
+    cnn_norm: Literal["batch", "group"] = "batch"  # cnn: BatchNorm or GroupNorm after every conv
 
     def validate(self) -> None:
         """Range checks that types alone cannot express; raises ConfigError (one line)."""

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 # family -> "module:Class"; imported lazily so `import attnlab` stays cheap
 MODEL_FAMILIES: dict[str, str] = {
     "gpt": "attnlab.models.gpt:GPT",
+    "vit": "attnlab.models.vit:ViT",
+    "cnn": "attnlab.models.cnn:CNN",
 }
 
 

@@ -10,6 +10,27 @@ from attnlab.models.config import ModelConfig
 
 
 @dataclass
+class ImageOptions:
+    """Image classification data (task image-classification): split, augmentation, size handling."""
+
+    shift: int = 2  # random shift of up to this many pixels (zero padding, then crop); 0 = none
+    flip: bool = False  # random horizontal flip (off for digits and text-like images)
+    test_fraction: float = 0.2  # held out as test when the data has no official test split
+    train_fraction: float = 1.0  # train on a class-balanced fraction of the training split
+    split_seed: int = 0  # the fixed seed of the train/val/test split and of the train_fraction subset
+    resize: bool = False  # folder data: resize images of another size (else they are refused)
+
+    def validate(self) -> None:
+        if self.shift < 0:
+            raise ConfigError(f"'images.shift' must be >= 0, got {self.shift}")
+        for key in ("test_fraction", "train_fraction"):
+            value = getattr(self, key)
+            if not 0.0 < value <= (1.0 if key == "train_fraction" else 0.9):
+                raise ConfigError(f"'images.{key}' must be in (0, {1 if key == 'train_fraction' else 0.9}], "
+                                  f"got {value}")
+
+
+@dataclass
 class TrainConfig:
     """A run: data, tokenizer, optimisation, evaluation, logging. YAML presets live in configs/."""
 
@@ -58,6 +79,7 @@ class TrainConfig:
     sample_prompt: str = "\n"
     model: ModelConfig = field(default_factory=ModelConfig)
     # task options, one section per task that has any (each a dataclass validated like the rest)
+    images: ImageOptions = field(default_factory=ImageOptions)
 
     def validate(self) -> None:
         positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval",

@@ -20,11 +20,14 @@ if TYPE_CHECKING:
 # task -> "module:Class"; imported lazily (the modules pull in torch and the data loaders)
 TASKS: dict[str, str] = {
     "lm": "attnlab.training.tasks.lm:LanguageModelTask",
+    "image-classification": "attnlab.training.tasks.images:ImageClassificationTask",
 }
 
 # the task a family trains on when the config names none
 DEFAULT_TASK: dict[str, str] = {
     "gpt": "lm",
+    "vit": "image-classification",
+    "cnn": "image-classification",
 }
 
 

@@ -1,0 +1,1 @@
+"""Looking inside trained models: attention rollout, saliency maps, attention plots."""

@@ -1,0 +1,116 @@
+"""CNN: a small ResNet (He et al. 2016), the convolutional baseline a ViT is compared with.
+
+    h_0 = ReLU(Norm(Conv3x3(x)))                                  stem, width w
+    h   = ReLU(h + Norm(Conv3x3(ReLU(Norm(Conv3x3(h))))))         residual block (basic block)
+    stage s = blocks at width w 2^s; stages after the first start with stride 2 (and a 1x1
+              projection on the shortcut), halving the resolution
+    y   = mean_{i,j} h[:, :, i, j] W_head                          global average pool + linear head
+
+Unlike a ViT it has locality and translation equivariance built in. ``match_width`` picks the
+width w whose parameter count is closest to a given ViT's, for a like-for-like comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import ConfigError, DataError
+from attnlab.models.base import PretrainedModel
+from attnlab.models.config import ModelConfig
+from attnlab.models.vit import ImageClassifierOutput, classification_loss
+
+
+def _norm(kind: str, channels: int) -> nn.Module:
+    # GroupNorm with groups of (up to) 8 channels: batch-size independent, same at train and eval time
+    return nn.BatchNorm2d(channels) if kind == "batch" else nn.GroupNorm(max(1, channels // 8), channels)
+
+
+class ResidualBlock(nn.Module):
+    """x (B, C_in, H, W) -> ReLU(shortcut(x) + Norm(Conv(ReLU(Norm(Conv(x)))))) (B, C_out, H/s, W/s)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, norm: str) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.norm1 = _norm(norm, c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.norm2 = _norm(norm, c_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:  # 1x1 projection so the shapes of the two paths agree
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), _norm(norm, c_out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.norm1(self.conv1(x)))  # (B, C_out, H/s, W/s)
+        h = self.norm2(self.conv2(h))
+        return torch.relu(self.shortcut(x) + h)
+
+
+class CNN(PretrainedModel):
+    """ResNet-style classifier; same forward signature and output as the ViT."""
+
+    @classmethod
+    def check_config(cls, config: ModelConfig) -> None:
+        if min(config.cnn_width, config.cnn_stages, config.cnn_blocks) < 1:
+            raise ConfigError("model.cnn_width, cnn_stages and cnn_blocks must be >= 1")
+        if config.n_classes is not None and config.n_classes < 2:
+            raise ConfigError(f"model.n_classes must be >= 2 for classification, got {config.n_classes}")
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.n_classes is None:
+            raise ConfigError("model.n_classes must be set before building a cnn (a run fills it from the data)")
+        self.check_config(config)
+        self.config = c = config
+        w = c.cnn_width
+        self.stem = nn.Sequential(nn.Conv2d(c.in_channels, w, 3, padding=1, bias=False), _norm(c.cnn_norm, w),
+                                  nn.ReLU())
+        blocks: list[nn.Module] = []
+        c_in = w
+        for s in range(c.cnn_stages):
+            c_out = w * 2**s
+            for b in range(c.cnn_blocks):
+                blocks.append(ResidualBlock(c_in, c_out, stride=2 if (s > 0 and b == 0) else 1, norm=c.cnn_norm))
+                c_in = c_out
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(c_in, c.n_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        for block in blocks:  # zero-init the last norm of each residual branch: blocks start as identities
+            nn.init.zeros_(block.norm2.weight)
+
+    def forward(
+        self, images: Tensor, labels: Tensor | None = None, need_weights: bool = False
+    ) -> ImageClassifierOutput:
+        """images (B, C, H, W) float -> logits (B, n_classes); with labels (B,) also the loss.
+        ``need_weights`` is accepted for a common signature; a CNN has no attention (attentions=None)."""
+        if images.dim() != 4 or not images.is_floating_point() or images.size(1) != self.config.in_channels:
+            raise DataError(f"images must be float (batch, {self.config.in_channels}, height, width), "
+                            f"got {images.dtype} of shape {tuple(images.shape)}")
+        h = self.blocks(self.stem(images))  # (B, C_last, H', W')
+        logits = self.head(h.mean(dim=(2, 3)))  # global average pool (B, C_last) -> (B, n_classes)
+        return ImageClassifierOutput(logits=logits, loss=classification_loss(logits, labels))
+
+
+def match_width(vit_config: ModelConfig, n_params: int | None = None, **cnn_fields) -> ModelConfig:
+    """A cnn config (same data fields as ``vit_config``) whose width gives the parameter count closest
+    to ``n_params`` (default: the ViT's own). ``cnn_fields`` set cnn_stages, cnn_blocks, cnn_norm."""
+    if n_params is None:
+        from attnlab.models.vit import ViT
+
+        n_params = ViT(vit_config).num_parameters()
+    base = dataclasses.replace(vit_config, family="cnn", **cnn_fields)
+
+    def count(width: int) -> int:
+        return CNN(dataclasses.replace(base, cnn_width=width)).num_parameters()
+
+    lo, hi = 1, 2
+    while count(hi) < n_params:  # the count grows with the width: double, then bisect
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if count(mid) < n_params else (lo, mid)
+    best = min((lo, hi), key=lambda w: abs(count(w) - n_params))
+    return dataclasses.replace(base, cnn_width=best)
