@@ -29,3 +29,27 @@ def test_hand_trace(tmp_path, capsys):
     assert abs(r["lecture_row_a_sum"] - 1.04) < 1e-9
     assert (tmp_path / "weights.png").stat().st_size > 1000
     assert "The claim held" in (tmp_path / "report.md").read_text()
+
+
+def _run(name, tmp_path):
+    assert main(["experiment", name, "--quick", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert record["experiment"] == name and record["quick"] is True
+    report = (tmp_path / "report.md").read_text()
+    assert ("The claim held" in report) == record["claim_held"]
+    assert list(tmp_path.glob("*.png")) and all(p.stat().st_size > 1000 for p in tmp_path.glob("*.png"))
+    return record, record["results"]
+
+
+def test_sqrt_dk(tmp_path):
+    record, r = _run("sqrt-dk", tmp_path)
+    assert record["claim_held"] == all(r["checks"].values())
+    for d in r["d_k"]:
+        s = r["statistics"][str(d)]
+        assert abs(s["unscaled"]["score_variance"] / d - 1) < 0.2 and abs(s["scaled"]["score_variance"] - 1) < 0.2
+        for mode in ("scaled", "unscaled"):
+            assert 0 < s[mode]["softmax_entropy_nats"] <= math.log(r["n_keys"]) + 1e-9
+            assert 1 / r["n_keys"] <= s[mode]["max_probability"] <= 1
+    t = r["training"]
+    assert t["scaled"]["val_accuracy"] > 0.9  # the scaled model solves the retrieval task
+    assert t["scaled"]["val_loss"] < t["unscaled"]["val_loss"]

@@ -12,6 +12,7 @@ from types import ModuleType
 
 EXPERIMENTS: dict[str, str] = {
     "hand-trace": "attnlab.experiments.hand_trace",
+    "sqrt-dk": "attnlab.experiments.sqrt_dk",
 }
 
 

@@ -31,3 +31,22 @@ def write_outputs(out: Path, name: str, claim: str, held: bool, results: dict[st
               f"torch {torch.__version__}._\n")
     atomic_write_text(out / "report.md", report)
     return record
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (experiments never open windows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write ``fig`` to ``path`` (creating the folder) and release it."""
+    plt = pyplot()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
