@@ -53,3 +53,27 @@ def test_sqrt_dk(tmp_path):
     t = r["training"]
     assert t["scaled"]["val_accuracy"] > 0.9  # the scaled model solves the retrieval task
     assert t["scaled"]["val_loss"] < t["unscaled"]["val_loss"]
+
+
+def test_permutation(tmp_path):
+    record, r = _run("permutation", tmp_path)
+    eq = r["equivariance_relative_error"]
+    assert max(eq["attention_layer"].values()) < 1e-5 and max(eq["encoder_stack"].values()) < 1e-5
+    assert eq["encoder_by_positions"]["none"] < 1e-5
+    assert all(eq["encoder_by_positions"][s] > 1e-3 for s in ("sinusoidal", "learned", "rope", "alibi"))
+    # a mean-pooled encoder without positions is permutation-invariant: chance on the sorted task
+    assert abs(r["sorted_task"]["none"]["val_accuracy"] - 0.5) < 0.05
+    assert record["claim_held"] == (all(v for k, v in r["checks"].items() if k != "solved_with_positions")
+                                    and all(r["checks"]["solved_with_positions"].values()))
+
+
+def test_flash_memory(tmp_path):
+    record, r = _run("flash-memory", tmp_path)
+    cells = r["cells"]
+    assert record["claim_held"] == all(r["checks"].values())
+    for T in r["lengths"]:
+        if not cells["eager"][str(T)].get("skipped"):
+            # eager keeps T x T matrices: at least the (B, H, T, T) fp32 probabilities
+            assert cells["eager"][str(T)]["peak_mib"] >= r["batch"] * r["heads"] * T * T * 4 / 2**20
+            assert cells["tiled"][str(T)]["peak_mib"] < cells["eager"][str(T)]["peak_mib"] or T <= 256
+    assert 1.7 <= r["memory_loglog_slope"]["eager"] <= 2.3 and r["memory_loglog_slope"]["tiled"] < 1.3

@@ -13,6 +13,9 @@ from types import ModuleType
 EXPERIMENTS: dict[str, str] = {
     "hand-trace": "attnlab.experiments.hand_trace",
     "sqrt-dk": "attnlab.experiments.sqrt_dk",
+    "permutation": "attnlab.experiments.permutation",
+    "long-range": "attnlab.experiments.long_range",
+    "flash-memory": "attnlab.experiments.flash_memory",
 }
 
 
