@@ -16,6 +16,9 @@ EXPERIMENTS: dict[str, str] = {
     "permutation": "attnlab.experiments.permutation",
     "long-range": "attnlab.experiments.long_range",
     "flash-memory": "attnlab.experiments.flash_memory",
+    "moe-vs-dense": "attnlab.experiments.moe_vs_dense",
+    "ssm-vs-attention": "attnlab.experiments.ssm_vs_attention",
+    "structure-discovery": "attnlab.experiments.structure_discovery",
 }
 
 

@@ -99,7 +99,7 @@ def train_sorted(scheme: str, steps: int, T: int = 8, vocab: int = 10, seed: int
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
     eq = equivariance_errors()
-    steps = 200 if quick else 1500
+    steps = 200 if quick else 600
     tasks = {scheme: train_sorted(scheme, steps) for scheme in SCHEMES}
     equivariant = max(*eq["attention_layer"].values(), *eq["encoder_stack"].values()) < 1e-5
     broken = all(eq["encoder_by_positions"][s] > 1e-3 for s in SCHEMES if s != "none") and \
