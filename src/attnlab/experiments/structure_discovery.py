@@ -221,7 +221,8 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
                           f"{sum(weights.values()) / len(weights):.3f} | {g[k]['excess_nll_on_verbs']:.4f} |")
     head_rows = "\n".join(head_lines)
     body = f"""**Setup.** {results['model']}, {results['optimizer']}, batch 32, context {T}, {steps} steps per grammar,
-trained on {n_tokens // 1000}k-token streams; validation on {g['regular']['n_targets']} targets of a separate stream, windows
+trained on {n_tokens // 1000}k-token streams; validation on {g["regular"]["n_targets"]} targets of a separate
+stream, windows
 starting at a sentence boundary. Depths d in {DEPTHS}; nouns uniform over 8 (4 singular, 4 plural), verbs
 uniform over the 3 of the right number. "floor" is the mean true -ln p(x_t | x_<t) over the very same targets;
 "rate" the analytic entropy rate H(S)/E[L]. All in nats per token.
