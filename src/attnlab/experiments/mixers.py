@@ -40,8 +40,15 @@ def peak_memory_mib(step: Any) -> float:
     """Peak MiB allocated by torch while ``step()`` runs, from the profiler's allocation records."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    quiet = load_benchmark("attention")._quiet_stderr  # kineto prints to fd 2 on every start/stop
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with quiet():
+        prof.start()
+    try:
         step()
+    finally:
+        with quiet():
+            prof.stop()
     records = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                      key=lambda e: e.start_ns())
     live = peak = 0
