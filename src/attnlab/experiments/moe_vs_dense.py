@@ -26,7 +26,7 @@ VARIANTS = ["dense", "moe-4x-top1"]
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
     r = mixers.compare(VARIANTS, [64] if quick else [64, 256], [64, 256] if quick else [64, 128, 256, 512, 1024],
-                       steps=40 if quick else 800, reps=2 if quick else 5)
+                       steps=40 if quick else 300, reps=2 if quick else 3)
     dense, moe = r["trained"]["dense"], r["trained"]["moe-4x-top1"]
     lower = {T: moe[T]["val_loss"] < dense[T]["val_loss"] for T in dense}
     overhead = {T: r["probes"]["moe-4x-top1"][T]["step_ms"] / r["probes"]["dense"][T]["step_ms"]

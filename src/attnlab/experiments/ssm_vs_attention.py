@@ -26,7 +26,7 @@ VARIANTS = ["dense", "ssm", "hybrid"]
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
     r = mixers.compare(VARIANTS, [64] if quick else [64, 256], [64, 256] if quick else [64, 128, 256, 512, 1024],
-                       steps=40 if quick else 800, reps=2 if quick else 5)
+                       steps=40 if quick else 300, reps=2 if quick else 3)
     s = r["loglog_slopes"]
     tr = r["trained"]
     hybrid_gap = {T: tr["hybrid"][T]["val_loss"] / tr["dense"][T]["val_loss"] - 1 for T in tr["dense"]}

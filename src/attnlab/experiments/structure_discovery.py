@@ -196,7 +196,7 @@ def evaluate(model: GPT, grammar: str, T: int, n_windows: int) -> dict[str, Any]
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
-    steps, T, n_tokens = (100, 64, 100_000) if quick else (1500, 64, 400_000)
+    steps, T, n_tokens = (100, 64, 100_000) if quick else (800, 64, 300_000)
     results: dict[str, Any] = {"steps": steps, "context": T, "batch": 32, "train_tokens": n_tokens,
                                "model": "GPT, 2 layers, 4 heads, d_model 64, learned positions",
                                "optimizer": "AdamW 3e-3 one-cycle, clip 1.0", "grammars": {}}
