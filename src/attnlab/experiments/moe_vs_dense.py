@@ -25,7 +25,7 @@ VARIANTS = ["dense", "moe-4x-top1"]
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
-    r = mixers.compare(VARIANTS, [64] if quick else [64, 256], [64, 256] if quick else [64, 128, 256, 512, 1024],
+    r = mixers.compare(VARIANTS, [64] if quick else [32, 64], [64, 256] if quick else [64, 128, 256, 512],
                        steps=40 if quick else 300, reps=2 if quick else 3)
     dense, moe = r["trained"]["dense"], r["trained"]["moe-4x-top1"]
     lower = {T: moe[T]["val_loss"] < dense[T]["val_loss"] for T in dense}
