@@ -13,6 +13,13 @@ from types import ModuleType
 EXPERIMENTS: dict[str, str] = {
     "hand-trace": "attnlab.experiments.hand_trace",
     "vit-vs-cnn": "attnlab.experiments.vit_vs_cnn",
+    "sqrt-dk": "attnlab.experiments.sqrt_dk",
+    "permutation": "attnlab.experiments.permutation",
+    "long-range": "attnlab.experiments.long_range",
+    "flash-memory": "attnlab.experiments.flash_memory",
+    "moe-vs-dense": "attnlab.experiments.moe_vs_dense",
+    "ssm-vs-attention": "attnlab.experiments.ssm_vs_attention",
+    "structure-discovery": "attnlab.experiments.structure_discovery",
 }
 
 

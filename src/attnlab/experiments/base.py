@@ -31,3 +31,50 @@ def write_outputs(out: Path, name: str, claim: str, held: bool, results: dict[st
               f"torch {torch.__version__}._\n")
     atomic_write_text(out / "report.md", report)
     return record
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (experiments never open windows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write ``fig`` to ``path`` (creating the folder) and release it."""
+    plt = pyplot()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def load_benchmark(name: str) -> Any:
+    """Import ``benchmarks/<name>.py`` of the checkout as a module, to reuse its measurement code."""
+    import importlib.util
+    import sys
+
+    from attnlab.cli import _benchmarks_dir
+
+    path = _benchmarks_dir() / f"{name}.py"
+    module_name = f"attnlab_benchmark_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def loglog_slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of log y against log x: the exponent p of y ~ x^p."""
+    import math
+
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)

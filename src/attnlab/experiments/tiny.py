@@ -1,0 +1,60 @@
+"""A tiny transformer encoder for the experiments, composed from ``attnlab.nn`` blocks.
+
+    h_0 = E[x] (+ P[pos] for additive schemes),   h_l = Block_l(h_{l-1}),  l = 1..L
+    logits_t = Norm(h_L)_t W_out                  (per position)   or
+    logits   = mean_t Norm(h_L)_t W_out           (pooling="mean": one label per sequence)
+
+Positions come from ``attnlab.nn.positions`` (none, sinusoidal, learned, RoPE, ALiBi), so one module
+serves the permutation, long-range and other experiments; it is bidirectional unless ``causal``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.nn.attention import Backend
+from attnlab.nn.blocks import LayerNorm, TransformerBlock
+from attnlab.nn.positions import build_positions
+
+
+class TinyEncoder(nn.Module):
+    """Token embedding + positional scheme + ``n_layer`` pre-norm TransformerBlocks + linear head."""
+
+    def __init__(self, vocab_size: int, n_out: int, d_model: int = 64, n_layer: int = 2, n_head: int = 4,
+                 positions: str = "none", max_len: int = 512, pooling: Literal["mean", "none"] = "mean",
+                 causal: bool = False, backend: Backend = "eager") -> None:
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.positions = build_positions(positions, d_model, n_head, max_len)
+        self.blocks = nn.ModuleList(TransformerBlock(d_model, n_head, backend=backend) for _ in range(n_layer))
+        self.norm = LayerNorm(d_model)
+        self.head = nn.Linear(d_model, n_out)
+        self.pooling, self.causal = pooling, causal
+
+    def features(self, idx: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """idx (B, T) -> final normalised states (B, T, C), and per layer the probabilities (B, H, T, T)."""
+        return self.encode(self.tok_emb(idx), need_weights)
+
+    def encode(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """Token embeddings x (B, T, C) -> final normalised states (B, T, C) and attention maps."""
+        pos = torch.arange(x.size(1), device=x.device)  # (T,)
+        pe = self.positions.embed(pos)
+        if pe is not None:
+            x = x + pe
+        rotary, bias = self.positions.rotary(pos), self.positions.attn_bias(pos, pos)
+        maps = []
+        for block in self.blocks:
+            x, extras = block(x, attn_bias=bias, rotary=rotary, is_causal=self.causal, need_weights=need_weights)
+            if need_weights and extras is not None:
+                maps.append(extras["self"])
+        return self.norm(x), maps  # (B, T, C)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        """(B, T) -> logits (B, n_out) with mean pooling, else (B, T, n_out)."""
+        h, _ = self.features(idx)
+        if self.pooling == "mean":
+            h = h.mean(dim=1)  # (B, C): a permutation-invariant summary
+        return self.head(h)
