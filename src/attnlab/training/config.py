@@ -18,7 +18,7 @@ class TrainConfig:
     # what is trained (training/tasks/): None = the model family's default (gpt: lm)
     task: str | None = None
     data: str = "shakespeare"  # a text file, or "shakespeare" (built-in corpus, no download)
-    tokenizer: Literal["char", "bpe"] = "char"
+    tokenizer: Literal["char", "bpe", "wordpiece"] = "char"  # wordpiece: vocab size = bpe_vocab_size
     bpe_vocab_size: int = 1024
     val_fraction: float = 0.1
     # optimisation
