@@ -329,7 +329,9 @@ def load_bert(directory: str | Path) -> tuple:
         key = key.removesuffix(".gamma") + ".weight" if key.endswith(".gamma") else key
         key = key.removesuffix(".beta") + ".bias" if key.endswith(".beta") else key
         renamed[key.removeprefix("bert.")] = t
-    model = Bert(config)
+    with torch.random.fork_rng():  # heads the folder lacks get the same fresh init on every import
+        torch.manual_seed(0)
+        model = Bert(config)
     state = model.state_dict()
     missing_heads: list[str] = []
 
@@ -365,3 +367,28 @@ def load_bert(directory: str | Path) -> tuple:
             missing_heads.append("mlm_decoder.weight")
     model.load_state_dict(state)
     return model.eval(), sorted(set(missing_heads))
+
+
+def import_hf(directory: str | Path, out: str | Path) -> tuple[torch.nn.Module, list[str], bool]:
+    """Convert an HF folder (BERT or GPT-2) into an attnlab model folder: config.json, model.safetensors
+    and, when the source has a ``tokenizer.json`` or ``vocab.txt``, tokenizer.json.
+
+    Returns (model, heads the source lacked and that keep their fresh init, whether a tokenizer was written).
+    """
+    from attnlab.tokenizers import load_tokenizer
+
+    directory, out = Path(directory), Path(out)
+    if not directory.is_dir():
+        raise CheckpointError(f"Hugging Face model folder not found: {directory}")
+    kind = _read_hf_config(directory).get("model_type")
+    if kind == "bert":
+        model, missing = load_bert(directory)
+    elif kind == "gpt2":
+        model, missing = load_gpt2(directory), []
+    else:
+        raise CheckpointError(f"{directory / 'config.json'}: model_type {kind!r} is not supported (bert, gpt2)")
+    model.save_pretrained(out)
+    has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "vocab.txt").is_file()
+    if has_tokenizer:
+        load_tokenizer(directory).save(out)
+    return model, missing, has_tokenizer

@@ -10,6 +10,26 @@ from attnlab.models.config import ModelConfig
 
 
 @dataclass
+class ProbeOptions:
+    """``attnlab probe RUN_DIR key=value...``: a linear probe on frozen encoder features."""
+
+    data: str = ""  # .csv / .tsv (text,label header) or .jsonl ({"text", "label"} per line)
+    pooling: Literal["mean", "cls"] = "mean"
+    test_fraction: float = 0.2
+    seed: int = 0
+    max_len: int = 128
+    kind: Literal["auto", "logistic", "ridge"] = "auto"  # auto: ridge when every label is a number
+
+    def validate(self) -> None:
+        if not self.data:
+            raise ConfigError("probe needs data=FILE (.csv with text,label columns, or .jsonl)")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.max_len < 3:
+            raise ConfigError(f"max_len must be >= 3, got {self.max_len}")
+
+
+@dataclass
 class TrainConfig:
     """A run: data, tokenizer, optimisation, evaluation, logging. YAML presets live in configs/."""
 
