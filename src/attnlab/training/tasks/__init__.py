@@ -20,11 +20,14 @@ if TYPE_CHECKING:
 # task -> "module:Class"; imported lazily (the modules pull in torch and the data loaders)
 TASKS: dict[str, str] = {
     "lm": "attnlab.training.tasks.lm:LanguageModelTask",
+    "mlm": "attnlab.training.tasks.mlm:MaskedLanguageModelTask",
+    "classify": "attnlab.training.tasks.classify:ClassifyTask",
 }
 
 # the task a family trains on when the config names none
 DEFAULT_TASK: dict[str, str] = {
     "gpt": "lm",
+    "bert": "mlm",
 }
 
 
