@@ -204,6 +204,66 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+# fine-tuning defaults (a few hundred steps at a small learning rate); any key=value overrides them
+FINETUNE_DEFAULTS = dict(task="classify", batch_size=32, max_iters=300, lr=1e-4, min_lr=1e-5, warmup_iters=30,
+                         weight_decay=0.01, eval_interval=100, eval_iters=1, log_interval=10, sample_tokens=0)
+
+
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    """Pre-trained encoder + fresh classification head, trained on (text, label) rows through the Trainer."""
+    import dataclasses
+    import json
+
+    from attnlab.errors import ConfigError
+    from attnlab.models.base import read_config
+    from attnlab.models.registry import from_pretrained
+    from attnlab.runs import load_train_config
+    from attnlab.training.trainer import Trainer, TrainingInterrupted
+
+    pretrained = Path(args.run_dir)
+    model_cfg = read_config(pretrained)
+    if model_cfg.family != "bert":
+        raise ConfigError(f"{pretrained} holds a {model_cfg.family} model; finetune needs a bert encoder")
+    base = [f"{k}={v}" for k, v in FINETUNE_DEFAULTS.items()]
+    model_keys = [f"model.{k}={json.dumps(v) if v is None else v}" for k, v in dataclasses.asdict(model_cfg).items()
+                  if k != "n_classes" and v is not None]
+    cfg = load_train_config(None, [*base, *model_keys, f"classify.init_from={pretrained}", *args.overrides])
+    if cfg.task != "classify":
+        raise ConfigError(f"finetune supports task=classify, got task={cfg.task}")
+    if cfg.name is None:
+        from attnlab.training.trainer import default_run_name
+
+        cfg.name = default_run_name(f"finetune-{pretrained.name}")
+    trainer = Trainer(cfg, preset=f"finetune-{pretrained.name}")
+    task = trainer.task
+    if not cfg.resume:  # the encoder (and MLM/NSP/pooler) from the pre-trained model; classifier heads fresh
+        state = {k: v for k, v in from_pretrained(pretrained).state_dict().items()
+                 if not k.startswith(("classifier.", "token_classifier."))}
+        missing, unexpected = trainer.model.load_state_dict(state, strict=False)
+        fresh = sorted({k.split(".")[0] for k in missing})
+        if unexpected or fresh != ["classifier", "token_classifier"]:
+            raise ConfigError(f"{pretrained} does not fit the fine-tuned model: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}")
+    n_train, n_val = len(task.rows["train"]), len(task.rows["val"])
+    print(f"run: {trainer.run_dir}  fine-tuning {pretrained} ({trainer.model.num_parameters() / 1e6:.2f}M parameters) "
+          f"on {cfg.data}: {len(task.classes)} classes, {n_train} train / {n_val} held-out rows")
+    try:
+        result = trainer.train()
+    except TrainingInterrupted as e:
+        print(f"{e}; continue with: attnlab resume {e.run_dir}", file=sys.stderr)
+        return 130
+    scores = task.scores(trainer.model, "val")
+    counts = task.labels[task.rows["train"]].bincount(minlength=len(task.classes))
+    majority = float((task.labels[task.rows["val"]] == counts.argmax()).float().mean())
+    record = {**scores, "majority_baseline": majority, "steps": result.step, "wall_time_s": result.wall_time_s,
+              "classes": task.classes, "pretrained": str(pretrained), "data": cfg.data}
+    (trainer.run_dir / "finetune.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(f"done: step {result.step}, {result.wall_time_s:.1f} s; held-out accuracy {scores['accuracy']:.4f}, "
+          f"macro-F1 {scores['macro_f1']:.4f} on {scores['n']} rows (majority-class baseline {majority:.4f}); "
+          f"model in {trainer.run_dir}")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the full usage stays available with --help)."""
 
@@ -333,6 +393,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="data=FILE (required), pooling=mean|cls, test_fraction=0.2, "
                    "seed=0, max_len=128, kind=auto|logistic|ridge")
     p.set_defaults(func=_cmd_probe)
+
+    p = sub.add_parser("finetune", help="fine-tune a pre-trained encoder as a classifier on (text, label) rows")
+    p.add_argument("run_dir", help="the pre-trained bert (a run folder, or one written by import-hf)")
+    p.add_argument("overrides", nargs="*", help="task=classify data=FILE.csv|jsonl, then any key=value, e.g. "
+                   "max_iters=500 lr=5e-5 model.dropout=0.1 classify.test_fraction=0.2")
+    p.set_defaults(func=_cmd_finetune)
     return parser
 
 

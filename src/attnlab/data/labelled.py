@@ -146,3 +146,31 @@ def generate_topics(n: int, seed: int = 0) -> LabelledText:
                      + ".")
         labels.append(topic)
     return LabelledText(texts, labels)
+
+
+SPEAKERS = ("ROMEO", "PETRUCHIO", "MENENIUS", "DUKE VINCENTIO")  # four characters of four plays
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write a labelled CSV: ``python -m attnlab.data.labelled topics OUT.csv [N]`` (generated sport/food/
+    weather sentences) or ``... speakers OUT.csv TEXT`` (tinyshakespeare speeches of four characters)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[0] not in ("topics", "speakers"):
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    if args[0] == "topics":
+        data = generate_topics(int(args[2]) if len(args) > 2 else 600)
+    else:
+        if len(args) < 3:
+            print("speakers needs the tinyshakespeare text file", file=sys.stderr)
+            return 2
+        data = shakespeare_speakers(Path(args[2]).read_text(encoding="utf-8"), SPEAKERS)
+    path = write_labelled_csv(data, args[1])
+    print(f"wrote {len(data)} rows, classes {data.classes}, to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
