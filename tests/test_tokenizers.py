@@ -255,5 +255,5 @@ def test_train_tokenizer_kinds() -> None:
 
 
 def test_train_tokenizer_unknown_kind() -> None:
-    with pytest.raises(TokenizerError, match=r"^unknown tokenizer 'x'; choose one of: bpe, char$"):
+    with pytest.raises(TokenizerError, match=r"^unknown tokenizer 'x'; choose one of: bpe, char, wordpiece$"):
         train_tokenizer("x", SAMPLE)

@@ -1,4 +1,5 @@
-"""The command line: ``attnlab train | resume | sample | eval | inspect | bench | experiment``.
+"""The command line: ``attnlab train | resume | sample | eval | inspect | explore | bench | experiment |
+import-hf | embed | probe | finetune``.
 
 Every user error (bad config, missing file, unknown character, corrupt checkpoint) ends with one
 line on stderr and exit status 2; ``--debug`` shows the traceback instead.
@@ -136,6 +137,142 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     result = inspect_image(args.run_dir, args.image, args.out, resize=args.resize)
     print(f"{args.image}: {result['class']} ({result['probability']:.1%}); rollout peaks at patch "
           f"(row, col) {result['rollout_peak']}; wrote {result['out']}")
+
+# -- encoders (BERT): import Hugging Face weights, embed sentences, probe, fine-tune --------------------
+
+
+def _cmd_import_hf(args: argparse.Namespace) -> int:
+    from attnlab.interop.hf import import_hf
+
+    model, missing, has_tokenizer = import_hf(args.directory, args.out)
+    c = model.config
+    print(f"imported {args.directory} -> {args.out}: {c.family}, {c.n_layer} layers, d_model {c.d_model}, "
+          f"vocab {c.vocab_size}, {model.num_parameters() / 1e6:.2f}M parameters"
+          + ("" if has_tokenizer else " (no tokenizer.json/vocab.txt found: none written)"))
+    if missing:
+        print(f"note: the source has no {', '.join(sorted({m.split('.')[0] for m in missing}))} weights; "
+              "those heads keep a fresh init")
+    return 0
+
+
+def _load_encoder(run_dir: str):
+    from attnlab.errors import ConfigError
+    from attnlab.models.bert import Bert
+    from attnlab.runs import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(run_dir)
+    if not isinstance(model, Bert):
+        raise ConfigError(f"{run_dir} holds a {model.config.family} model; this command needs a bert encoder")
+    return model, tokenizer
+
+
+def _cmd_embed(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from attnlab.encoders import embed_texts, nearest_neighbours
+
+    model, tokenizer = _load_encoder(args.run_dir)
+    torch.set_grad_enabled(False)
+    emb = embed_texts(model, tokenizer, args.text, max_len=args.max_len, pooling=args.pooling)
+    if args.vectors or len(args.text) == 1:
+        for text, e in zip(args.text, emb, strict=True):
+            print(json.dumps({"text": text, "embedding": [round(float(x), 6) for x in e]}))
+        return 0
+    print(f"{len(args.text)} sentences, {emb.size(1)}-d {args.pooling}-pooled, L2-normalised; nearest neighbour:")
+    for i, (j, sim) in enumerate(nearest_neighbours(emb)):
+        print(f"  [{i}] {args.text[i][:60]!r}\n      -> [{j}] {args.text[j][:60]!r}  cosine {sim:.4f}")
+    return 0
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    import time
+
+    from attnlab.data.labelled import read_labelled
+    from attnlab.encoders import embed_texts, linear_probe
+    from attnlab.schema import apply_overrides, from_dict
+    from attnlab.training.config import ProbeOptions
+
+    opts = from_dict(ProbeOptions, apply_overrides(ProbeOptions, {}, list(args.overrides)))  # validated
+    model, tokenizer = _load_encoder(args.run_dir)
+    data = read_labelled(opts.data)
+    t0 = time.perf_counter()
+    features = embed_texts(model, tokenizer, data.texts, max_len=opts.max_len, pooling=opts.pooling)
+    t_embed = time.perf_counter() - t0
+    numeric = data.numeric_labels() if opts.kind in ("auto", "ridge") else None
+    if opts.kind == "ridge" and numeric is None:
+        from attnlab.errors import DataError
+
+        raise DataError(f"{opts.data}: kind=ridge needs numeric labels")
+    r = linear_probe(features, data.labels, opts.test_fraction, opts.seed, numeric=numeric)
+    print(f"frozen {args.run_dir}: {len(data)} rows -> {features.size(1)}-d {opts.pooling}-pooled features "
+          f"({t_embed:.1f} s); {r.kind} probe, {r.n_train} train / {r.n_test} held-out")
+    if r.metric == "accuracy":
+        print(f"held-out accuracy {r.score:.4f}  macro-F1 {r.macro_f1:.4f}  (train {r.train_score:.4f}, "
+              f"majority-class baseline {r.majority_baseline:.4f}, {len(data.classes)} classes)")
+    else:
+        print(f"held-out R^2 {r.score:.4f}  (train {r.train_score:.4f})")
+    return 0
+
+
+# fine-tuning defaults (a few hundred steps at a small learning rate); any key=value overrides them
+FINETUNE_DEFAULTS = dict(task="classify", batch_size=32, max_iters=300, lr=1e-4, min_lr=1e-5, warmup_iters=30,
+                         weight_decay=0.01, eval_interval=100, eval_iters=1, log_interval=10, sample_tokens=0)
+
+
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    """Pre-trained encoder + fresh classification head, trained on (text, label) rows through the Trainer."""
+    import dataclasses
+    import json
+
+    from attnlab.errors import ConfigError
+    from attnlab.models.base import read_config
+    from attnlab.models.registry import from_pretrained
+    from attnlab.runs import load_train_config
+    from attnlab.training.trainer import Trainer, TrainingInterrupted
+
+    pretrained = Path(args.run_dir)
+    model_cfg = read_config(pretrained)
+    if model_cfg.family != "bert":
+        raise ConfigError(f"{pretrained} holds a {model_cfg.family} model; finetune needs a bert encoder")
+    base = [f"{k}={v}" for k, v in FINETUNE_DEFAULTS.items()]
+    model_keys = [f"model.{k}={json.dumps(v) if v is None else v}" for k, v in dataclasses.asdict(model_cfg).items()
+                  if k != "n_classes" and v is not None]
+    cfg = load_train_config(None, [*base, *model_keys, f"classify.init_from={pretrained}", *args.overrides])
+    if cfg.task != "classify":
+        raise ConfigError(f"finetune supports task=classify, got task={cfg.task}")
+    if cfg.name is None:
+        from attnlab.training.trainer import default_run_name
+
+        cfg.name = default_run_name(f"finetune-{pretrained.name}")
+    trainer = Trainer(cfg, preset=f"finetune-{pretrained.name}")
+    task = trainer.task
+    if not cfg.resume:  # the encoder (and MLM/NSP/pooler) from the pre-trained model; classifier heads fresh
+        state = {k: v for k, v in from_pretrained(pretrained).state_dict().items()
+                 if not k.startswith(("classifier.", "token_classifier."))}
+        missing, unexpected = trainer.model.load_state_dict(state, strict=False)
+        fresh = sorted({k.split(".")[0] for k in missing})
+        if unexpected or fresh != ["classifier", "token_classifier"]:
+            raise ConfigError(f"{pretrained} does not fit the fine-tuned model: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}")
+    n_train, n_val = len(task.rows["train"]), len(task.rows["val"])
+    print(f"run: {trainer.run_dir}  fine-tuning {pretrained} ({trainer.model.num_parameters() / 1e6:.2f}M parameters) "
+          f"on {cfg.data}: {len(task.classes)} classes, {n_train} train / {n_val} held-out rows")
+    try:
+        result = trainer.train()
+    except TrainingInterrupted as e:
+        print(f"{e}; continue with: attnlab resume {e.run_dir}", file=sys.stderr)
+        return 130
+    scores = task.scores(trainer.model, "val")
+    counts = task.labels[task.rows["train"]].bincount(minlength=len(task.classes))
+    majority = float((task.labels[task.rows["val"]] == counts.argmax()).float().mean())
+    record = {**scores, "majority_baseline": majority, "steps": result.step, "wall_time_s": result.wall_time_s,
+              "classes": task.classes, "pretrained": str(pretrained), "data": cfg.data}
+    (trainer.run_dir / "finetune.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(f"done: step {result.step}, {result.wall_time_s:.1f} s; held-out accuracy {scores['accuracy']:.4f}, "
+          f"macro-F1 {scores['macro_f1']:.4f} on {scores['n']} rows (majority-class baseline {majority:.4f}); "
+          f"model in {trainer.run_dir}")
     return 0
 
 
@@ -271,6 +408,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resize", action="store_true", help="resize an image of another size to the model's")
     p.add_argument("--out", default="saliency.png", help="output PNG (default saliency.png)")
     p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("import-hf", help="convert a Hugging Face BERT/GPT-2 folder into an attnlab model folder")
+    p.add_argument("directory", help="folder with config.json + model.safetensors (or pytorch_model.bin)")
+    p.add_argument("--out", required=True, help="attnlab folder to write (config.json, model.safetensors, "
+                   "tokenizer.json)")
+    p.set_defaults(func=_cmd_import_hf)
+
+    p = sub.add_parser("embed", help="sentence embeddings of an encoder (nearest neighbours among the texts)")
+    p.add_argument("run_dir")
+    p.add_argument("--text", action="append", required=True, help="a sentence; repeat for several")
+    p.add_argument("--pooling", choices=("mean", "cls"), default="mean")
+    p.add_argument("--max-len", type=int, default=None, help="tokens per sentence (default: the model's context)")
+    p.add_argument("--vectors", action="store_true", help="print the embeddings as JSON lines")
+    p.set_defaults(func=_cmd_embed)
+
+    p = sub.add_parser("probe", help="linear probe on a frozen encoder: data=file.csv|jsonl (text,label)")
+    p.add_argument("run_dir")
+    p.add_argument("overrides", nargs="*", help="data=FILE (required), pooling=mean|cls, test_fraction=0.2, "
+                   "seed=0, max_len=128, kind=auto|logistic|ridge")
+    p.set_defaults(func=_cmd_probe)
+
+    p = sub.add_parser("finetune", help="fine-tune a pre-trained encoder as a classifier on (text, label) rows")
+    p.add_argument("run_dir", help="the pre-trained bert (a run folder, or one written by import-hf)")
+    p.add_argument("overrides", nargs="*", help="task=classify data=FILE.csv|jsonl, then any key=value, e.g. "
+                   "max_iters=500 lr=5e-5 model.dropout=0.1 classify.test_fraction=0.2")
+    p.set_defaults(func=_cmd_finetune)
     return parser
 
 

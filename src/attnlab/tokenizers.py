@@ -1,4 +1,4 @@
-"""Tokenizers behind one small interface: characters and byte-level BPE.
+"""Tokenizers behind one small interface: characters, byte-level BPE and WordPiece.
 
 Every tokenizer turns text into a list of integer ids and back, and saves itself to one
 ``tokenizer.json`` that ``load_tokenizer`` reads again:
@@ -9,6 +9,8 @@ Every tokenizer turns text into a list of integer ids and back, and saves itself
 - ``BPETokenizer``: GPT-2-style byte-level BPE trained with the ``tokenizers`` library. Every
   string round-trips exactly and nothing is ever unknown. Its file is the ``tokenizers`` library's
   own JSON, so Hugging Face tools read it as-is.
+- ``WordPieceTokenizer``: BERT's sub-word scheme with [PAD] [UNK] [CLS] [SEP] [MASK]; trained with
+  the ``tokenizers`` library, or loaded from a Hugging Face ``tokenizer.json`` or ``vocab.txt``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from attnlab.errors import TokenizerError
 from attnlab.fileio import atomic_write_text
@@ -245,7 +247,121 @@ class BPETokenizer(Tokenizer):
         return self.tokenizer.to_str(pretty=True) + "\n"
 
 
+WORDPIECE_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class WordPieceTokenizer(Tokenizer):
+    """BERT's WordPiece: lower-casing normaliser, whitespace/punctuation split, ``##`` sub-words.
+
+    ``encode`` gives the plain ids of a text; ``encode_batch`` adds the special tokens BERT expects,
+    ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with segment ids 0 for A and 1 for B, and pads
+    with [PAD] to the longest row. The file is the ``tokenizers`` library's own JSON (Hugging
+    Face's ``tokenizer.json``); a BERT ``vocab.txt`` loads too.
+    """
+
+    kind: ClassVar[str] = "wordpiece"
+
+    def __init__(self, tokenizer: HFTokenizer) -> None:
+        """Wrap a ``tokenizers.Tokenizer`` with a WordPiece model holding BERT's five special tokens."""
+        tokenizer.no_padding()  # padding and truncation are done per batch by encode_batch
+        tokenizer.no_truncation()
+        missing = [t for t in WORDPIECE_SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
+        if missing:
+            raise TokenizerError(f"a WordPiece vocabulary needs the tokens {', '.join(missing)}")
+        self.tokenizer = tokenizer
+        ids = [tokenizer.token_to_id(t) for t in WORDPIECE_SPECIAL_TOKENS]
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+        self.special_ids: frozenset[int] = frozenset(ids)
+
+    @staticmethod
+    def _pipeline(tokenizer: HFTokenizer, lowercase: bool) -> None:
+        """BERT's normaliser, pre-tokenizer and decoder around a WordPiece model."""
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece(prefix="##")
+
+    @classmethod
+    def _with_template(cls, tokenizer: HFTokenizer, lowercase: bool) -> WordPieceTokenizer:
+        """The pipeline plus the [CLS] A [SEP] (B [SEP]) template with segment ids."""
+        cls._pipeline(tokenizer, lowercase)
+        cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+        if cls_id is not None and sep_id is not None:
+            tokenizer.post_processor = processors.TemplateProcessing(
+                single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+            )
+        return cls(tokenizer)
+
+    @classmethod
+    def train(
+        cls, text_or_iterator: str | Iterable[str], vocab_size: int = DEFAULT_BPE_VOCAB_SIZE, lowercase: bool = True
+    ) -> WordPieceTokenizer:
+        """Learn a WordPiece vocabulary of ``vocab_size`` (special tokens first: [PAD] = 0, ..., [MASK] = 4)."""
+        tokenizer = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
+        cls._pipeline(tokenizer, lowercase)
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIAL_TOKENS),
+                                            show_progress=False)
+        tokenizer.train_from_iterator(_as_iterator(text_or_iterator), trainer=trainer)
+        return cls._with_template(tokenizer, lowercase)
+
+    @classmethod
+    def from_vocab(cls, file: str | Path, lowercase: bool = True) -> WordPieceTokenizer:
+        """Load a BERT ``vocab.txt`` (one token a line, id = line number)."""
+        file = Path(file)
+        lines = _read_tokenizer_file(file).splitlines()
+        vocab = {tok: i for i, tok in enumerate(lines) if tok}
+        if not vocab:
+            raise TokenizerError(f"empty vocabulary: {file}")
+        if "[UNK]" not in vocab:
+            raise TokenizerError(f"a WordPiece vocabulary needs the tokens [UNK]: {file}")
+        return cls._with_template(HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]")), lowercase)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """WordPiece ids of ``text``, without [CLS]/[SEP]."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Words re-joined from their pieces (``##`` continuations glued), special tokens kept."""
+        return self.tokenizer.decode(self._checked_ids(ids), skip_special_tokens=False)
+
+    def encode_batch(
+        self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_len: int = 512
+    ) -> dict[str, list[list[int]]]:
+        """[CLS] A [SEP] (B [SEP]) per row, cut to ``max_len`` (longest text first), padded with [PAD].
+
+        Returns lists of equal length rows: ``input_ids``, ``attention_mask`` (1 = token, 0 = [PAD])
+        and ``token_type_ids`` (0 = A, 1 = B).
+        """
+        if max_len < (5 if pairs is not None else 3):
+            raise TokenizerError(f"max_len={max_len} leaves no room for text between [CLS] and [SEP]")
+        self.tokenizer.enable_truncation(max_len)
+        try:
+            inputs = list(texts) if pairs is None else list(zip(texts, pairs, strict=True))
+            encodings = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
+        finally:
+            self.tokenizer.no_truncation()
+        T = max((len(e.ids) for e in encodings), default=0)
+        out: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": [], "token_type_ids": []}
+        for e in encodings:
+            pad = T - len(e.ids)
+            out["input_ids"].append(e.ids + [self.pad_id] * pad)
+            out["attention_mask"].append([1] * len(e.ids) + [0] * pad)
+            out["token_type_ids"].append(e.type_ids + [0] * pad)
+        return out
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    def to_json(self) -> str:
+        return self.tokenizer.to_str(pretty=True) + "\n"
+
+
 TOKENIZER_KINDS: dict[str, type[Tokenizer]] = {"bpe": BPETokenizer, "char": CharTokenizer}
+TOKENIZER_KINDS["wordpiece"] = WordPieceTokenizer
 
 
 def train_tokenizer(kind: str, text: str, vocab_size: int | None = None) -> Tokenizer:
@@ -258,6 +374,8 @@ def train_tokenizer(kind: str, text: str, vocab_size: int | None = None) -> Toke
         return CharTokenizer.train(text)
     if kind == "bpe":
         return BPETokenizer.train(text, vocab_size=vocab_size or DEFAULT_BPE_VOCAB_SIZE)
+    if kind == "wordpiece":
+        return WordPieceTokenizer.train(text, vocab_size=vocab_size or DEFAULT_BPE_VOCAB_SIZE)
     choices = ", ".join(sorted(TOKENIZER_KINDS))
     raise TokenizerError(f"unknown tokenizer {kind!r}; choose one of: {choices}")
 
@@ -270,6 +388,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """
     path = Path(path)
     file = path / TOKENIZER_FILE if path.is_dir() else path
+    if file.name == "vocab.txt" or (path.is_dir() and not file.exists() and (path / "vocab.txt").is_file()):
+        return _load_vocab_txt(file if file.name == "vocab.txt" else path / "vocab.txt")
     text = _read_tokenizer_file(file)
     try:
         payload = json.loads(text)
@@ -296,6 +416,8 @@ def _load_hf_format(payload: dict[str, Any], text: str, file: Path) -> Tokenizer
     """Rebuild a BPE tokenizer from the ``tokenizers`` library's JSON."""
     model = payload.get("model")
     model_type = model.get("type") if isinstance(model, dict) else None
+    if model_type == "WordPiece":
+        return WordPieceTokenizer(_hf_from_str(text, file))
     if model_type != "BPE":
         raise TokenizerError(
             f"unsupported tokenizer model {model_type!r} (expected a char or BPE tokenizer): {file}"
@@ -306,6 +428,26 @@ def _load_hf_format(payload: dict[str, Any], text: str, file: Path) -> Tokenizer
         first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise TokenizerError(f"corrupt tokenizer file ({first_line}): {file}") from None
     return BPETokenizer(tokenizer)
+
+
+def _hf_from_str(text: str, file: Path) -> HFTokenizer:
+    try:
+        return HFTokenizer.from_str(text)
+    except Exception as err:  # the Rust side raises plain Exception subclasses
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise TokenizerError(f"corrupt tokenizer file ({first_line}): {file}") from None
+
+
+def _load_vocab_txt(file: Path) -> WordPieceTokenizer:
+    """A BERT vocab.txt; lower-casing from a tokenizer_config.json beside it (default: lower-case)."""
+    lowercase = True
+    config = file.parent / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            lowercase = bool(json.loads(config.read_text(encoding="utf-8")).get("do_lower_case", True))
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            raise TokenizerError(f"{config} is not a valid JSON object") from None
+    return WordPieceTokenizer.from_vocab(file, lowercase=lowercase)
 
 
 def _read_tokenizer_file(file: Path) -> str:

@@ -15,6 +15,7 @@ MODEL_FAMILIES: dict[str, str] = {
     "gpt": "attnlab.models.gpt:GPT",
     "vit": "attnlab.models.vit:ViT",
     "cnn": "attnlab.models.cnn:CNN",
+    "bert": "attnlab.models.bert:Bert",
 }
 
 

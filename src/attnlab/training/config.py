@@ -29,6 +29,60 @@ class ImageOptions:
                 raise ConfigError(f"'images.{key}' must be in (0, {1 if key == 'train_fraction' else 0.9}], "
                                   f"got {value}")
 
+@dataclass
+class ProbeOptions:
+    """``attnlab probe RUN_DIR key=value...``: a linear probe on frozen encoder features."""
+
+    data: str = ""  # .csv / .tsv (text,label header) or .jsonl ({"text", "label"} per line)
+    pooling: Literal["mean", "cls"] = "mean"
+    test_fraction: float = 0.2
+    seed: int = 0
+    max_len: int = 128
+    kind: Literal["auto", "logistic", "ridge"] = "auto"  # auto: ridge when every label is a number
+
+    def validate(self) -> None:
+        if not self.data:
+            raise ConfigError("probe needs data=FILE (.csv with text,label columns, or .jsonl)")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.max_len < 3:
+            raise ConfigError(f"max_len must be >= 3, got {self.max_len}")
+
+
+@dataclass
+class MLMOptions:
+    """Task "mlm" (BERT pre-training): ``mlm.mask_prob=0.15 mlm.nsp=true ...``."""
+
+    mask_prob: float = 0.15  # share of non-special tokens selected for prediction
+    mask_token_prob: float = 0.8  # of the selected: replaced by [MASK]
+    random_token_prob: float = 0.1  # of the selected: replaced by a random token (the rest stay unchanged)
+    nsp: bool = False  # next-sentence prediction as a second objective
+    max_len: int | None = None  # tokens per example, [CLS]/[SEP] included; None = model.block_size
+
+    def validate(self) -> None:
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ConfigError(f"mlm.mask_prob must be in (0, 1), got {self.mask_prob}")
+        if min(self.mask_token_prob, self.random_token_prob) < 0 or self.mask_token_prob + self.random_token_prob > 1:
+            raise ConfigError("mlm.mask_token_prob and mlm.random_token_prob must be >= 0 and sum to <= 1")
+        if self.max_len is not None and self.max_len < (5 if self.nsp else 3):
+            raise ConfigError(f"mlm.max_len must be >= {5 if self.nsp else 3} (room for [CLS], [SEP] and text)")
+
+
+@dataclass
+class ClassifyOptions:
+    """Task "classify" (text, label rows): ``classify.test_fraction=0.2 classify.init_from=RUN ...``."""
+
+    test_fraction: float = 0.2  # held out (split "val"), never trained on
+    split_seed: int = 0  # the held-out rows depend on this seed only
+    max_len: int | None = None  # tokens per text; None = model.block_size
+    init_from: str | None = None  # a model folder whose tokenizer (and, via attnlab finetune, encoder) start the run
+
+    def validate(self) -> None:
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ConfigError(f"classify.test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.max_len is not None and self.max_len < 3:
+            raise ConfigError(f"classify.max_len must be >= 3, got {self.max_len}")
+
 
 @dataclass
 class TrainConfig:
@@ -39,7 +93,7 @@ class TrainConfig:
     # what is trained (training/tasks/): None = the model family's default (gpt: lm)
     task: str | None = None
     data: str = "shakespeare"  # a text file, or "shakespeare" (built-in corpus, no download)
-    tokenizer: Literal["char", "bpe"] = "char"
+    tokenizer: Literal["char", "bpe", "wordpiece"] = "char"  # wordpiece: vocab size = bpe_vocab_size
     bpe_vocab_size: int = 1024
     val_fraction: float = 0.1
     # optimisation
@@ -80,6 +134,8 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     # task options, one section per task that has any (each a dataclass validated like the rest)
     images: ImageOptions = field(default_factory=ImageOptions)
+    mlm: MLMOptions = field(default_factory=MLMOptions)
+    classify: ClassifyOptions = field(default_factory=ClassifyOptions)
 
     def validate(self) -> None:
         positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval",

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 TASKS: dict[str, str] = {
     "lm": "attnlab.training.tasks.lm:LanguageModelTask",
     "image-classification": "attnlab.training.tasks.images:ImageClassificationTask",
+    "mlm": "attnlab.training.tasks.mlm:MaskedLanguageModelTask",
+    "classify": "attnlab.training.tasks.classify:ClassifyTask",
 }
 
 # the task a family trains on when the config names none
@@ -28,6 +30,7 @@ DEFAULT_TASK: dict[str, str] = {
     "gpt": "lm",
     "vit": "image-classification",
     "cnn": "image-classification",
+    "bert": "mlm",
 }
 
 

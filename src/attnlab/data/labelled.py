@@ -1,0 +1,176 @@
+"""Labelled text: (text, label) rows from a CSV or JSONL file, and a deterministic held-out split.
+
+CSV: a header row naming a ``text`` and a ``label`` column (other columns are ignored).
+JSONL: one object per line with ``"text"`` and ``"label"`` keys. Labels are class names (strings)
+or numbers; ``numeric_labels`` tells whether every label parses as a float (regression).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnlab.errors import DataError
+
+
+@dataclass
+class LabelledText:
+    texts: list[str]
+    labels: list[str]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def classes(self) -> list[str]:
+        """The distinct labels, sorted: class id = position."""
+        return sorted(set(self.labels))
+
+    def numeric_labels(self) -> list[float] | None:
+        """The labels as floats if every one is a number (with more than a handful of values), else None."""
+        try:
+            values = [float(x) for x in self.labels]
+        except ValueError:
+            return None
+        return values if len(set(values)) > 10 else None
+
+
+def read_labelled(path: str | Path) -> LabelledText:
+    """Read (text, label) rows from ``.csv`` or ``.jsonl``; any problem raises DataError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"labelled data file not found: {path}")
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not UTF-8 text") from None
+    texts, labels = [], []
+    if path.suffix.lower() in (".jsonl", ".json"):
+        for n, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict) or "text" not in row or "label" not in row:
+                raise DataError(f"{path}:{n}: each line needs an object with 'text' and 'label'")
+            texts.append(str(row["text"]))
+            labels.append(str(row["label"]))
+    elif path.suffix.lower() in (".csv", ".tsv"):
+        reader = csv.DictReader(raw.splitlines(), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        if reader.fieldnames is None or "text" not in reader.fieldnames or "label" not in reader.fieldnames:
+            raise DataError(f"{path}: the header must name a 'text' and a 'label' column, got {reader.fieldnames}")
+        for n, row in enumerate(reader, 2):
+            if row["text"] is None or row["label"] is None:
+                raise DataError(f"{path}:{n}: the row has too few columns")
+            texts.append(row["text"])
+            labels.append(row["label"].strip())
+    else:
+        raise DataError(f"{path}: labelled data must be .csv, .tsv or .jsonl")
+    if len(texts) < 4:
+        raise DataError(f"{path}: need at least 4 labelled rows, found {len(texts)}")
+    data = LabelledText(texts, labels)
+    if data.numeric_labels() is None and len(data.classes) < 2:
+        raise DataError(f"{path}: all rows have the same label {labels[0]!r}; nothing to learn")
+    return data
+
+
+def split_indices(n: int, test_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """A seeded shuffle of range(n) cut into (train, held-out); both non-empty."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    n_test = min(max(1, round(n * test_fraction)), n - 1)
+    return order[n_test:], order[:n_test]
+
+
+def shakespeare_speakers(text: str, speakers: tuple[str, ...], min_words: int = 6) -> LabelledText:
+    """Speeches of tinyshakespeare labelled by who speaks them: a small real text-classification set.
+
+    A speech is the block after a line ``NAME:``; each speech of at least ``min_words`` words by one of
+    ``speakers`` becomes a row (text = the speech on one line, label = the speaker's name).
+    """
+    texts, labels = [], []
+    for block in text.split("\n\n"):
+        lines = block.strip().splitlines()
+        if len(lines) < 2 or not lines[0].endswith(":"):
+            continue
+        name = lines[0][:-1].strip()
+        speech = " ".join(ln.strip() for ln in lines[1:])
+        if name in speakers and len(speech.split()) >= min_words:
+            texts.append(speech)
+            labels.append(name)
+    return LabelledText(texts, labels)
+
+
+def write_labelled_csv(data: LabelledText, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        writer.writerows(zip(data.texts, data.labels, strict=True))
+    return path
+
+
+TOPICS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # topic -> (subjects, predicates)
+    "sport": (("the striker", "our goalkeeper", "the home team", "the coach", "a young runner", "the referee"),
+              ("scored in the final minute", "won the cup again", "trained hard before the match",
+               "was sent off after a foul", "broke the race record", "lost the league on penalties")),
+    "food": (("the chef", "my grandmother", "the bakery", "a street vendor", "the new restaurant", "our cook"),
+             ("baked fresh bread this morning", "served a spicy noodle soup", "burnt the garlic sauce",
+              "made a lemon cake with cream", "roasted vegetables for dinner", "fried eggs and sausages")),
+    "weather": (("the forecast", "a cold front", "the storm", "the morning sky", "the wind", "heavy cloud"),
+                ("brought snow to the hills", "promised rain all weekend", "turned grey and stormy",
+                 "cleared to a bright sunny day", "flooded the river valley", "left frost on every window")),
+}
+
+
+def generate_topics(n: int, seed: int = 0) -> LabelledText:
+    """A generated 3-class topic set (sport / food / weather): subject + predicate + filler, shuffled.
+
+    Subjects and predicates are topic-specific, the fillers shared, so a bag of words solves it and a
+    model that learns anything from text should reach high accuracy; used by the fine-tuning tests.
+    """
+    rng = random.Random(seed)
+    fillers = ("", "yesterday", "as usual", "once more", "to everyone's surprise", "last week", "again today")
+    texts, labels = [], []
+    for _ in range(n):
+        topic = rng.choice(sorted(TOPICS))
+        subjects, predicates = TOPICS[topic]
+        filler = rng.choice(fillers)
+        texts.append(" ".join(w for w in (rng.choice(subjects).capitalize(), rng.choice(predicates), filler) if w)
+                     + ".")
+        labels.append(topic)
+    return LabelledText(texts, labels)
+
+
+SPEAKERS = ("ROMEO", "PETRUCHIO", "MENENIUS", "DUKE VINCENTIO")  # four characters of four plays
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write a labelled CSV: ``python -m attnlab.data.labelled topics OUT.csv [N]`` (generated sport/food/
+    weather sentences) or ``... speakers OUT.csv TEXT`` (tinyshakespeare speeches of four characters)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[0] not in ("topics", "speakers"):
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    if args[0] == "topics":
+        data = generate_topics(int(args[2]) if len(args) > 2 else 600)
+    else:
+        if len(args) < 3:
+            print("speakers needs the tinyshakespeare text file", file=sys.stderr)
+            return 2
+        data = shakespeare_speakers(Path(args[2]).read_text(encoding="utf-8"), SPEAKERS)
+    path = write_labelled_csv(data, args[1])
+    print(f"wrote {len(data)} rows, classes {data.classes}, to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""Using an encoder once it is trained or imported: sentence embeddings and linear probes.
+
+    e(s) = normalize( sum_t m_t h_L(s)_t / sum_t m_t )      mean-pooled, L2-normalised (sentence-transformers)
+    probe: a linear model on frozen features, fitted with scikit-learn (logistic or ridge regression)
+
+The encoder is never updated here: features come from ``torch.no_grad`` forward passes in eval mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attnlab.errors import ConfigError, DataError
+
+
+def _wordpiece(tokenizer):
+    from attnlab.tokenizers import WordPieceTokenizer
+
+    if not isinstance(tokenizer, WordPieceTokenizer):
+        raise ConfigError(f"encoders need a WordPiece tokenizer ([CLS]/[SEP]/[PAD]), this run has {tokenizer!r}")
+    return tokenizer
+
+
+def encode_texts(tokenizer, texts: Sequence[str], max_len: int, pairs: Sequence[str] | None = None
+                 ) -> dict[str, Tensor]:
+    """Tokenize a batch for ``Bert.forward``: input_ids, attention_mask, token_type_ids, each (B, T)."""
+    enc = _wordpiece(tokenizer).encode_batch(texts, pairs, max_len=max_len)
+    return {k: torch.tensor(v, dtype=torch.long) for k, v in enc.items()}
+
+
+@torch.no_grad()
+def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64, max_len: int | None = None,
+                pooling: str = "mean", normalize: bool = True) -> Tensor:
+    """(N, C) sentence embeddings, batches sorted by length (less padding), returned in input order.
+
+    ``pooling``: "mean" (masked mean of the last layer) or "cls" (the model's [CLS] pooler output).
+    """
+    if not texts:
+        raise DataError("no texts to embed")
+    max_len = min(max_len or model.config.block_size, model.config.block_size)
+    model.eval()
+    device = next(model.parameters()).device
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = torch.empty(len(texts), model.config.d_model)
+    for start in range(0, len(texts), batch_size):
+        idx = order[start:start + batch_size]
+        batch = {k: v.to(device) for k, v in encode_texts(tokenizer, [texts[i] for i in idx], max_len).items()}
+        if pooling == "mean":
+            e = model.embed(batch["input_ids"], batch["attention_mask"], normalize=normalize)
+        else:
+            e = torch.tanh(model.pooler(model(**batch).hidden_states[:, 0]))  # BERT's [CLS] pooler
+            e = torch.nn.functional.normalize(e, dim=-1) if normalize else e
+        out[idx] = e.float().cpu()
+    return out
+
+
+def nearest_neighbours(embeddings: Tensor) -> list[tuple[int, float]]:
+    """For each row, the most cosine-similar other row and the similarity (rows are L2-normalised)."""
+    sims = embeddings @ embeddings.T  # (N, N)
+    sims.fill_diagonal_(float("-inf"))
+    best = sims.max(dim=1)
+    return [(int(j), float(s)) for s, j in zip(best.values, best.indices, strict=True)]
+
+
+@dataclass
+class ProbeResult:
+    kind: str  # "logistic" (classes) or "ridge" (numbers)
+    metric: str  # "accuracy" or "r2"
+    score: float  # held-out accuracy or R^2
+    train_score: float
+    n_train: int
+    n_test: int
+    majority_baseline: float | None = None  # accuracy of always answering the most common training class
+    macro_f1: float | None = None
+
+
+def linear_probe(features: Tensor, labels: Sequence[str], test_fraction: float = 0.2, seed: int = 0,
+                 numeric: Sequence[float] | None = None) -> ProbeResult:
+    """Fit a linear probe on frozen features (N, C) and score it on a held-out split.
+
+    Class labels: multinomial logistic regression (accuracy, macro-F1, majority baseline); numeric
+    labels (``numeric``): ridge regression (R^2).
+    """
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression, RidgeCV
+    from sklearn.metrics import f1_score
+
+    from attnlab.data.labelled import split_indices
+
+    X = features.numpy().astype(np.float64)
+    train, test = split_indices(len(X), test_fraction, seed)
+    if numeric is not None:
+        y = np.asarray(numeric, dtype=np.float64)
+        reg = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(X[train], y[train])
+        return ProbeResult("ridge", "r2", float(reg.score(X[test], y[test])), float(reg.score(X[train], y[train])),
+                           len(train), len(test))
+    y = np.asarray(labels)
+    clf = LogisticRegression(max_iter=2000, C=1.0).fit(X[train], y[train])
+    values, counts = np.unique(y[train], return_counts=True)
+    majority = float(np.mean(y[test] == values[counts.argmax()]))
+    pred = clf.predict(X[test])
+    return ProbeResult("logistic", "accuracy", float(np.mean(pred == y[test])), float(clf.score(X[train], y[train])),
+                       len(train), len(test), majority, float(f1_score(y[test], pred, average="macro")))

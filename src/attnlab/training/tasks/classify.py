@@ -1,0 +1,162 @@
+"""Sequence classification of (text, label) rows: fine-tuning an encoder (or training one from scratch).
+
+    p(y | x) = softmax(Dropout(pool(h_L(x))) W_c + b_c),    L = -(1/B) sum_b log p(y_b | x_b)
+
+Rows come from a CSV (``text,label`` header) or JSONL file; a seeded ``classify.test_fraction`` of
+them is held out as split "val" and never trained on. The tokenizer is the pre-trained model's
+(``classify.init_from`` or the run's own when resuming); class names are saved as labels.json.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from attnlab.errors import CheckpointError, ConfigError
+from attnlab.training.tasks.base import Batch, Task
+
+if TYPE_CHECKING:
+    from attnlab.training.config import TrainConfig
+
+LABELS_FILE = "labels.json"
+
+
+class ClassifyTask(Task):
+    """Text classification with a BERT encoder; metrics accuracy and macro-F1 on the held-out rows."""
+
+    unit = "examples"
+
+    def __init__(self, cfg: TrainConfig, assets: Path | None = None, world_size: int = 1) -> None:
+        from attnlab.data.labelled import read_labelled, split_indices
+        from attnlab.tokenizers import WordPieceTokenizer, load_tokenizer, train_tokenizer
+
+        super().__init__(cfg, assets, world_size)
+        if cfg.model.family != "bert":
+            raise ConfigError(f"task classify trains a bert encoder, not model.family={cfg.model.family}")
+        opts = cfg.classify
+        data = read_labelled(cfg.data)
+        source = assets if assets is not None else (Path(opts.init_from) if opts.init_from else None)
+        if source is not None:
+            self.tokenizer = load_tokenizer(source)
+        elif cfg.tokenizer != "wordpiece":
+            raise ConfigError(f"task classify needs tokenizer=wordpiece (or classify.init_from=RUN), got "
+                              f"{cfg.tokenizer}")
+        else:
+            self.tokenizer = train_tokenizer("wordpiece", "\n".join(data.texts), cfg.bpe_vocab_size)
+        if not isinstance(self.tokenizer, WordPieceTokenizer):
+            raise ConfigError(f"task classify needs a WordPiece tokenizer, {source} has {self.tokenizer!r}")
+        self.classes = self._load_classes(assets) if assets is not None else data.classes
+        unknown = sorted(set(data.labels) - set(self.classes))
+        if unknown:
+            raise ConfigError(f"{cfg.data} has labels the model was not trained on: {unknown[:3]}")
+        max_len = min(opts.max_len or cfg.model.block_size, cfg.model.block_size)
+        enc = self.tokenizer.encode_batch(data.texts, max_len=max_len)
+        self.inputs = {k: torch.tensor(v, dtype=torch.long) for k, v in enc.items()}  # (N, T) each
+        index = {c: i for i, c in enumerate(self.classes)}
+        self.labels = torch.tensor([index[y] for y in data.labels], dtype=torch.long)  # (N,)
+        train, held_out = split_indices(len(data), opts.test_fraction, opts.split_seed)
+        self.rows = {"train": torch.tensor(train), "val": torch.tensor(held_out)}
+        cfg.model.vocab_size = self.tokenizer.vocab_size
+        cfg.model.n_classes = len(self.classes)
+
+    @staticmethod
+    def _load_classes(folder: Path) -> list[str]:
+        file = folder / LABELS_FILE
+        try:
+            classes = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"cannot read the class names in {file}: {e}") from None
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise CheckpointError(f"{file} must hold a JSON list of class names")
+        return classes
+
+    def _gather(self, rows: Tensor) -> Batch:
+        batch = {k: v[rows] for k, v in self.inputs.items()}
+        width = int(batch["attention_mask"].sum(1).max())  # trim the columns that are padding in every row
+        batch = {k: v[:, :width] for k, v in batch.items()}
+        batch["labels"] = self.labels[rows]
+        return batch
+
+    def batch(self, split: str, batch_size: int, generator: torch.Generator,
+              shard: tuple[int, int] = (0, 1)) -> Batch:
+        rows = self.rows[split]
+        rank, world = shard
+        rows = rows[rank::world] if world > 1 else rows
+        return self._gather(rows[torch.randint(len(rows), (batch_size,), generator=generator)])
+
+    def eval_batches(self, split: str, batch_size: int, n_batches: int, seed: int) -> Iterator[Batch]:
+        """Every row of the split once, in order (the held-out split is small and finite)."""
+        rows = self.rows[split]
+        for start in range(0, len(rows), batch_size):
+            yield self._gather(rows[start:start + batch_size])
+
+    def count(self, batch: Batch) -> int:
+        return int(batch["labels"].numel())
+
+    def reported_loss(self, out: Any) -> Tensor:
+        return out.cls_loss
+
+    def metrics(self, out: Any, batch: Batch) -> dict[str, Tensor]:
+        return {"accuracy": (out.logits.argmax(-1) == batch["labels"]).float().mean()}
+
+    @torch.no_grad()
+    def predict(self, model: torch.nn.Module, split: str, batch_size: int = 64) -> tuple[Tensor, Tensor]:
+        """(predicted class ids, true class ids) over the whole split."""
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        preds, trues = [], []
+        for batch in self.eval_batches(split, batch_size, 0, 0):
+            out = model(**{k: v.to(device) for k, v in batch.items() if k != "labels"})
+            preds.append(out.logits.argmax(-1).cpu())
+            trues.append(batch["labels"])
+        model.train(was_training)
+        return torch.cat(preds), torch.cat(trues)
+
+    def scores(self, model: torch.nn.Module, split: str = "val") -> dict[str, float]:
+        """Exact accuracy and macro-F1 (scikit-learn) over every row of ``split``."""
+        from sklearn.metrics import accuracy_score, f1_score
+
+        pred, true = self.predict(model, split)
+        labels = list(range(len(self.classes)))
+        return {"accuracy": float(accuracy_score(true, pred)),
+                "macro_f1": float(f1_score(true, pred, labels=labels, average="macro", zero_division=0)),
+                "n": len(true)}
+
+    def save(self, folder: Path) -> None:
+        from attnlab.fileio import atomic_write_text
+
+        self.tokenizer.save(folder)
+        atomic_write_text(folder / LABELS_FILE, json.dumps(self.classes, ensure_ascii=False, indent=1) + "\n")
+
+    def eval_report(self, model: torch.nn.Module, run_dir: Path) -> list[Path]:
+        """confusion.png: held-out confusion matrix (rows true, columns predicted), and the exact scores."""
+        import matplotlib
+        import numpy as np
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from sklearn.metrics import confusion_matrix
+
+        pred, true = self.predict(model, "val")
+        cm = confusion_matrix(true, pred, labels=list(range(len(self.classes))))
+        s = self.scores(model, "val")
+        fig, ax = plt.subplots(figsize=(1.2 + 0.6 * len(self.classes), 1 + 0.6 * len(self.classes)))
+        ax.imshow(cm, cmap="Blues")
+        for (i, j), v in np.ndenumerate(cm):
+            ax.text(j, i, str(v), ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(self.classes)), self.classes, rotation=45, ha="right", fontsize=8)
+        ax.set_yticks(range(len(self.classes)), self.classes, fontsize=8)
+        ax.set_xlabel("predicted")
+        ax.set_ylabel("true")
+        ax.set_title(f"held-out accuracy {s['accuracy']:.3f}, macro-F1 {s['macro_f1']:.3f}", fontsize=9)
+        fig.tight_layout()
+        path = run_dir / "confusion.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return [path]

@@ -1,0 +1,121 @@
+"""BERT end to end through the CLI: MLM pre-training, eval, fine-tuning, probing, HF export/import."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from attnlab.cli import main
+from attnlab.data.labelled import generate_topics, read_labelled, write_labelled_csv
+from attnlab.models.registry import from_pretrained
+
+from .helpers import write_corpus
+
+TINY = dict(batch_size=8, eval_interval=20, eval_iters=2, log_interval=10, warmup_iters=5, progress="false",
+            threads=1, bpe_vocab_size=200, block_size=32, n_layer=2, n_head=2, d_model=32, mfu="false")
+
+
+def _args(**extra):
+    return [f"{k}={v}" for k, v in {**TINY, **extra}.items()]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bert")
+    corpus = write_corpus(tmp / "corpus.txt", n_chars=20_000)
+    # plus unlabelled sentences of the fine-tuning domain, so the WordPiece vocabulary covers its words
+    domain = "\n".join(generate_topics(400, seed=9).texts)
+    corpus.write_text(corpus.read_text() + domain + "\n")
+    code = main(["train", "configs/bert-mlm.yaml", *_args(data=corpus, out_dir=tmp / "runs", name="mlm",
+                                                          max_iters=100, eval_interval=50, lr=3e-3)])
+    assert code == 0
+    return tmp / "runs" / "mlm", tmp
+
+
+def test_mlm_pretraining_learns_and_evaluates(pretrained, capsys):
+    run, _ = pretrained
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "val_mlm_accuracy" in r]
+    vocab = from_pretrained(run).config.vocab_size
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] < math.log(vocab)  # below the uniform guess, and falling
+    assert evals[-1]["val_loss"] < evals[-1]["val_unigram_loss"]  # better than the context-free unigram model
+    assert (run / "tokenizer.json").is_file() and "predicted:" in (run / "samples.txt").read_text()
+    capsys.readouterr()
+    assert main(["eval", str(run), "--eval-iters", "2", "--batch-size", "4"]) == 0
+    assert "mlm_accuracy" in capsys.readouterr().out
+
+
+def test_nsp_objective_trains(tmp_path):
+    corpus = write_corpus(tmp_path / "c.txt", n_chars=20_000)
+    code = main(["train", "configs/bert-mlm.yaml", *_args(data=corpus, out_dir=tmp_path, name="nsp", max_iters=10,
+                                                          eval_interval=10, **{"mlm.nsp": "true"})])
+    assert code == 0
+    last = json.loads((tmp_path / "nsp" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "val_nsp_accuracy" in last and "val_nsp_loss" in last
+
+
+def test_finetune_reports_held_out_accuracy_and_f1(pretrained, capsys):
+    run, tmp = pretrained
+    data = write_labelled_csv(generate_topics(240, seed=1), tmp / "topics.csv")
+    code = main(["finetune", str(run), "task=classify", f"data={data}", f"out_dir={tmp / 'runs'}", "name=ft",
+                 "max_iters=150", "lr=3e-3", "batch_size=16", "eval_interval=30", "progress=false", "threads=1",
+                 "mfu=false"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "held-out accuracy" in out and "macro-F1" in out
+    record = json.loads((tmp / "runs" / "ft" / "finetune.json").read_text())
+    assert record["n"] == 48 and record["accuracy"] > record["majority_baseline"] + 0.3
+    ft = from_pretrained(tmp / "runs" / "ft")
+    pre = from_pretrained(run)
+    assert ft.config.n_classes == 3 and json.loads((tmp / "runs" / "ft" / "labels.json").read_text()) == \
+        ["food", "sport", "weather"]
+    assert not torch.equal(ft.embeddings.tok_emb.weight, pre.embeddings.tok_emb.weight)  # the encoder trained
+    assert main(["eval", str(tmp / "runs" / "ft")]) == 0
+    assert (tmp / "runs" / "ft" / "confusion.png").is_file()
+
+
+def test_probe_export_import_and_embed(pretrained, tmp_path, capsys):
+    run, _ = pretrained
+    data = write_labelled_csv(generate_topics(90, seed=2), tmp_path / "t.csv")
+    assert main(["probe", str(run), f"data={data}"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out accuracy" in out and "majority-class baseline" in out
+    from attnlab.interop.hf import save_bert
+
+    save_bert(from_pretrained(run), tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text((run / "tokenizer.json").read_text())
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    a, b = from_pretrained(run), from_pretrained(tmp_path / "back")
+    ids = torch.randint(5, 100, (2, 10))
+    torch.testing.assert_close(a(ids, with_mlm=True).mlm_logits, b(ids, with_mlm=True).mlm_logits)
+    capsys.readouterr()
+    assert main(["embed", str(tmp_path / "back"), "--text", "the fox", "--vectors"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["embedding"]) == 32
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["probe", "RUN"], "data=FILE"),
+    (["probe", "RUN", "data=missing.csv"], "not found"),
+    (["finetune", "RUN", "data=missing.csv"], "not found"),
+    (["embed", "nowhere", "--text", "x"], "not found"),
+    (["import-hf", "nowhere", "--out", "x"], "not found"),
+])
+def test_bad_input_is_one_line(pretrained, capsys, argv, message):
+    run, _ = pretrained
+    capsys.readouterr()
+    assert main([a.replace("RUN", str(run)) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_labelled_files(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "x y", "label": "p"}\n{"text": "z", "label": "q"}\n' * 3)
+    assert read_labelled(tmp_path / "a.jsonl").classes == ["p", "q"]
+    (tmp_path / "b.csv").write_text("words,label\nx,1\n")
+    from attnlab.errors import DataError
+
+    with pytest.raises(DataError, match="'text'"):
+        read_labelled(tmp_path / "b.csv")
