@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 # family -> "module:Class"; imported lazily so `import attnlab` stays cheap
 MODEL_FAMILIES: dict[str, str] = {
     "gpt": "attnlab.models.gpt:GPT",
+    "seq2seq": "attnlab.models.seq2seq:Seq2Seq",
 }
 
 
