@@ -125,6 +125,33 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_translate(args: argparse.Namespace) -> int:
+    """Translate --text (or every line of --file) with a trained seq2seq run: greedy or beam search."""
+    from attnlab.data.pairs import PairEncoder
+    from attnlab.errors import ConfigError
+    from attnlab.runs import load_model_and_tokenizer
+    from attnlab.training.tasks.seq2seq import translate
+
+    model, tok = load_model_and_tokenizer(args.run_dir)
+    if model.config.family != "seq2seq":
+        raise ConfigError(f"{args.run_dir} holds a {model.config.family} model; translate needs family seq2seq")
+    if args.beam < 1 or args.length_penalty < 0:
+        raise ConfigError("--beam must be >= 1 and --length-penalty >= 0")
+    texts = list(args.text or [])
+    if args.file:
+        path = Path(args.file)
+        if not path.is_file():
+            raise ConfigError(f"--file not found: {path}")
+        texts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not texts:
+        raise ConfigError("nothing to translate: give --text \"...\" or --file FILE")
+    outputs = translate(model, PairEncoder(tok, model.config.block_size), texts, args.beam, args.length_penalty,
+                        args.max_len)
+    for text, out in zip(texts, outputs):
+        print(out if len(texts) == 1 else f"{text}\t{out}")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the full usage stays available with --help)."""
 
@@ -234,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--splits", nargs="+", default=None, help="default: the task's, e.g. train val")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("translate", help="map text to text with a trained seq2seq run (greedy or beam search)")
+    p.add_argument("run_dir")
+    p.add_argument("--text", action="append", help="a source string (repeatable)")
+    p.add_argument("--file", default=None, help="translate every non-empty line of this file")
+    p.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha for beam search (0 = none)")
+    p.add_argument("--max-len", type=int, default=None, help="most target tokens (default: the model's context)")
+    p.set_defaults(func=_cmd_translate)
     return parser
 
 

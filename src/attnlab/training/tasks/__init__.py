@@ -20,11 +20,13 @@ if TYPE_CHECKING:
 # task -> "module:Class"; imported lazily (the modules pull in torch and the data loaders)
 TASKS: dict[str, str] = {
     "lm": "attnlab.training.tasks.lm:LanguageModelTask",
+    "seq2seq": "attnlab.training.tasks.seq2seq:Seq2SeqTask",
 }
 
 # the task a family trains on when the config names none
 DEFAULT_TASK: dict[str, str] = {
     "gpt": "lm",
+    "seq2seq": "seq2seq",
 }
 
 
