@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlab.data.pairs import SPECIALS, Pair, PairEncoder, load_pairs
+from attnlab.data.pairs import SPECIALS, PairEncoder, load_pairs
 from attnlab.errors import DataError
 from attnlab.training.tasks.base import Batch, Task
 
@@ -177,8 +177,9 @@ class Seq2SeqTask(Task):
             tr = result.pop("translations")
             lines = []
             for i in range(len(tr["source"])):
+                beam = f"beam:      {tr['beam'][i]}\n" if "beam" in tr else ""
                 lines.append(f"source:    {tr['source'][i]}\nreference: {tr['reference'][i]}\n"
-                             f"greedy:    {tr['greedy'][i]}\n" + (f"beam:      {tr['beam'][i]}\n" if "beam" in tr else ""))
+                             f"greedy:    {tr['greedy'][i]}\n{beam}")
             path = run_dir / f"translations_{split}.txt"
             atomic_write_text(path, "\n".join(lines))
             paths.append(path)
