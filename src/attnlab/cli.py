@@ -273,6 +273,32 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     print(f"done: step {result.step}, {result.wall_time_s:.1f} s; held-out accuracy {scores['accuracy']:.4f}, "
           f"macro-F1 {scores['macro_f1']:.4f} on {scores['n']} rows (majority-class baseline {majority:.4f}); "
           f"model in {trainer.run_dir}")
+
+
+def _cmd_translate(args: argparse.Namespace) -> int:
+    """Translate --text (or every line of --file) with a trained seq2seq run: greedy or beam search."""
+    from attnlab.data.pairs import PairEncoder
+    from attnlab.errors import ConfigError
+    from attnlab.runs import load_model_and_tokenizer
+    from attnlab.training.tasks.seq2seq import translate
+
+    model, tok = load_model_and_tokenizer(args.run_dir)
+    if model.config.family != "seq2seq":
+        raise ConfigError(f"{args.run_dir} holds a {model.config.family} model; translate needs family seq2seq")
+    if args.beam < 1 or args.length_penalty < 0:
+        raise ConfigError("--beam must be >= 1 and --length-penalty >= 0")
+    texts = list(args.text or [])
+    if args.file:
+        path = Path(args.file)
+        if not path.is_file():
+            raise ConfigError(f"--file not found: {path}")
+        texts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not texts:
+        raise ConfigError("nothing to translate: give --text \"...\" or --file FILE")
+    outputs = translate(model, PairEncoder(tok, model.config.block_size), texts, args.beam, args.length_penalty,
+                        args.max_len)
+    for text, out in zip(texts, outputs):
+        print(out if len(texts) == 1 else f"{text}\t{out}")
     return 0
 
 
@@ -434,6 +460,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="task=classify data=FILE.csv|jsonl, then any key=value, e.g. "
                    "max_iters=500 lr=5e-5 model.dropout=0.1 classify.test_fraction=0.2")
     p.set_defaults(func=_cmd_finetune)
+    p = sub.add_parser("translate", help="map text to text with a trained seq2seq run (greedy or beam search)")
+    p.add_argument("run_dir")
+    p.add_argument("--text", action="append", help="a source string (repeatable)")
+    p.add_argument("--file", default=None, help="translate every non-empty line of this file")
+    p.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha for beam search (0 = none)")
+    p.add_argument("--max-len", type=int, default=None, help="most target tokens (default: the model's context)")
+    p.set_defaults(func=_cmd_translate)
     return parser
 
 

@@ -61,6 +61,7 @@ class ModelConfig:
     n_segments: int = 2  # segment (token type) embeddings, A/B sentences; 0 = none
     # -- seq2seq -----------------------------------------------------------------------------------
     n_decoder_layer: int | None = None  # decoder depth; None = n_layer (the encoder's)
+    share_embeddings: bool = True  # one embedding table for source and target (one shared vocabulary)
     # -- vit / cnn ---------------------------------------------------------------------------------
     image_size: int = 28  # side of the square input image, in pixels
     patch_size: int = 4  # side of a square ViT patch: (image_size / patch_size)^2 tokens + [CLS]

@@ -16,6 +16,7 @@ MODEL_FAMILIES: dict[str, str] = {
     "vit": "attnlab.models.vit:ViT",
     "cnn": "attnlab.models.cnn:CNN",
     "bert": "attnlab.models.bert:Bert",
+    "seq2seq": "attnlab.models.seq2seq:Seq2Seq",
 }
 
 

@@ -23,6 +23,7 @@ TASKS: dict[str, str] = {
     "image-classification": "attnlab.training.tasks.images:ImageClassificationTask",
     "mlm": "attnlab.training.tasks.mlm:MaskedLanguageModelTask",
     "classify": "attnlab.training.tasks.classify:ClassifyTask",
+    "seq2seq": "attnlab.training.tasks.seq2seq:Seq2SeqTask",
 }
 
 # the task a family trains on when the config names none
@@ -31,6 +32,7 @@ DEFAULT_TASK: dict[str, str] = {
     "vit": "image-classification",
     "cnn": "image-classification",
     "bert": "mlm",
+    "seq2seq": "seq2seq",
 }
 
 

@@ -1,0 +1,219 @@
+"""Seq2Seq: the encoder-decoder transformer of Vaswani et al. (2017).
+
+    m   = Encoder(E[x] + P_enc[pos])          bidirectional self-attention, source padding masked
+    h_t = Decoder(E[y_<t] + P_dec[pos], m)    causal self-attention + cross-attention to m
+    p(y_t | y_<t, x) = softmax(Norm(h_t) E^T)  output projection tied to the target embedding
+
+Trained with teacher forcing: the decoder reads the target shifted right (``tgt_in`` = BOS y_1 ..
+y_{n}) and predicts ``labels`` = y_1 .. y_n EOS with cross-entropy (padding labels are -100).
+Decoding (``attnlab.generation.greedy_decode`` / ``beam_search``) runs the encoder once, keeps the
+encoder keys/values of every cross-attention layer in a static ``KVCache`` and the decoder's own
+keys/values in a growing one, so each step feeds a single token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.errors import ConfigError
+from attnlab.models.base import PretrainedModel
+from attnlab.models.config import ModelConfig
+from attnlab.nn.attention import KVCache, padding_mask
+from attnlab.nn.blocks import TransformerBlock, build_norm
+from attnlab.nn.positions import build_positions
+
+
+@dataclass
+class Seq2SeqOutput:
+    """logits (B, T, V); with labels the mean cross-entropy over non-padding targets (``loss``).
+
+    With need_weights: ``encoder_attentions`` per encoder layer (B, H, S, S), ``decoder_attentions``
+    (B, H, T, T) and ``cross_attentions`` (B, H, T, S) per decoder layer.
+    """
+
+    logits: Tensor
+    loss: Tensor | None = None
+    encoder_attentions: list[Tensor] | None = None
+    decoder_attentions: list[Tensor] | None = None
+    cross_attentions: list[Tensor] | None = None
+
+
+@dataclass
+class DecoderState:
+    """What incremental decoding carries from step to step, for N rows (sources x beams).
+
+    ``self_caches``: one growing KVCache per decoder layer; ``cross_caches``: one static KVCache
+    per layer holding that layer's projection of the encoder output (filled on the first step);
+    ``memory`` (N, S, C) the encoder output, ``memory_mask`` (N, S) True at real source tokens.
+    """
+
+    memory: Tensor
+    memory_mask: Tensor | None
+    self_caches: list[KVCache]
+    cross_caches: list[KVCache]
+
+    @property
+    def length(self) -> int:
+        """Target positions decoded so far."""
+        return self.self_caches[0].length
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (N',) of everything, in that order (beam search's survivors)."""
+        self.memory = self.memory.index_select(0, index)
+        if self.memory_mask is not None:
+            self.memory_mask = self.memory_mask.index_select(0, index)
+        for cache in (*self.self_caches, *self.cross_caches):
+            cache.reorder(index)
+
+
+class Seq2Seq(PretrainedModel):
+    """Encoder-decoder transformer with a shared source/target vocabulary (one tokenizer)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("ModelConfig.vocab_size must be set before building a Seq2Seq")
+        self.config = c = config
+        n_dec = c.n_decoder_layer or c.n_layer
+        self.src_emb = nn.Embedding(c.vocab_size, c.d_model)
+        # one table for both sides (and, with tie_embeddings, the output projection too)
+        self.tgt_emb = self.src_emb if c.share_embeddings else nn.Embedding(c.vocab_size, c.d_model)
+        self.enc_positions = build_positions(c.positions, c.d_model, c.n_head, c.block_size, c.rope_theta)
+        self.dec_positions = build_positions(c.positions, c.d_model, c.n_head, c.block_size, c.rope_theta)
+
+        def block(cross: bool) -> TransformerBlock:
+            return TransformerBlock(
+                c.d_model, c.n_head, n_kv_heads=c.n_kv_head, d_ff=c.d_ff, activation=c.activation, norm=c.norm,
+                norm_position=c.norm_position, norm_eps=c.norm_eps, dropout=c.dropout, attn_dropout=c.dropout,
+                bias=c.bias, backend=c.attn_backend, cross_attention=cross,
+            )
+
+        self.encoder = nn.ModuleList(block(cross=False) for _ in range(c.n_layer))
+        self.decoder = nn.ModuleList(block(cross=True) for _ in range(n_dec))
+        pre = c.norm_position == "pre"  # pre-norm stacks end un-normalised: a final norm on each side
+        self.enc_norm = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if pre else nn.Identity()
+        self.dec_norm = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if pre else nn.Identity()
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.tgt_emb.weight
+        n_sublayers = 2 * c.n_layer + 3 * n_dec  # GPT-2's 1/sqrt(2L) on residual-writing projections
+        for name, p in self.named_parameters():
+            if name.endswith(("out_proj.weight", "fc_out.weight")):
+                nn.init.normal_(p, mean=0.0, std=c.init_std / math.sqrt(n_sublayers))
+
+    @classmethod
+    def check_config(cls, config: ModelConfig) -> None:
+        if config.mixer != "attention":
+            raise ConfigError(f"family seq2seq supports mixer=attention only, got mixer={config.mixer}")
+        if config.residual != "standard":
+            raise ConfigError(f"family seq2seq supports residual=standard only, got residual={config.residual}")
+        if config.moe_experts > 0:
+            raise ConfigError("family seq2seq has no mixture-of-experts layers; set model.moe_experts=0")
+        if config.positions == "alibi":
+            raise ConfigError("family seq2seq supports positions learned, sinusoidal, rope or none (not alibi)")
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+
+    # -- the two stacks --------------------------------------------------------------------------
+
+    def _embed(self, table: nn.Embedding, positions, ids: Tensor, start: int = 0) -> tuple[Tensor, object]:
+        """E[ids] * sqrt(d) + P[pos] (the 2017 scaling keeps the embedding above the positions)."""
+        T = ids.size(1)
+        if self.config.positions == "learned" and start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens exceeds the context of {self.config.block_size}")
+        pos = torch.arange(start, start + T, device=ids.device)  # (T,)
+        x = table(ids) * math.sqrt(self.config.d_model)  # (B, T, C)
+        pe = positions.embed(pos)
+        if pe is not None:
+            x = x + pe  # (T, C) broadcasts over the batch
+        if self.config.dropout > 0:
+            x = F.dropout(x, self.config.dropout, self.training)
+        return x, positions.rotary(pos)
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None,
+               need_weights: bool = False) -> tuple[Tensor, list[Tensor] | None]:
+        """src_ids (B, S), src_mask (B, S) True at real tokens -> memory (B, S, C) (+ self-attention probs)."""
+        x, rotary = self._embed(self.src_emb, self.enc_positions, src_ids)
+        mask = padding_mask(src_mask) if src_mask is not None else None  # (B, 1, 1, S)
+        probs: list[Tensor] | None = [] if need_weights else None
+        for block in self.encoder:
+            x, extras = block(x, mask=mask, rotary=rotary, need_weights=need_weights)
+            if probs is not None:
+                probs.append(extras["self"])
+        return self.enc_norm(x), probs
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None = None,
+        state: DecoderState | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
+        """tgt_in (B, T) -> logits (B, T, V), attending causally to itself and fully to memory (B, S, C).
+
+        With ``state`` the T new tokens sit at positions state.length.. and use/extend its caches.
+        Returns logits and, with need_weights, the self- and cross-attention probabilities per layer.
+        """
+        start = state.length if state is not None else 0
+        x, rotary = self._embed(self.tgt_emb, self.dec_positions, tgt_in, start)
+        mem_mask = padding_mask(memory_mask) if memory_mask is not None else None  # (B, 1, 1, S)
+        self_probs: list[Tensor] | None = [] if need_weights else None
+        cross_probs: list[Tensor] | None = [] if need_weights else None
+        for i, block in enumerate(self.decoder):
+            x, extras = block(
+                x, rotary=rotary, is_causal=True, memory=memory, memory_mask=mem_mask,
+                cache=state.self_caches[i] if state is not None else None,
+                cross_cache=state.cross_caches[i] if state is not None else None, need_weights=need_weights,
+            )
+            if self_probs is not None and cross_probs is not None:
+                self_probs.append(extras["self"])
+                cross_probs.append(extras["cross"])
+        return self.lm_head(self.dec_norm(x)), self_probs, cross_probs  # (B, T, V)
+
+    def forward(
+        self,
+        src_ids: Tensor,
+        tgt_in: Tensor,
+        src_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> Seq2SeqOutput:
+        """Teacher-forced pass: src_ids (B, S), tgt_in (B, T) -> logits (B, T, V); loss with labels (B, T)."""
+        memory, enc_probs = self.encode(src_ids, src_mask, need_weights)
+        logits, dec_probs, cross_probs = self.decode(tgt_in, memory, src_mask, need_weights=need_weights)
+        out = Seq2SeqOutput(logits, encoder_attentions=enc_probs, decoder_attentions=dec_probs,
+                            cross_attentions=cross_probs)
+        if labels is not None:
+            out.loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100)
+        return out
+
+    # -- incremental decoding ----------------------------------------------------------------------
+
+    def start_decoding(self, memory: Tensor, memory_mask: Tensor | None, max_len: int) -> DecoderState:
+        """Empty caches for decoding up to ``max_len`` target tokens from ``memory`` (N, S, C)."""
+        N, dtype, device = memory.size(0), memory.dtype, memory.device
+        self_caches, cross_caches = [], []
+        for block in self.decoder:
+            attn = block.self_attn
+            self_caches.append(KVCache(N, attn.n_kv_heads, max_len, attn.head_dim, dtype=dtype, device=device))
+            # empty; the first step stores this layer's keys/values of the memory (KVCache.set_static)
+            cross_caches.append(KVCache(N, attn.n_kv_heads, 0, attn.head_dim, dtype=dtype, device=device))
+        return DecoderState(memory, memory_mask, self_caches, cross_caches)
+
+    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """Feed one token per row, tokens (N, 1), through the caches; return next-token logits (N, V)."""
+        logits, _, _ = self.decode(tokens, state.memory, state.memory_mask, state=state)
+        return logits[:, -1]  # (N, V)
