@@ -12,14 +12,19 @@ attends to nothing: its probabilities and its output are zeros, never NaN.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 Backend = Literal["eager", "sdpa", "tiled"]
 BACKENDS: tuple[str, ...] = ("eager", "sdpa", "tiled")
+# hook(module, q, k, mask, bias, is_causal): the exact inputs of the softmax, see register_scores_hook
+ScoresHook = Callable[[nn.Module, Tensor, Tensor, "Tensor | None", "Tensor | None", bool], None]
 
 
 # --------------------------------------------------------------------------------------- masks
@@ -244,6 +249,19 @@ class MultiHeadAttention(nn.Module):
         else:
             self.qkv_proj = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)  # fused Q, K, V
         self.out_proj = nn.Linear(q_dim, d_model, bias=bias)
+        self._scores_hooks: OrderedDict[int, ScoresHook] = OrderedDict()
+
+    def register_scores_hook(self, hook: ScoresHook) -> RemovableHandle:
+        """Call ``hook(module, q, k, mask, bias, is_causal)`` on every forward, whatever the backend.
+
+        q (B, H, T, D) after RoPE; k (B, H_kv, S, D) after RoPE and the cache (all keys attended);
+        ``mask``/``bias``/``is_causal`` as the backend receives them, so
+        softmax(q k^T / sqrt(D) + bias, masked) are exactly this layer's probabilities (used by
+        ``attnlab.inspect.record``). The hook must not modify its arguments. ``handle.remove()`` detaches it.
+        """
+        handle = RemovableHandle(self._scores_hooks)
+        self._scores_hooks[handle.id] = hook
+        return handle
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
@@ -288,6 +306,8 @@ class MultiHeadAttention(nn.Module):
                 q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, Hkv, S, D), S = cached + T
+        for hook in self._scores_hooks.values():
+            hook(self, q, k, mask, bias, is_causal)
         p = self.dropout if self.training else 0.0
         if self.backend == "tiled" and not need_weights:  # O(T) memory; groups handled inside, no repeat
             from attnlab.nn.tiled import tiled_attention
