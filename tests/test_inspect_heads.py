@@ -25,14 +25,14 @@ def planted_gpt(c: float = 10.0) -> GPT:
     """2 layers x 2 heads, d_model 48, built by hand so that the residual stream at position t is the
     one-hot e_t (learned positions; token embeddings, attention outputs and MLP outputs are zero):
 
-    layer 0 head 0: q_t = c LN(x_t)[t+1-th dims shifted], k_s = LN(x_s) -> query t matches key t-1: previous-token
+    layer 0 head 0: q[j] = c LN(x)[j + 1] (a shift), k[j] = LN(x)[j] -> query t matches key t-1: previous-token
     layer 1 head 0: q = -c (sum of the non-position dims of LN(x)), a constant > 0; k_s[0] = LN(x_s)[0],
                     large only at s = 0 -> first-token head
     every other head: W_Q = 0 -> equal scores -> uniform over the visible prefix.
     """
     cfg = ModelConfig(vocab_size=20, block_size=T, n_layer=2, n_head=2, d_model=48, positions="learned", bias=False)
     model = GPT(cfg).eval()
-    D = 24  # head dim; rows of qkv_proj: q head 0 [0, 24), q head 1 [24, 48), k head 0 [48, 72), ...
+    # head dim 24; rows of qkv_proj: q head 0 [0, 24), q head 1 [24, 48), k head 0 [48, 72), ...
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
@@ -44,11 +44,10 @@ def planted_gpt(c: float = 10.0) -> GPT:
         for j in range(T - 1):
             w0[j, j + 1] = c  # q_t[j] = c LN(x_t)[j + 1]: large at j = t - 1
         for j in range(T):
-            w0[2 * 48 // 2 + j, j] = 1.0  # k_s[j] = LN(x_s)[j]: large at j = s
+            w0[48 + j, j] = 1.0  # k_s[j] = LN(x_s)[j]: large at j = s
         w1 = model.blocks[1].self_attn.qkv_proj.weight
         w1[0, T:] = -c  # q[0] = -c * sum of the (negative, equal) non-position dims of LN(x): a positive constant
         w1[48, 0] = 1.0  # k[0] = LN(x)[0]: large only at position 0
-    assert D * 2 == 48
     return model
 
 
