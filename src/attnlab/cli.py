@@ -125,6 +125,31 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    """Attention figures and a JSON dump of the probabilities for one text."""
+    from attnlab.errors import ConfigError
+    from attnlab.inspect.report import inspect_text
+
+    if args.text is None:
+        raise ConfigError("give the input to inspect with --text \"...\"")
+    paths = inspect_text(args.run_dir, args.text, args.out, layer=args.layer, head=args.head)
+    print(f"wrote {len(paths)} files to {args.out}: " + ", ".join(p.name for p in paths))
+    return 0
+
+
+def _cmd_heads(args: argparse.Namespace) -> int:
+    """Per-head statistics (entropy, distance, previous-token / first-token / induction / uniform)."""
+    from attnlab.inspect.report import head_report, summary
+
+    report = head_report(args.run_dir, args.data, args.out, n_batches=args.n_batches, batch_size=args.batch_size,
+                         seed=args.seed)
+    print(f"{len(report.rows)} heads measured on {report.n_windows} windows of {args.data}")
+    for line in summary(report.rows):
+        print(line)
+    print(f"table and figure in {args.out}: " + ", ".join(p.name for p in report.paths))
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the full usage stays available with --help)."""
 
@@ -234,6 +259,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--splits", nargs="+", default=None, help="default: the task's, e.g. train val")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("inspect", help="attention figures and a JSON dump of the probabilities for one input")
+    p.add_argument("run_dir")
+    p.add_argument("--text", default=None, help="the text to run through the model")
+    p.add_argument("--layer", type=int, default=None, help="layer of the single-head figure (default: last)")
+    p.add_argument("--head", type=int, default=None, help="head of the single-head figure (default: 0)")
+    p.add_argument("--out", default="inspect", help="output folder (default ./inspect)")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("heads", help="per-head statistics and head types (previous-token, induction, ...)")
+    p.add_argument("run_dir")
+    p.add_argument("--data", required=True, help="text file (or 'shakespeare') to measure the heads on")
+    p.add_argument("--n-batches", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="heads", help="output folder (default ./heads)")
+    p.set_defaults(func=_cmd_heads)
     return parser
 
 
