@@ -143,4 +143,15 @@ def test_bad_arguments():
         pass
     with pytest.raises(ValueError, match="nothing to record"), record(model, layers=[7]):
         pass
-    assert block_index("decoder.layers.12.cross_attn") == 12
+    assert block_index("decoder.layers.12.cross_attn") == 12 and block_index("pool.attn") == 0
+
+
+def test_training_step_unchanged_by_recording():
+    model = tiny_gpt("tiled", positions="rope")
+    idx = torch.randint(0, 17, (2, 9), generator=torch.Generator().manual_seed(3))
+    model(idx, targets=idx).loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with record(model, what=("probs", "residual", "sublayers")):
+        model(idx, targets=idx).loss.backward()
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))

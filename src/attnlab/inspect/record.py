@@ -78,11 +78,10 @@ class Recording:
 
 
 def block_index(name: str) -> int:
-    """The layer number of a module named like ``blocks.3`` or ``decoder.layers.3.cross_attn``: 3."""
+    """The layer number of a module named like ``blocks.3`` or ``decoder.layers.3.cross_attn``: 3
+    (0 for a module outside any numbered stack, e.g. a lone attention pooling layer)."""
     numbers = re.findall(r"(?:^|\.)(\d+)(?=\.|$)", name)
-    if not numbers:
-        raise ValueError(f"module {name!r} has no layer index in its name")
-    return int(numbers[-1])
+    return int(numbers[-1]) if numbers else 0
 
 
 def _as_list(sel: int | Iterable[int] | None) -> list[int] | None:
