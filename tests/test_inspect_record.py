@@ -38,7 +38,7 @@ def test_gpt_probs_match_eager_and_logits_unchanged(backend, positions, n_kv_hea
         assert torch.isneginf(rec.scores[name][..., 0, 1:]).all()
         torch.testing.assert_close(torch.softmax(rec.scores[name], -1), rec.probs[name])
     # hooks are gone after the context
-    assert all(not m._scores_hooks for m in model.modules() if isinstance(m, MultiHeadAttention))
+    assert not any(m.__dict__.get("_scores_hooks") for m in model.modules())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -155,3 +155,33 @@ def test_training_step_unchanged_by_recording():
     with record(model, what=("probs", "residual", "sublayers")):
         model(idx, targets=idx).loss.backward()
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+
+
+@pytest.mark.parametrize("backend", ("eager", "sdpa"))
+def test_latent_attention_plain_absorbed_and_decoding(backend):
+    from attnlab.models.config import ModelConfig
+    from attnlab.models.gpt import GPT
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=17, block_size=32, n_layer=1, n_head=4, d_model=32, mixer="latent",
+                      positions="none", attn_backend=backend, init_std=0.2)
+    model = GPT(cfg).eval()  # multi-head latent attention: its own decoupled RoPE
+    names = [n for n, m in model.named_modules() if hasattr(m, "register_scores_hook")]
+    assert names == ["blocks.0.self_attn"]
+    idx = torch.randint(0, 17, (2, 9))
+    plain = model(idx).logits
+    with record(model) as rec:
+        assert torch.equal(model(idx).logits, plain)
+    ref = with_backend(model, "eager")(idx, need_weights=True).attentions[0]["self"]
+    torch.testing.assert_close(rec.probs[names[0]], ref, atol=1e-5, rtol=0)
+    mla = model.get_submodule(names[0])
+    mla.absorb = True  # attend in latent space: same probabilities
+    with record(model) as rec:
+        model(idx)
+    torch.testing.assert_close(rec.probs[names[0]], ref, atol=1e-5, rtol=0)
+    mla.absorb = False
+    cache = model.new_cache(2)
+    model(idx[:, :8], cache=cache)
+    with record(model) as rec:
+        model(idx[:, 8:], cache=cache)  # one token against a filled cache: absorbed by default
+    torch.testing.assert_close(rec.probs[names[0]], ref[:, :, 8:], atol=1e-5, rtol=0)

@@ -4,12 +4,13 @@
         model(idx)
     rec.probs["blocks.2.self_attn"]      # (B, 1, T, S): head 1 of layer 2
 
-Every ``MultiHeadAttention`` (self- or cross-attention, in any family) reports the exact inputs of
+Every ``MultiHeadAttention`` (self- or cross-attention, in any family) and every
+``MultiHeadLatentAttention`` (MLA) reports the exact inputs of
 its softmax through ``register_scores_hook``: q (B, H, T, D) after RoPE, k (B, H_kv, S, D) after
 RoPE and the KV cache, the mask, the bias (ALiBi) and ``is_causal``. From them the recorder
 recomputes, for the kept layers and heads only,
 
-    scores = q k^T / sqrt(D) + bias,   masked entries -inf      (B, h, T, S)
+    scores = q k^T * scale + bias,   masked entries -inf      (B, h, T, S),  scale = 1/sqrt(d_k)
     probs  = softmax(scores)           rows with no visible key are 0
 
 with the eager reference (``scaled_dot_product_attention``) — so the probabilities are the same
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from attnlab.nn.attention import MultiHeadAttention, causal_mask, combine_masks, scaled_dot_product_attention
+from attnlab.nn.attention import ScoresHooks, causal_mask, combine_masks, scaled_dot_product_attention
 from attnlab.nn.blocks import TransformerBlock
 
 WHAT: tuple[str, ...] = ("probs", "scores", "residual", "sublayers")
@@ -106,12 +107,14 @@ def attention_from_qk(
     bias: Tensor | None = None,
     is_causal: bool = False,
     heads: list[int] | None = None,
+    scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Scores and probabilities of the eager reference for the chosen heads, from q and k alone.
 
     q (B, H, T, D); k (B, H_kv, S, D) with H_kv dividing H (query head h reads key head
     h // (H / H_kv)); mask (bool, True = attend), bias broadcast to (B, H, T, S). Returns
-    scores (B, h, T, S) = q k^T / sqrt(D) + bias with masked entries -inf, and probs (B, h, T, S).
+    scores (B, h, T, S) = q k^T * scale + bias (scale default 1 / sqrt(D)) with masked entries -inf,
+    and probs (B, h, T, S).
     """
     H, Hkv, T, S = q.size(1), k.size(1), q.size(2), k.size(2)
     idx = torch.arange(H, device=q.device) if heads is None else torch.as_tensor(heads, device=q.device)
@@ -121,8 +124,9 @@ def attention_from_qk(
     if is_causal:
         mask = combine_masks(mask, causal_mask(T, S, device=q.device))
     # probabilities exactly as the eager backend computes them (v is a dummy: only probs are used)
-    _, probs = scaled_dot_product_attention(qs, ks, ks[..., :1], mask=mask, bias=bias)
-    scores = (qs @ ks.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, h, T, S)
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    _, probs = scaled_dot_product_attention(qs, ks, ks[..., :1], mask=mask, bias=bias, scale=scale)
+    scores = (qs @ ks.transpose(-2, -1)) * scale  # (B, h, T, S)
     if bias is not None:
         scores = scores + bias
     if mask is not None:
@@ -166,17 +170,17 @@ def record(
 
     handles = []
     for name, module in model.named_modules():
-        if isinstance(module, MultiHeadAttention) and wanted(name) and ("probs" in what or "scores" in what):
+        if isinstance(module, ScoresHooks) and wanted(name) and ("probs" in what or "scores" in what):
             H = module.n_heads
             kept = list(range(H)) if keep_heads is None else keep_heads
             if any(not 0 <= h < H for h in kept):
                 raise ValueError(f"heads {kept} out of range for {name} with {H} heads")
             rec.layer[name], rec.heads[name] = block_index(name), kept
-            rec.kind[name] = "cross" if module.cross else "self"
+            rec.kind[name] = "cross" if getattr(module, "cross", False) else "self"
 
-            def on_scores(mod, q, k, mask, bias, is_causal, name=name, kept=kept):
+            def on_scores(mod, q, k, mask, bias, is_causal, scale, name=name, kept=kept):
                 with torch.no_grad():
-                    scores, probs = attention_from_qk(q, k, mask, bias, is_causal, kept)
+                    scores, probs = attention_from_qk(q, k, mask, bias, is_causal, kept, scale)
                 if "probs" in what:
                     rec.probs[name] = store(probs)
                 if "scores" in what:
