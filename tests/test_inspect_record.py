@@ -185,3 +185,13 @@ def test_latent_attention_plain_absorbed_and_decoding(backend):
     with record(model) as rec:
         model(idx[:, 8:], cache=cache)  # one token against a filled cache: absorbed by default
     torch.testing.assert_close(rec.probs[names[0]], ref[:, :, 8:], atol=1e-5, rtol=0)
+
+
+def test_autocast_bf16_records_float32_probabilities():
+    model = tiny_gpt("sdpa")
+    idx = torch.randint(0, 17, (1, 7))
+    with torch.autocast("cpu", dtype=torch.bfloat16), record(model, dtype=None) as rec:
+        model(idx)
+    probs = rec.probs["blocks.0.self_attn"]
+    assert probs.dtype == torch.float32
+    torch.testing.assert_close(probs, eager_probs_gpt(model, idx)["blocks.0.self_attn"], atol=0.05, rtol=0)

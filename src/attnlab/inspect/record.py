@@ -114,8 +114,12 @@ def attention_from_qk(
     q (B, H, T, D); k (B, H_kv, S, D) with H_kv dividing H (query head h reads key head
     h // (H / H_kv)); mask (bool, True = attend), bias broadcast to (B, H, T, S). Returns
     scores (B, h, T, S) = q k^T * scale + bias (scale default 1 / sqrt(D)) with masked entries -inf,
-    and probs (B, h, T, S).
+    and probs (B, h, T, S). Half/bfloat16 inputs (autocast) are computed in float32.
     """
+    if q.dtype in (torch.float16, torch.bfloat16):
+        with torch.autocast(q.device.type, enabled=False):
+            return attention_from_qk(q.float(), k.float(), mask, None if bias is None else bias.float(), is_causal,
+                                     heads, scale)
     H, Hkv, T, S = q.size(1), k.size(1), q.size(2), k.size(2)
     idx = torch.arange(H, device=q.device) if heads is None else torch.as_tensor(heads, device=q.device)
     qs = q.index_select(1, idx)  # (B, h, T, D)
