@@ -12,14 +12,19 @@ attends to nothing: its probabilities and its output are zeros, never NaN.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 Backend = Literal["eager", "sdpa", "tiled"]
 BACKENDS: tuple[str, ...] = ("eager", "sdpa", "tiled")
+# hook(module, q, k, mask, bias, is_causal, scale): the exact inputs of the softmax, see ScoresHooks
+ScoresHook = Callable[[nn.Module, Tensor, Tensor, "Tensor | None", "Tensor | None", bool, float], None]
 
 
 # --------------------------------------------------------------------------------------- masks
@@ -205,7 +210,29 @@ class KVCache:
 # --------------------------------------------------------------------------- multi-head layer
 
 
-class MultiHeadAttention(nn.Module):
+class ScoresHooks:
+    """Mixin for attention modules: hooks that see the exact inputs of the softmax, whatever the backend.
+
+    ``register_scores_hook(hook)`` makes every forward call ``hook(module, q, k, mask, bias, is_causal,
+    scale)`` with q (B, H, T, D) after RoPE, k (B, H_kv, S, D) after RoPE and the cache (all keys
+    attended), and ``mask``/``bias``/``is_causal``/``scale`` as the backend receives them, so
+    softmax(q k^T * scale + bias, masked) are exactly the layer's probabilities (used by
+    ``attnlab.inspect.record``). Hooks must not modify their arguments; ``handle.remove()`` detaches one.
+    """
+
+    def register_scores_hook(self, hook: ScoresHook) -> RemovableHandle:
+        hooks = self.__dict__.setdefault("_scores_hooks", OrderedDict())
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
+
+    def _call_scores_hooks(self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None,
+                           is_causal: bool, scale: float) -> None:
+        for hook in self.__dict__.get("_scores_hooks", {}).values():
+            hook(self, q, k, mask, bias, is_causal, scale)
+
+
+class MultiHeadAttention(ScoresHooks, nn.Module):
     """Multi-head attention: self-attention (fused QKV) or cross-attention (Q from x, K/V from memory).
 
         head_h = Attention(x W_q^h, m W_k^g(h), m W_v^g(h)),   MHA(x, m) = concat_h(head_h) W_o
@@ -288,6 +315,7 @@ class MultiHeadAttention(nn.Module):
                 q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, Hkv, S, D), S = cached + T
+        self._call_scores_hooks(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D))
         p = self.dropout if self.training else 0.0
         if self.backend == "tiled" and not need_weights:  # O(T) memory; groups handled inside, no repeat
             from attnlab.nn.tiled import tiled_attention

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from attnlab.nn.attention import (
     Backend,
+    ScoresHooks,
     causal_mask,
     combine_masks,
     scaled_dot_product_attention,
@@ -104,7 +105,7 @@ class LatentKVCache:
 # ------------------------------------------------------------------------------------ the layer
 
 
-class MultiHeadLatentAttention(nn.Module):
+class MultiHeadLatentAttention(ScoresHooks, nn.Module):
     """Multi-head Latent Attention: low-rank joint KV compression + decoupled RoPE (see module doc).
 
         c_kv = x W_DKV,   k_C^h = c_kv W_UK^h,   v_C^h = c_kv W_UV^h
@@ -260,6 +261,7 @@ class MultiHeadLatentAttention(nn.Module):
             q = torch.cat([q_lat, q_r], dim=-1)  # (B, H, T, E)
             k = torch.cat([c_kv, k_r], dim=-1).unsqueeze(1)  # (B, S, E) -> (B, 1, S, E), shared by all heads
             v = c_kv.unsqueeze(1)  # (B, S, d_latent) -> (B, 1, S, d_latent)
+            self._call_scores_hooks(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D + R))  # k: one head, as MQA
             # every head reads the same keys and values, so fold the heads into the query axis
             # (B, H, T, ·) -> (B, 1, H*T, ·): one (H*T x S) score matrix per sequence, as in MQA
             if is_causal:
@@ -278,6 +280,7 @@ class MultiHeadLatentAttention(nn.Module):
             v = self.w_uv(c_kv).view(B, S, H, D).transpose(1, 2)  # (B, S, H*D) -> (B, H, S, D)
             q = torch.cat([q_c, q_r], dim=-1)  # (B, H, T, D + R)
             k = torch.cat([k_c, k_r.unsqueeze(1).expand(B, H, S, R)], dim=-1)  # (B, H, S, D + R)
+            self._call_scores_hooks(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D + R))
             o, probs = self._attend(q, k, v, mask, bias, is_causal, need_weights)  # (B, H, T, D)
         y = o.transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, C)
         return self.w_o(y), (probs if need_weights else None)

@@ -1,0 +1,71 @@
+"""attnlab inspect --text / attnlab heads on a tiny trained run, through attnlab.cli.main."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnlab.cli import main
+from attnlab.inspect.record import record
+from attnlab.runs import load_model_and_tokenizer
+
+from .helpers import tiny_overrides, write_corpus
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("inspect")
+    corpus = write_corpus(tmp / "corpus.txt")
+    argv = ["train", "configs/shakespeare-char.yaml", *tiny_overrides(corpus, tmp / "runs", name="r", max_iters=10)]
+    assert main(argv) == 0
+    return tmp / "runs" / "r", corpus
+
+
+def test_inspect_text_writes_figures_and_json(trained_run, tmp_path, capsys):
+    run, _ = trained_run
+    text = "The lazy dog."
+    code = main(["inspect", str(run), "--text", text, "--layer", "1", "--head", "1", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    names = {p.name for p in tmp_path.iterdir()}
+    for stem in ("attention_layer1_head1", "heads_layer1", "entropy", "attribution"):
+        assert {f"{stem}.png", f"{stem}.svg"} <= names
+    dump = json.loads((tmp_path / "attention.json").read_text())
+    assert "".join(dump["tokens"]) == text
+    probs = torch.tensor(dump["modules"]["blocks.1.self_attn"]["probs"])  # (H, T, T)
+    model, tok = load_model_and_tokenizer(run)
+    with record(model) as rec:
+        model(torch.tensor([tok.encode(text)]))
+    torch.testing.assert_close(probs, rec.probs["blocks.1.self_attn"][0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--text", "dog", "--layer", "5"], "--layer 5 does not exist"),
+    (["--text", "dog", "--head", "2"], "--head 2 does not exist"),
+    (["--text", ""], "the text is empty"),
+    (["--text", "x" * 17], "more than the 16"),
+    (["--text", "dog€"], "€"),
+    ([], "--text"),
+])
+def test_inspect_bad_input_is_one_line(trained_run, tmp_path, capsys, argv, message):
+    run, _ = trained_run
+    code = main(["inspect", str(run), "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_heads_writes_table_and_plot(trained_run, tmp_path, capsys):
+    run, corpus = trained_run
+    code = main(["heads", str(run), "--data", str(corpus), "--n-batches", "2", "--batch-size", "4",
+                 "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "previous-token heads" in out and "induction heads" in out
+    rows = json.loads((tmp_path / "heads.json").read_text())
+    assert len(rows) == 2 * 2 and {r["module"] for r in rows} == {"blocks.0.self_attn", "blocks.1.self_attn"}
+    assert all(0 <= r["previous_token"] <= 1 and 0 <= r["uniform"] <= 1 + 1e-9 for r in rows)
+    assert {"heads.csv", "heads.md", "heads.png", "heads.svg"} <= {p.name for p in tmp_path.iterdir()}
+    code = main(["heads", str(run), "--data", str(tmp_path / "missing.txt"), "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "not found" in err and len(err.splitlines()) == 1
