@@ -119,3 +119,25 @@ def test_labelled_files(tmp_path):
 
     with pytest.raises(DataError, match="'text'"):
         read_labelled(tmp_path / "b.csv")
+
+
+def test_mlm_run_resumes_exactly(tmp_path):
+    """Masking draws from the trainer's batch generator: a resumed run logs what the full one logged."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    corpus = write_corpus(tmp_path / "c.txt", n_chars=15_000)
+    common = _args(data=corpus, out_dir=tmp_path, max_iters=12, eval_interval=6, **{"mlm.nsp": "true"})
+    assert main(["train", "configs/bert-mlm.yaml", *common, "name=full"]) == 0
+    assert main(["train", "configs/bert-mlm.yaml", *common, "name=cut"]) == 0
+    shutil.rmtree(tmp_path / "cut" / "checkpoints" / "step-0000012")  # as if it died after step 6
+    assert main(["resume", str(tmp_path / "cut")]) == 0
+
+    def losses(run):
+        return [(r["step"], r.get("train_loss"), r.get("val_loss"))
+                for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+    assert losses(tmp_path / "cut") == losses(tmp_path / "full")
+    a, b = load_file(tmp_path / "cut" / "model.safetensors"), load_file(tmp_path / "full" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)

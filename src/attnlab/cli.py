@@ -193,12 +193,9 @@ def _load_encoder(run_dir: str):
 def _cmd_embed(args: argparse.Namespace) -> int:
     import json
 
-    import torch
-
     from attnlab.encoders import embed_texts, nearest_neighbours
 
     model, tokenizer = _load_encoder(args.run_dir)
-    torch.set_grad_enabled(False)
     emb = embed_texts(model, tokenizer, args.text, max_len=args.max_len, pooling=args.pooling)
     if args.vectors or len(args.text) == 1:
         for text, e in zip(args.text, emb, strict=True):

@@ -30,7 +30,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from attnlab.errors import CheckpointError
+from attnlab.errors import CheckpointError, ConfigError
 from attnlab.fileio import atomic_path, atomic_write_text
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
@@ -304,8 +304,6 @@ def hf_bert_model_config(cfg: dict, where: Path) -> ModelConfig:
         )
     except KeyError as e:
         raise CheckpointError(f"{where}: no {e.args[0]!r}") from None
-    from attnlab.errors import ConfigError
-
     try:
         config.validate()
     except ConfigError as e:

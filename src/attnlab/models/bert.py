@@ -142,17 +142,6 @@ class Bert(PretrainedModel):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
 
-    def reset_heads(self, n_classes: int | None) -> None:
-        """Fresh classification heads for ``n_classes`` (fine-tuning a pre-trained encoder)."""
-        self.config.n_classes = n_classes
-        self.classifier = self.token_classifier = None
-        if n_classes is not None:
-            device = self.pooler.weight.device
-            self.classifier = nn.Linear(self.config.d_model, n_classes, device=device)
-            self.token_classifier = nn.Linear(self.config.d_model, n_classes, device=device)
-            for head in (self.classifier, self.token_classifier):
-                self._init_weights(head)
-
     # -- the encoder ---------------------------------------------------------------------------
 
     def encode(

@@ -387,7 +387,7 @@ class Trainer:
                 profiler.close()
         wall = time.perf_counter() - t_start
         sample = None
-        model = self.plain_model() if cfg.sample_tokens > 0 else None  # collective under FSDP
+        model = self.plain_model()  # collective under FSDP
         if self.dist.is_main:
             if model is not None:
                 sample = self.task.write_samples(model, self.run_dir)
