@@ -27,16 +27,16 @@ CLAIM = ("With little data a CNN beats a Vision Transformer of the same size; wi
 
 # the full run: Fashion-MNIST 28x28, 7x7 patches (16 tokens + [CLS])
 FULL: dict[str, Any] = dict(
-    data="fashion-mnist", fractions=[0.01, 0.05, 0.2, 1.0], seeds=[0, 1, 2], steps=120, batch_size=64,
+    data="fashion-mnist", fractions=[0.01, 0.05, 0.2, 1.0], seeds=[0, 1, 2], steps=300, batch_size=64,
     lr=2e-3, test_limit=2000, threads=1,
     vit=dict(image_size=28, patch_size=7, d_model=48, n_layer=4, n_head=4, d_ff=96),
     cnn=dict(cnn_stages=3, cnn_blocks=1),
 )
-# --quick: scikit-learn digits 8x8, 2x2 patches
+# --quick: scikit-learn digits 8x8, 4x4 patches
 QUICK: dict[str, Any] = dict(
-    data="digits", fractions=[0.05, 0.2, 1.0], seeds=[0, 1], steps=150, batch_size=32, lr=3e-3, test_limit=None,
+    data="digits", fractions=[0.05, 0.2, 1.0], seeds=[0, 1], steps=300, batch_size=32, lr=3e-3, test_limit=None,
     threads=1,
-    vit=dict(image_size=8, patch_size=2, d_model=32, n_layer=2, n_head=4, d_ff=64),
+    vit=dict(image_size=8, patch_size=4, d_model=32, n_layer=2, n_head=4, d_ff=64),
     cnn=dict(cnn_stages=2, cnn_blocks=1),
 )
 
