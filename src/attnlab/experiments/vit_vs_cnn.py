@@ -27,7 +27,7 @@ CLAIM = ("With little data a CNN beats a Vision Transformer of the same size; wi
 
 # the full run: Fashion-MNIST 28x28, 7x7 patches (16 tokens + [CLS])
 FULL: dict[str, Any] = dict(
-    data="fashion-mnist", fractions=[0.01, 0.05, 0.2, 1.0], seeds=[0, 1, 2], steps=300, batch_size=64,
+    data="fashion-mnist", fractions=[0.01, 0.05, 0.2, 1.0], seeds=[0, 1, 2], steps=120, batch_size=64,
     lr=2e-3, test_limit=2000, threads=1,
     vit=dict(image_size=28, patch_size=7, d_model=48, n_layer=4, n_head=4, d_ff=96),
     cnn=dict(cnn_stages=3, cnn_blocks=1),
