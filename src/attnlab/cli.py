@@ -23,8 +23,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     say = trainer.log  # rank 0 only under torchrun
     n_params = trainer.model.num_parameters()
     world = f", {trainer.dist.world_size} processes" if trainer.dist.enabled else ""
-    say(f"run: {trainer.run_dir}  model: {cfg.model.family}, {n_params / 1e6:.2f}M parameters, "
-        f"vocab {cfg.model.vocab_size}, context {cfg.model.block_size}{world}")
+    m = cfg.model
+    shape = (f"vocab {m.vocab_size}, context {m.block_size}" if m.family not in ("vit", "cnn")
+             else f"{m.n_classes} classes, {m.in_channels}x{m.image_size}x{m.image_size} images")
+    say(f"run: {trainer.run_dir}  model: {m.family}, {n_params / 1e6:.2f}M parameters, {shape}{world}")
     try:
         result = trainer.train()
     except TrainingInterrupted as e:

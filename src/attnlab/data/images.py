@@ -138,8 +138,7 @@ def read_image(path: str | Path, channels: int, size: int | None = None, resize:
             if size is not None and img.size != (size, size):
                 if not resize:
                     raise DataError(f"{path} is {img.size[0]}x{img.size[1]} pixels but the model takes "
-                                    f"{size}x{size}; resize it (images.resize=true when training, "
-                                    "--resize for inspect)")
+                                    f"{size}x{size}; resize it (images.resize=true to train, --resize to inspect)")
                 img = img.resize((size, size), Image.Resampling.BILINEAR)
             array = np.asarray(img, dtype=np.uint8)
     except UnidentifiedImageError:
