@@ -81,6 +81,11 @@ def record_self_attention(model: torch.nn.Module, **inputs: Any) -> tuple[list[i
     return [rec.layer[n] for n in names], [rec.probs[n][0] for n in names], out
 
 
+def rounded(t: torch.Tensor) -> list:
+    """A tensor as nested lists of floats rounded to DIGITS decimals (in float64, so they print short)."""
+    return t.double().round(decimals=DIGITS).tolist()
+
+
 def top_k(probs: torch.Tensor, k: int, label: Any) -> list[dict[str, Any]]:
     """probs (V,) -> the k largest as [{"token": label(i), "id": i, "p": p}], most likely first."""
     top = torch.topk(probs, k=min(k, probs.numel()))
@@ -238,7 +243,7 @@ class BertAdapter(ExplorerAdapter):
         return {
             "tokens": [label(i) for i in ids],
             "layer_index": layer_index,
-            "layers": [m.round(decimals=DIGITS).tolist() for m in maps],
+            "layers": [rounded(m) for m in maps],
             "masked": masked,
         }
 
@@ -320,8 +325,8 @@ class ViTAdapter(ExplorerAdapter):
             "grid": [gh, gw],
             "layer_index": layer_index,
             "top5": top_k(out.logits[0].float().softmax(-1), 5, lambda i: str(classes[i])),
-            "layers": per_head.round(decimals=DIGITS).tolist(),
-            "rollout": rollout.round(decimals=DIGITS).tolist(),
+            "layers": rounded(per_head),
+            "rollout": rounded(rollout),
         }
 
 
