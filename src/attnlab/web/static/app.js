@@ -583,14 +583,19 @@ function drawImage() {
     ctx.fillText("Choose an image and run the model.", 20, 40);
     return;
   }
+  // left: the image the model saw; right: the same image under the map
   const H = r.pixels.length;
   const W = r.pixels[0].length;
-  const px = Math.floor(Math.min(canvas.width / W, (canvas.height - 20) / H));
-  for (let i = 0; i < H; i++) {
-    for (let j = 0; j < W; j++) {
-      const v = r.pixels[i][j];
-      ctx.fillStyle = Array.isArray(v) ? `rgb(${v[0]},${v[1]},${v[2]})` : `rgb(${v},${v},${v})`;
-      ctx.fillRect(j * px, 20 + i * px, px, px);
+  const GAP = 12;
+  const px = Math.max(1, Math.floor(Math.min((canvas.width - GAP) / (2 * W), (canvas.height - 20) / H)));
+  const right = W * px + GAP;
+  for (const x0 of [0, right]) {
+    for (let i = 0; i < H; i++) {
+      for (let j = 0; j < W; j++) {
+        const v = r.pixels[i][j];
+        ctx.fillStyle = Array.isArray(v) ? `rgb(${v[0]},${v[1]},${v[2]})` : `rgb(${v},${v},${v})`;
+        ctx.fillRect(x0 + j * px, 20 + i * px, px, px);
+      }
     }
   }
   // the map lives on the patch grid (gh, gw): one translucent block per patch, scaled to its maximum
@@ -598,14 +603,18 @@ function drawImage() {
   const top = Math.max(...map.flat(), 1e-12);
   const ph = (H * px) / gh;
   const pw = (W * px) / gw;
-  ctx.globalAlpha = 0.55;
+  ctx.globalAlpha = 0.6;
   for (let a = 0; a < gh; a++) {
     for (let b = 0; b < gw; b++) {
       ctx.fillStyle = colour(map[a][b] / top);
-      ctx.fillRect(b * pw, 20 + a * ph, pw, ph);
+      ctx.fillRect(right + b * pw, 20 + a * ph, pw, ph);
     }
   }
   ctx.globalAlpha = 1;
+  ctx.strokeStyle = "#ffffff";
+  ctx.lineWidth = 1;
+  for (let a = 0; a <= gh; a++) ctx.strokeRect(right, 20 + a * ph, W * px, 0);
+  for (let b = 0; b <= gw; b++) ctx.strokeRect(right + b * pw, 20, 0, H * px);
   ctx.fillStyle = "#667085";
   ctx.font = "11px system-ui, sans-serif";
   ctx.textBaseline = "top";
