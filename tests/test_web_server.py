@@ -52,10 +52,10 @@ class SlowAdapter:
     def describe(self):
         return self.inner.describe()
 
-    def attention_maps(self, text):
+    def attention_maps(self, text, mask=None):
         self.calls += 1
         self.release.wait(self.delay_s)
-        return self.inner.attention_maps(text)
+        return self.inner.attention_maps(text, mask)
 
 
 # ---------------------------------------------------------------- what it computes
@@ -308,15 +308,16 @@ def test_a_request_over_the_time_limit_gets_503_and_the_server_recovers(run_dir)
 
 
 def test_an_unsupported_family_is_a_clear_400_but_the_page_still_serves(tmp_path):
-    run = tmp_path / "bert-run"
+    run = tmp_path / "seq2seq-run"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"family": "bert", "n_layer": 2}), encoding="utf-8")
+    (run / "config.json").write_text(json.dumps({"family": "seq2seq", "n_layer": 2}), encoding="utf-8")
     with TestClient(create_app(run)) as c:
         info = c.get("/api/info").json()
-        assert info["family"] == "bert" and not info["supported"]
-        r = c.post("/api/attention", json={"text": "hello"})
-        assert r.status_code == 400
-        assert r.json()["error"].startswith("this run's family 'bert' is not supported by the explorer yet")
+        assert info["family"] == "seq2seq" and not info["supported"]
+        for path, body in (("/api/attention", {"text": "hello"}), ("/api/image", {"image": "aGk="})):
+            r = c.post(path, json=body)
+            assert r.status_code == 400
+            assert r.json()["error"].startswith("this run's family 'seq2seq' is not supported by the explorer")
         assert c.get("/").status_code == 200
 
 

@@ -102,3 +102,25 @@ def offline_page(browser, base_url: str, viewport=(1300, 900)):
         yield page, blocked, errors
     finally:
         context.close()
+
+
+def train_tiny_bert(root: Path) -> Path:
+    """A 2-layer, 2-head BERT with a WordPiece vocabulary, masked-LM trained for 10 steps; its run folder."""
+    from attnlab.cli import main
+
+    corpus = write_corpus(root / "corpus.txt")
+    settings = dict(data=corpus, out_dir=root / "runs", name="bert", max_iters=10, eval_interval=10, eval_iters=1,
+                    batch_size=8, log_interval=5, warmup_iters=2, progress="false", bpe_vocab_size=120,
+                    block_size=32, n_layer=2, n_head=2, d_model=32, mfu="false", sample_tokens=0)
+    assert main(["train", "configs/bert-mlm.yaml", *[f"{k}={v}" for k, v in settings.items()]]) == 0
+    return root / "runs" / "bert"
+
+
+def train_tiny_vit(root: Path) -> Path:
+    """A 2-layer, 2-head ViT on the 8x8 digits (4x4 patches: a 2x2 grid), trained for 10 steps; its run folder."""
+    from attnlab.cli import main
+
+    settings = dict(out_dir=root / "runs", name="vit", max_iters=10, eval_interval=10, eval_iters=1, batch_size=16,
+                    log_interval=5, warmup_iters=2, progress="false", n_layer=2, n_head=2, d_model=16, d_ff=32)
+    assert main(["train", "configs/vit-digits.yaml", *[f"{k}={v}" for k, v in settings.items()]]) == 0
+    return root / "runs" / "vit"

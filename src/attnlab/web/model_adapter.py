@@ -2,14 +2,19 @@
 
 One adapter per family, chosen from the run folder's ``config.json``:
 
-* GPT: ``attention_maps(text)`` runs the model once with ``need_weights=True`` and returns, for each
-  attention layer, the probabilities P = softmax(QK^T/sqrt(d_k) + mask) of every head, (H, T, T)
-  as nested lists; ``next_token_top10`` is softmax(logits[T-1]) restricted to its 10 largest entries.
-* other families (BERT's masked-token guesses, ViT's image input) are not wired to the explorer yet:
-  their adapter answers every request with one clear line (HTTP 400), so the page still serves its
-  toy and convolution tabs.
+* GPT: ``attention_maps(text)`` returns, for each attention layer, the probabilities
+  P = softmax(QK^T/sqrt(d_k) + mask) of every head, (H, T, T) as nested lists, and
+  ``next_token`` = softmax(logits[T-1]) restricted to its 10 largest entries.
+* BERT: ``attention_maps(text, mask)``: the text as ``[CLS] pieces [SEP]``, bidirectional maps, and for
+  every [MASK] (typed, or a position listed in ``mask``) the top 10 of softmax(MLM head(h_L[t])).
+* ViT: ``image_maps(data, resize)``: an uploaded image (bytes, decoded with Pillow, bounded), the top 5
+  classes of softmax(logits), the [CLS] -> patch attention P_l^h[0, 1:] per layer and head, and the
+  rollout R[0, 1:] (inspect/rollout.py), all on the patch grid (gh, gw).
+* seq2seq and cnn are not wired to the explorer: their adapter answers every model request with one
+  clear line (HTTP 400), so the page still serves its toy and convolution tabs.
 
-The recorder of ``attnlab.inspect`` can replace ``_forward_with_weights`` without touching the server.
+Every family gets its maps from ONE place, ``record_self_attention`` (attnlab.inspect.record): the
+eager reference probabilities whatever backend runs the model.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 import torch
 
-from attnlab.errors import AttnlabError, CheckpointError, ConfigError
+from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
 
 #: ceiling on tokens per request even for long-context models: the (L, H, T, T) maps go to the
 #: browser as JSON, and 128^2 * L * H numbers is already megabytes for a 6x6 model
@@ -46,6 +51,11 @@ class ModelInfo:
     vocab_size: int | None
     example: str = ""  # a text the tokenizer can encode, to fill the page's input box
     message: str = ""  # why the family is unsupported, when it is
+    input: str = "text"  # what the page asks for: "text" or "image"
+    image_size: int = 0  # vit: the side (pixels) the model takes
+    in_channels: int = 0  # vit: 1 (grey) or 3 (RGB)
+    max_upload_bytes: int = 0  # vit: the largest image file accepted
+    mask_token: str = ""  # bert: the token the user types to ask for guesses
 
 
 def read_family(run_dir: Path) -> str:
@@ -60,13 +70,39 @@ def read_family(run_dir: Path) -> str:
     return str(family)
 
 
+def record_self_attention(model: torch.nn.Module, **inputs: Any) -> tuple[list[int], list[torch.Tensor], Any]:
+    """One forward pass under ``attnlab.inspect.record``: (block indices, per layer the self-attention
+    probabilities of every head of the first row (H, T, T), the model's output)."""
+    from attnlab.inspect.record import record
+
+    with torch.no_grad(), record(model, what=("probs",)) as rec:
+        out = model(**inputs)
+    names = rec.select("self")
+    return [rec.layer[n] for n in names], [rec.probs[n][0] for n in names], out
+
+
+def rounded(t: torch.Tensor) -> list:
+    """A tensor as nested lists of floats rounded to DIGITS decimals (in float64, so they print short)."""
+    return t.double().round(decimals=DIGITS).tolist()
+
+
+def top_k(probs: torch.Tensor, k: int, label: Any) -> list[dict[str, Any]]:
+    """probs (V,) -> the k largest as [{"token": label(i), "id": i, "p": p}], most likely first."""
+    top = torch.topk(probs, k=min(k, probs.numel()))
+    return [{"token": label(int(i)), "id": int(i), "p": round(float(p), DIGITS)}
+            for p, i in zip(top.values, top.indices)]
+
+
 class ExplorerAdapter:
     """The interface the server calls. Subclasses answer for one family."""
 
     info: ModelInfo
 
-    def attention_maps(self, text: str) -> dict[str, Any]:
-        raise ConfigError(self.info.message)
+    def attention_maps(self, text: str, mask: list[int] | None = None) -> dict[str, Any]:
+        raise ConfigError(self.info.message or f"the explorer takes an image for a {self.info.family} run, not text")
+
+    def image_maps(self, data: bytes, resize: bool = False) -> dict[str, Any]:
+        raise ConfigError(self.info.message or f"the explorer takes text for a {self.info.family} run, not an image")
 
     def describe(self) -> dict[str, Any]:
         return dict(self.info.__dict__)
@@ -79,7 +115,7 @@ class UnsupportedAdapter(ExplorerAdapter):
         self.info = ModelInfo(
             family=family, supported=False, run_name=run_dir.name, n_layer=0, n_head=0, block_size=0,
             max_tokens=0, max_chars=0, vocab_size=None,
-            message=f"this run's family '{family}' is not supported by the explorer yet (only gpt); "
+            message=f"this run's family '{family}' is not supported by the explorer (only gpt, bert, vit); "
                     "the toy and convolution tabs still work",
         )
 
@@ -127,20 +163,16 @@ class GPTAdapter(ExplorerAdapter):
         ids = list(range(min(self.info.max_tokens, 16, self.info.vocab_size or 0)))
         return self.tokenizer.decode(ids)
 
-    @torch.no_grad()
     def _forward_with_weights(self, ids: list[int]) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
-        """One forward pass: (indices of the attention layers, their probs (H, T, T), logits (T, V))."""
-        out = self.model(torch.tensor([ids]), need_weights=True)
-        layers, maps = [], []
-        for i, extras in enumerate(out.attentions or []):
-            probs = extras.get("self") if extras else None
-            if probs is not None:  # a state-space layer has no attention to show
-                layers.append(i)
-                maps.append(probs[0].float())  # (H, T, T)
+        """One forward pass: (indices of the attention layers, their probs (H, T, T), logits (T, V)).
+        A state-space layer has no attention module, so it has no map (and no index here)."""
+        layers, maps, out = record_self_attention(self.model, idx=torch.tensor([ids]))
         return layers, maps, out.logits[0].float()  # (T, V)
 
-    def attention_maps(self, text: str) -> dict[str, Any]:
+    def attention_maps(self, text: str, mask: list[int] | None = None) -> dict[str, Any]:
         """{tokens, layer_index, layers: [layer][head][query][key], next_token: top 10}."""
+        if mask:
+            raise ConfigError("masking tokens is for a bert run; a gpt predicts the next token")
         ids = self.encode(text)
         layer_index, maps, logits = self._forward_with_weights(ids)
         return {
@@ -152,13 +184,153 @@ class GPTAdapter(ExplorerAdapter):
 
     def next_token_top10(self, logits: torch.Tensor) -> list[dict[str, Any]]:
         """softmax(logits) (V,) -> the 10 most likely next tokens, most likely first."""
-        probs = torch.softmax(logits, dim=-1)  # (V,)
-        top = torch.topk(probs, k=min(10, probs.numel()))
-        return [{"token": self.tokenizer.decode([int(i)]), "id": int(i), "p": round(float(p), DIGITS)}
-                for p, i in zip(top.values, top.indices)]
+        return top_k(torch.softmax(logits, dim=-1), 10, lambda i: self.tokenizer.decode([i]))
 
 
-ADAPTERS: dict[str, type[ExplorerAdapter]] = {"gpt": GPTAdapter}
+MASK_EXAMPLES = ("the quick brown [MASK] jumps over the lazy dog.", "To be, or not to [MASK], that is the question.",
+                 "the [MASK] fox")
+
+
+class BertAdapter(ExplorerAdapter):
+    """Masked LM: [CLS] text [SEP], bidirectional maps, and the MLM head's top 10 at every [MASK]."""
+
+    def __init__(self, run_dir: Path, max_tokens: int = MAX_EXPLORER_TOKENS) -> None:
+        from attnlab.runs import load_model_and_tokenizer
+
+        self.model, self.tokenizer = load_model_and_tokenizer(run_dir)
+        self.model.eval()
+        if getattr(self.tokenizer, "mask_id", None) is None:
+            raise CheckpointError(f"{run_dir}: a bert run needs a WordPiece tokenizer with [MASK]")
+        c = self.model.config
+        tokens = min(c.block_size, max_tokens)
+        self.info = ModelInfo(
+            family="bert", supported=True, run_name=run_dir.name, n_layer=c.n_layer, n_head=c.n_head,
+            block_size=c.block_size, max_tokens=tokens, max_chars=8 * tokens, vocab_size=c.vocab_size,
+            mask_token="[MASK]",
+        )
+        self.info.example = next((t for t in MASK_EXAMPLES if self._fits(t)), "[MASK]")
+
+    def _fits(self, text: str) -> bool:
+        ids = self.tokenizer.encode(text)
+        return len(ids) + 2 <= self.info.max_tokens and self.tokenizer.mask_id in ids \
+            and self.tokenizer.unk_id not in ids
+
+    def encode(self, text: str, mask: list[int] | None = None) -> list[int]:
+        """[CLS] ids [SEP], with the positions in ``mask`` (counted with [CLS] = 0) set to [MASK]."""
+        info, tok = self.info, self.tokenizer
+        if not text.strip():
+            raise ConfigError("the text is empty: type at least one word")
+        if len(text) > info.max_chars:
+            raise ConfigError(f"the text has {len(text)} characters; the explorer takes at most {info.max_chars}")
+        ids = [tok.cls_id, *tok.encode(text), tok.sep_id]
+        if len(ids) > info.max_tokens:
+            raise ConfigError(f"the text is {len(ids)} tokens long with [CLS] and [SEP], more than the limit of "
+                              f"{info.max_tokens}; shorten it")
+        for t in mask or []:
+            if not 0 < t < len(ids) - 1:
+                raise ConfigError(f"cannot mask position {t}: the text's tokens are at positions 1 to {len(ids) - 2}")
+            ids[t] = tok.mask_id
+        return ids
+
+    def attention_maps(self, text: str, mask: list[int] | None = None) -> dict[str, Any]:
+        """{tokens, layer_index, layers: [layer][head][query][key], masked: [{position, guesses: top 10}]}."""
+        ids = self.encode(text, mask)
+        layer_index, maps, out = record_self_attention(self.model, input_ids=torch.tensor([ids]), with_mlm=True)
+        logits = out.mlm_logits[0].float()  # (T, V)
+        label = lambda i: self.tokenizer.decode([i])  # noqa: E731
+        masked = [{"position": t, "guesses": top_k(torch.softmax(logits[t], dim=-1), 10, label)}
+                  for t, i in enumerate(ids) if i == self.tokenizer.mask_id]
+        return {
+            "tokens": [label(i) for i in ids],
+            "layer_index": layer_index,
+            "layers": [rounded(m) for m in maps],
+            "masked": masked,
+        }
+
+
+#: bounds on an uploaded image: the file itself, and its pixel dimensions (read from the header before
+#: decoding, so a small file that decompresses to a huge bitmap is refused without being decoded)
+MAX_UPLOAD_BYTES = 2 * 1024 * 1024
+MAX_IMAGE_SIDE = 4096
+
+
+def decode_image(data: bytes, channels: int, size: int, resize: bool) -> torch.Tensor:
+    """Image file bytes -> uint8 (C, size, size); one-line DataError for anything else."""
+    import io
+
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise DataError("the upload is empty: choose an image file")
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise DataError(f"the image file is {len(data)} bytes; the explorer takes at most {MAX_UPLOAD_BYTES}")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            w, h = img.size
+            if w > MAX_IMAGE_SIDE or h > MAX_IMAGE_SIDE:
+                raise DataError(f"the image is {w}x{h} pixels; the explorer takes at most "
+                                f"{MAX_IMAGE_SIDE}x{MAX_IMAGE_SIDE}")
+            if (w, h) != (size, size) and not resize:
+                raise DataError(f"the image is {w}x{h} pixels but the model takes {size}x{size}; "
+                                "tick 'resize' to scale it")
+            img = img.convert("L" if channels == 1 else "RGB")
+            if img.size != (size, size):
+                img = img.resize((size, size), Image.Resampling.BILINEAR)
+            array = np.asarray(img, dtype=np.uint8)
+    except UnidentifiedImageError:
+        raise DataError("the upload is not an image Pillow can read (PNG, JPEG, GIF, BMP, ...)") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        if isinstance(e, DataError):
+            raise
+        raise DataError(f"the image is corrupt or truncated ({type(e).__name__})") from None
+    t = torch.from_numpy(array.copy())
+    return t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)  # (C, H, W)
+
+
+class ViTAdapter(ExplorerAdapter):
+    """Image classifier: top 5 classes, [CLS] -> patch attention per layer/head, and rollout."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from attnlab.models.registry import from_pretrained
+        from attnlab.training.tasks.images import load_labels
+
+        self.model = from_pretrained(run_dir)
+        self.model.eval()
+        self.labels = load_labels(run_dir)
+        c = self.model.config
+        self.info = ModelInfo(
+            family="vit", supported=True, run_name=run_dir.name, n_layer=c.n_layer, n_head=c.n_head,
+            block_size=0, max_tokens=0, max_chars=0, vocab_size=None, input="image",
+            image_size=c.image_size, in_channels=c.in_channels, max_upload_bytes=MAX_UPLOAD_BYTES,
+        )
+
+    def image_maps(self, data: bytes, resize: bool = False) -> dict[str, Any]:
+        """{pixels (H, W[, 3]) the model saw, grid, top5, layers: [layer][head] (gh, gw), rollout (gh, gw)}."""
+        from attnlab.data.images import normalize
+        from attnlab.inspect.rollout import attention_rollout
+        from attnlab.inspect.saliency import _query_row
+
+        c = self.model.config
+        image = decode_image(data, c.in_channels, c.image_size, resize)  # (C, S, S) uint8
+        x = normalize(image[None], self.labels["mean"], self.labels["std"])  # (1, C, S, S)
+        gh, gw = self.model.patch_emb.grid(x)
+        layer_index, maps, out = record_self_attention(self.model, images=x)
+        per_head = _query_row(torch.stack(maps), c.pooling).reshape(len(maps), c.n_head, gh, gw)  # (L, H, gh, gw)
+        rollout = _query_row(attention_rollout([m[None] for m in maps])[0], c.pooling).reshape(gh, gw)
+        classes = self.labels["classes"]
+        pixels = image[0] if c.in_channels == 1 else image.permute(1, 2, 0)
+        return {
+            "pixels": pixels.tolist(),
+            "grid": [gh, gw],
+            "layer_index": layer_index,
+            "top5": top_k(out.logits[0].float().softmax(-1), 5, lambda i: str(classes[i])),
+            "layers": rounded(per_head),
+            "rollout": rounded(rollout),
+        }
+
+
+ADAPTERS: dict[str, type[ExplorerAdapter]] = {"gpt": GPTAdapter, "bert": BertAdapter, "vit": ViTAdapter}
 
 
 def load_adapter(run_dir: str | Path) -> ExplorerAdapter:

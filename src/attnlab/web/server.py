@@ -4,7 +4,10 @@
     GET  /api/health       {"status": "ok", "pending": n, "peak_pending": m}: liveness; inferences running or
                            queued now, and the most there have ever been at once
     GET  /api/info         the run's family, layers, heads and input limits
-    POST /api/attention    {"text": "..."} -> tokens, attention maps (layer, head, query, key), top-10 next tokens
+    POST /api/attention    {"text": "...", "mask": [positions]} -> tokens, attention maps (layer, head, query,
+                           key), and a gpt's top-10 next tokens or a bert's top-10 guesses at each [MASK]
+    POST /api/image        {"image": "<base64 or data: URL>", "resize": false} (vit) -> top-5 classes,
+                           [CLS] -> patch attention per layer/head and rollout on the patch grid
 
 Limits (issue 9, item 5):
 
@@ -12,6 +15,8 @@ Limits (issue 9, item 5):
 * a request body larger than ``max_body_bytes`` is refused with 413 before the app sees it, and a
   body that does not arrive within ``timeout_s`` with 408;
 * model input is bounded by the adapter (characters, then tokens <= the model's context): 400;
+  an image upload by its file size (413 beyond ``MAX_UPLOAD_BYTES``) and pixel dimensions (400), and
+  it must be the model's size unless the user asks to resize it (400 naming the size expected);
 * inference runs on ONE worker thread (the model is used by one request at a time); at most
   ``max_queue`` requests wait behind it, any more are refused at once with 503 "busy, retry";
 * a request whose inference has not finished within ``timeout_s`` gets 503 (the slot stays taken
@@ -25,6 +30,8 @@ Limits (issue 9, item 5):
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import concurrent.futures
 import contextlib
 import ipaddress
@@ -41,11 +48,13 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab.errors import AttnlabError, ConfigError
-from attnlab.web.model_adapter import ExplorerAdapter, load_adapter
+from attnlab.web.model_adapter import MAX_UPLOAD_BYTES, ExplorerAdapter, load_adapter
 
 STATIC_DIR = Path(__file__).parent / "static"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_MAX_BODY_BYTES = 16 * 1024  # the longest text the explorer takes is a few KB
+#: a vit run takes a base64 image of up to MAX_UPLOAD_BYTES (4 characters per 3 bytes) plus a data: prefix
+IMAGE_MAX_BODY_BYTES = 4 * (MAX_UPLOAD_BYTES // 3 + 1) + 1024
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_QUEUE = 8
 
@@ -202,12 +211,39 @@ class TextRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     text: str
+    mask: list[int] = []  # bert: token positions ([CLS] = 0) to replace by [MASK]
+
+
+class ImageRequest(BaseModel):
+    """An image for a vit run: the file's bytes in base64 (optionally as a data: URL), never a path."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    image: str
+    resize: bool = False
+
+
+def decode_upload(image: str) -> bytes:
+    """base64 (or ``data:image/...;base64,...``) -> bytes; 413 beyond MAX_UPLOAD_BYTES, 400 if not base64."""
+    if image.startswith("data:"):
+        header, _, image = image.partition(",")
+        if not header.endswith(";base64"):
+            raise ConfigError("the image must be sent base64-encoded (a data:...;base64, URL)")
+    if len(image) > 4 * (MAX_UPLOAD_BYTES // 3 + 1):
+        raise ExplorerRefusal(413, f"the image file is larger than the explorer's limit of {MAX_UPLOAD_BYTES} bytes")
+    try:
+        data = base64.b64decode(image, validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError("the image is not valid base64") from None
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise ExplorerRefusal(413, f"the image file is {len(data)} bytes, more than the explorer's limit of "
+                                   f"{MAX_UPLOAD_BYTES}")
+    return data
 
 
 def create_app(
     run_dir: str | Path,
     *,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_queue: int = DEFAULT_MAX_QUEUE,
     adapter: ExplorerAdapter | None = None,
@@ -216,9 +252,12 @@ def create_app(
     """The explorer app for one run folder (loaded now; a bad folder raises a one-line AttnlabError).
 
     ``allowed_hosts``: the Host header names it answers to (None: any; ``serve`` passes the loopback
-    names when it binds a loopback address).
+    names when it binds a loopback address). ``max_body_bytes`` None: 16 KiB for text, room for a 2 MiB
+    image in base64 for a vit run.
     """
     adapter = adapter or load_adapter(run_dir)
+    if max_body_bytes is None:
+        max_body_bytes = IMAGE_MAX_BODY_BYTES if adapter.info.input == "image" else DEFAULT_MAX_BODY_BYTES
     gate = InferenceGate(max_queue=max_queue, timeout_s=timeout_s)
 
     @contextlib.asynccontextmanager
@@ -270,7 +309,18 @@ def create_app(
     async def attention(req: TextRequest) -> dict[str, Any]:
         if not adapter.info.supported:  # answer at once: no need to queue for a refusal
             raise ConfigError(adapter.info.message)
-        return await gate.run(app.state.adapter.attention_maps, req.text)
+        if adapter.info.input != "text":
+            raise ConfigError(f"this {adapter.info.family} run takes an image: POST it to /api/image")
+        return await gate.run(app.state.adapter.attention_maps, req.text, req.mask)
+
+    @app.post("/api/image")
+    async def image(req: ImageRequest) -> dict[str, Any]:
+        if not adapter.info.supported:
+            raise ConfigError(adapter.info.message)
+        if adapter.info.input != "image":
+            raise ConfigError(f"this {adapter.info.family} run takes text, not an image: use /api/attention")
+        data = decode_upload(req.image)
+        return await gate.run(app.state.adapter.image_maps, data, req.resize)
 
     @app.get("/")
     async def index() -> FileResponse:
@@ -307,7 +357,7 @@ def serve(
     host: str = DEFAULT_HOST,
     port: int = 8000,
     *,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_queue: int = DEFAULT_MAX_QUEUE,
 ) -> None:

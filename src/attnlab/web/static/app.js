@@ -11,6 +11,12 @@ const state = {
   hoverRow: null,
   tab: "text",
   convPos: null,   // the query position picked in the convolution tab
+  text: null,      // the text of the last run (bert: clicking a token re-runs it with that token masked)
+  mask: [],        // bert: token positions ([CLS] = 0) masked by a click
+  image: null,     // /api/image (vit): pixels, grid, layers[l][h] (gh, gw), rollout, top5
+  imageLayer: -1,  // -1: the rollout; else an index into image.layers
+  imageHead: 0,
+  imageRuns: 0,
 };
 
 // ---------- shared helpers ----------
@@ -150,18 +156,36 @@ function setHoverRow(row) {
   drawHeatmap();
 }
 
+function isBert() {
+  return state.info && state.info.family === "bert";
+}
+
 function renderTokens() {
   const box = $("tokens");
   box.innerHTML = "";
+  const T = state.result.tokens.length;
+  const masked = new Set((state.result.masked || []).map((m) => m.position));
   state.result.tokens.forEach((t, i) => {
     const chip = document.createElement("span");
-    chip.className = "token";
+    chip.className = "token" + (masked.has(i) ? " masked" : "");
     chip.textContent = showToken(t);
     chip.title = `position ${i}`;
+    chip.dataset.position = String(i);
+    if (isBert() && i > 0 && i < T - 1) { // [CLS] and [SEP] cannot be masked
+      chip.classList.add("clickable");
+      chip.title += state.mask.includes(i) ? ": click to unmask" : ": click to mask and see the guesses";
+      chip.addEventListener("click", () => toggleMask(i));
+    }
     chip.addEventListener("mouseenter", () => setHoverRow(i));
     chip.addEventListener("mouseleave", () => setHoverRow(null));
     box.appendChild(chip);
   });
+}
+
+// bert: mask (or unmask) the token at position i of the last text, and run the model again
+function toggleMask(i) {
+  state.mask = state.mask.includes(i) ? state.mask.filter((j) => j !== i) : [...state.mask, i].sort((a, b) => a - b);
+  runModel(true);
 }
 
 function drawThumbnail(canvas, matrix) {
@@ -195,11 +219,11 @@ function renderHeadGrid() {
   });
 }
 
-function renderNextToken() {
-  const list = $("next-token");
+// Bars of a top-k list [{token, p}], most likely first, into an <ol>.
+function fillBars(list, items) {
   list.innerHTML = "";
-  const best = state.result.next_token.length ? state.result.next_token[0].p : 1;
-  state.result.next_token.forEach(({ token, p }) => {
+  const best = items.length ? items[0].p : 1;
+  items.forEach(({ token, p }) => {
     const li = document.createElement("li");
     li.innerHTML = '<div class="bar-row"><span class="bar-label"></span><span class="bar"></span>' +
       '<span class="bar-p"></span></div>';
@@ -207,6 +231,30 @@ function renderNextToken() {
     li.querySelector(".bar").style.width = `${Math.max(1, Math.round(180 * p / best))}px`;
     li.querySelector(".bar-p").textContent = p.toFixed(4);
     list.appendChild(li);
+  });
+}
+
+function renderNextToken() {
+  if (!isBert()) {
+    fillBars($("next-token"), state.result.next_token);
+    return;
+  }
+  const box = $("mask-guesses");
+  box.innerHTML = "";
+  if (!state.result.masked.length) {
+    box.textContent = "no [MASK] in this text: type [MASK] or click a token";
+    box.className = "hint";
+    return;
+  }
+  box.className = "";
+  state.result.masked.forEach(({ position, guesses }) => {
+    const head = document.createElement("div");
+    head.className = "mask-position";
+    head.textContent = `[MASK] at position ${position}`;
+    const list = document.createElement("ol");
+    list.dataset.position = String(position);
+    fillBars(list, guesses);
+    box.append(head, list);
   });
 }
 
@@ -230,12 +278,14 @@ function selectHead(h) {
   drawConv();
 }
 
-async function runModel() {
-  const text = $("text-input").value;
+async function runModel(keepMask = false) {
+  const text = keepMask && state.text !== null ? state.text : $("text-input").value;
+  if (!keepMask || text !== state.text) state.mask = [];
   setStatus("running the model…");
   $("run").disabled = true;
   try {
-    const result = await api("/api/attention", { text });
+    const result = await api("/api/attention", isBert() ? { text, mask: state.mask } : { text });
+    state.text = text;
     state.result = result;
     const heads = result.layers.length ? result.layers[0].length : 0;
     const labels = result.layer_index;
@@ -512,6 +562,127 @@ function convClick(event) {
 
 // ---------- tabs and downloads ----------
 
+// ---------- image tab (vit): upload, top 5 classes, [CLS] -> patch attention over the image ----------
+
+function currentImageMap() {
+  const r = state.image;
+  if (!r) return null;
+  return state.imageLayer < 0 ? r.rollout : r.layers[state.imageLayer][state.imageHead];
+}
+
+function drawImage() {
+  const canvas = $("image-canvas");
+  const ctx = canvas.getContext("2d");
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  const r = state.image;
+  const map = currentImageMap();
+  if (!r || !map) {
+    ctx.fillStyle = "#667085";
+    ctx.font = "14px system-ui, sans-serif";
+    ctx.fillText("Choose an image and run the model.", 20, 40);
+    return;
+  }
+  // left: the image the model saw; right: the same image under the map
+  const H = r.pixels.length;
+  const W = r.pixels[0].length;
+  const GAP = 12;
+  const px = Math.max(1, Math.floor(Math.min((canvas.width - GAP) / (2 * W), (canvas.height - 20) / H)));
+  const right = W * px + GAP;
+  for (const x0 of [0, right]) {
+    for (let i = 0; i < H; i++) {
+      for (let j = 0; j < W; j++) {
+        const v = r.pixels[i][j];
+        ctx.fillStyle = Array.isArray(v) ? `rgb(${v[0]},${v[1]},${v[2]})` : `rgb(${v},${v},${v})`;
+        ctx.fillRect(x0 + j * px, 20 + i * px, px, px);
+      }
+    }
+  }
+  // the map lives on the patch grid (gh, gw): one translucent block per patch, scaled to its maximum
+  const [gh, gw] = r.grid;
+  const top = Math.max(...map.flat(), 1e-12);
+  const ph = (H * px) / gh;
+  const pw = (W * px) / gw;
+  ctx.globalAlpha = 0.6;
+  for (let a = 0; a < gh; a++) {
+    for (let b = 0; b < gw; b++) {
+      ctx.fillStyle = colour(map[a][b] / top);
+      ctx.fillRect(right + b * pw, 20 + a * ph, pw, ph);
+    }
+  }
+  ctx.globalAlpha = 1;
+  ctx.strokeStyle = "#ffffff";
+  ctx.lineWidth = 1;
+  for (let a = 0; a <= gh; a++) ctx.strokeRect(right, 20 + a * ph, W * px, 0);
+  for (let b = 0; b <= gw; b++) ctx.strokeRect(right + b * pw, 20, 0, H * px);
+  ctx.fillStyle = "#667085";
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.textBaseline = "top";
+  const what = state.imageLayer < 0 ? "rollout through all layers" :
+    `layer ${r.layer_index[state.imageLayer]}, head ${state.imageHead}`;
+  ctx.fillText(`[CLS] → patch attention: ${what} (brightest = ${top.toFixed(3)})`, 2, 2);
+  canvas.dataset.layer = state.imageLayer < 0 ? "rollout" : String(r.layer_index[state.imageLayer]);
+  canvas.dataset.head = String(state.imageHead);
+  canvas.dataset.signature = signature(map);
+}
+
+function selectImageMap() {
+  state.imageLayer = parseInt($("image-layer").value, 10);
+  state.imageHead = parseInt($("image-head").value, 10);
+  $("image-head").disabled = state.imageLayer < 0;
+  drawImage();
+}
+
+function readFile(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(new Error(`cannot read ${file.name}`));
+    reader.readAsDataURL(file);
+  });
+}
+
+async function runImage() {
+  const file = $("image-input").files[0];
+  if (!file) {
+    setStatus("choose an image file first", true);
+    return;
+  }
+  if (file.size > state.info.max_upload_bytes) {
+    setStatus(`${file.name} is ${file.size} bytes; the explorer takes at most ${state.info.max_upload_bytes}`, true);
+    return;
+  }
+  setStatus("running the model…");
+  $("run-image").disabled = true;
+  try {
+    const image = await readFile(file);
+    const r = await api("/api/image", { image, resize: $("image-resize").checked });
+    state.image = r;
+    const select = $("image-layer");
+    const keep = select.value;
+    select.innerHTML = '<option value="-1">rollout (all layers)</option>';
+    r.layer_index.forEach((l, i) => {
+      const option = document.createElement("option");
+      option.value = String(i);
+      option.textContent = `layer ${l}`;
+      select.appendChild(option);
+    });
+    select.value = keep && parseInt(keep, 10) < r.layers.length ? keep : "-1";
+    fillSelect($("image-head"), r.layers.length ? r.layers[0].length : 0, "head");
+    $("image-head").value = String(Math.min(state.imageHead, state.info.n_head - 1));
+    fillBars($("image-top5"), r.top5);
+    selectImageMap();
+    const best = r.top5[0];
+    setStatus(`${file.name}: class ${best.token} (${(100 * best.p).toFixed(1)}%); ${r.grid[0]}×${r.grid[1]} patches`);
+    state.imageRuns += 1;
+    document.body.dataset.imageRuns = String(state.imageRuns);
+  } catch (e) {
+    setStatus(e.message, true);
+  } finally {
+    $("run-image").disabled = false;
+  }
+}
+
 function switchTab(name) {
   state.tab = name;
   document.querySelectorAll(".tab").forEach((b) => b.classList.toggle("active", b.dataset.tab === name));
@@ -521,18 +692,25 @@ function switchTab(name) {
 }
 
 function currentFigure() {
-  return { text: $("heatmap"), toy: $("toy-canvas"), conv: $("conv-canvas") }[state.tab];
+  return { text: $("heatmap"), image: $("image-canvas"), toy: $("toy-canvas"), conv: $("conv-canvas") }[state.tab];
 }
 
 function currentData() {
   if (state.tab === "toy") return toyLast;
   if (state.tab === "conv") return convLast;
+  if (state.tab === "image") {
+    if (!state.image) return null;
+    return { run: state.info.run_name, map: state.imageLayer < 0 ? "rollout" : "attention",
+             layer: state.imageLayer < 0 ? null : state.image.layer_index[state.imageLayer],
+             head: state.imageLayer < 0 ? null : state.imageHead, grid: state.image.grid,
+             values: currentImageMap(), top5: state.image.top5 };
+  }
   const matrix = currentMatrix();
   if (!matrix) return null;
   return {
     run: state.info && state.info.run_name, tokens: state.result.tokens,
     layer: state.result.layer_index[state.layer], head: state.head, attention: matrix,
-    next_token: state.result.next_token,
+    next_token: state.result.next_token, masked: state.result.masked,
   };
 }
 
@@ -582,6 +760,10 @@ async function init() {
   for (const id of ["conv-k", "conv-causal"]) $(id).addEventListener("change", drawConv);
   $("conv-depth").addEventListener("input", () => { $("conv-depth-value").value = $("conv-depth").value; drawConv(); });
   $("conv-canvas").addEventListener("click", convClick);
+  $("image-form").addEventListener("submit", (e) => { e.preventDefault(); runImage(); });
+  $("image-layer").addEventListener("change", selectImageMap);
+  $("image-head").addEventListener("change", selectImageMap);
+  drawImage();
   buildToyInputs();
   computeToy();
   drawConv();
@@ -598,6 +780,22 @@ async function init() {
     $("run").disabled = true;
     document.body.dataset.ready = "1";
     return;
+  }
+  if (info.input === "image") { // a vit: the Image tab replaces the Text tab
+    $("run-info").textContent = `run ${info.run_name}: ${info.family}, ${info.n_layer} layers × ${info.n_head} heads, ` +
+      `${info.image_size}×${info.image_size} ${info.in_channels === 1 ? "grey" : "RGB"} images`;
+    $("tab-text").hidden = true;
+    $("tab-image").hidden = false;
+    $("image-limit").textContent = `${info.image_size}×${info.image_size} pixels (or tick resize), ` +
+      `at most ${Math.floor(info.max_upload_bytes / 1024)} KiB`;
+    switchTab("image");
+    setStatus("choose an image and run the model");
+    document.body.dataset.ready = "1";
+    return;
+  }
+  if (isBert()) {
+    $("next-token-box").hidden = true;
+    $("mask-box").hidden = false;
   }
   $("run-info").textContent = `run ${info.run_name}: ${info.family}, ${info.n_layer} layers × ${info.n_head} heads, ` +
     `context ${info.block_size}`;
