@@ -50,6 +50,16 @@ class PretrainedModel(nn.Module):
 
     config: ModelConfig
 
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2/BERT initialisation: Linear and Embedding weights ~ N(0, init_std), biases 0
+        (applied with ``self.apply``; a family may refine it)."""
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+
     @classmethod
     def check_config(cls, config: ModelConfig) -> None:
         """Rules of this family beyond ModelConfig.validate; raise ConfigError (one line)."""

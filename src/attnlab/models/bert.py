@@ -134,14 +134,6 @@ class Bert(PretrainedModel):
             self.token_classifier = nn.Linear(c.d_model, c.n_classes)
         self.apply(self._init_weights)
 
-    def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
-
     # -- the encoder ---------------------------------------------------------------------------
 
     def encode(

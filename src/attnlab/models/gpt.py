@@ -92,12 +92,8 @@ class GPT(PretrainedModel):
                     nn.init.normal_(p, mean=0.0, std=self.config.init_std)
                 else:
                     nn.init.zeros_(p)
-        elif isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+        else:
+            super()._init_weights(module)
 
     def new_cache(
         self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None

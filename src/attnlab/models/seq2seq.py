@@ -118,14 +118,6 @@ class Seq2Seq(PretrainedModel):
         if config.positions == "alibi":
             raise ConfigError("family seq2seq supports positions learned, sinusoidal, rope or none (not alibi)")
 
-    def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
-
     # -- the two stacks --------------------------------------------------------------------------
 
     def _embed(self, table: nn.Embedding, positions, ids: Tensor, start: int = 0) -> tuple[Tensor, object]:
