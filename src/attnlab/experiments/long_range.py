@@ -104,7 +104,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     for m in MODELS:
         for k in ks:
             previous = runs[m].get(str(ks[ks.index(k) - 1])) if k != ks[0] else None
-            if previous is not None and previous["accuracy"] is not None and previous["accuracy"] < CHANCE_CUTOFF:
+            if previous is not None and (previous["accuracy"] is None or previous["accuracy"] < CHANCE_CUTOFF):
                 # already at chance at a shorter distance: time a few steps instead of a full training run
                 runs[m][str(k)] = {**train(m, k, 3), "accuracy": None,
                                    "skipped": f"at chance (< {CHANCE_CUTOFF}) at a shorter k; timing from 3 steps"}
