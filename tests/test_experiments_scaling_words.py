@@ -67,7 +67,9 @@ def test_word_vectors(tmp_path):
             assert x["correct"] == (x["answer"] == x["expected"])
             assert x["answer"] not in x["query"].replace("-", " ").replace("+", " ").split()
         assert a["top1"] > 10 * r["chance_top1"]
-    assert r["analogy"]["input_embedding_full_vocab"]["n_candidates"] > 20000
+    full = r["analogy"]["input_embedding_full_vocab"]
+    assert full["n_candidates"] > 20000 and 0 <= full["top1_nearest_to_c_only"] <= 1
+    assert r["checks"]["offset_beats_nearest_to_c_full_vocab"] == (full["top1"] > full["top1_nearest_to_c_only"])
     assert r["neighbours"]["king"]["input_embedding"][0][0] in {"kings", "queen", "prince", "monarch"}
     b = r["bank"]
     assert b["last_layer"]["cos_within"] > b["last_layer"]["cos_across"]

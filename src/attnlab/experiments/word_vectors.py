@@ -86,14 +86,17 @@ def load_minilm():
     return model.eval(), load_tokenizer(path)
 
 
-def solve(vectors: Tensor, words: list[str], quads: list[tuple[str, str, str, str, str]]
+def solve(vectors: Tensor, words: list[str], quads: list[tuple[str, str, str, str, str]], offset: bool = True
           ) -> tuple[float, list[dict[str, Any]]]:
-    """3CosAdd top-1 accuracy of the analogies over the rows of ``vectors`` (one per word in ``words``)."""
+    """3CosAdd top-1 accuracy of the analogies over the rows of ``vectors`` (one per word in ``words``).
+
+    ``offset=False`` is the control of Linzen (2016): the nearest neighbour of c alone, without b - a.
+    """
     unit = F.normalize(vectors.float(), dim=-1)  # (V, C)
     index = {w: i for i, w in enumerate(words)}
     answers = []
     for cat, a, b, c, d in quads:
-        target = unit[index[b]] - unit[index[a]] + unit[index[c]]  # (C,)
+        target = unit[index[b]] - unit[index[a]] + unit[index[c]] if offset else unit[index[c]]  # (C,)
         sims = unit @ F.normalize(target, dim=0)  # (V,)
         sims[[index[a], index[b], index[c]]] = float("-inf")  # exclude the query words
         guess = words[int(sims.argmax())]
@@ -141,6 +144,16 @@ def within_across(states: Tensor, labels: list[int]) -> dict[str, float]:
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
+    """On one thread: tiny batches are dispatch-bound, and extra threads only contend on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(out, quick)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(out: Path, quick: bool) -> dict[str, Any]:
     started = time.perf_counter()
     from attnlab.encoders import embed_texts
 
@@ -157,6 +170,9 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
                                "chance_top1": 1 / (len(words) - 3)}
     acc_static, ans_static = solve(static, words, quads)
     acc_encoder, ans_encoder = solve(encoder, words, quads)
+    controls = {"input_embedding": solve(static, words, quads, offset=False)[0],
+                "encoder_word_alone": solve(encoder, words, quads, offset=False)[0],
+                "input_embedding_full_vocab": None}
     results["analogy"] = {
         "input_embedding": {"top1": acc_static, "by_category": by_category(ans_static), "answers": ans_static},
         "encoder_word_alone": {"top1": acc_encoder, "by_category": by_category(ans_encoder),
@@ -167,8 +183,11 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     full_words = sorted(w for w in vocab if w.isalpha() and w.isascii() and len(w) > 1)
     full_vecs = emb[[vocab[w] for w in full_words]]
     acc_full, ans_full = solve(full_vecs, full_words, quads)
+    controls["input_embedding_full_vocab"] = solve(full_vecs, full_words, quads, offset=False)[0]
     results["analogy"]["input_embedding_full_vocab"] = {
         "top1": acc_full, "n_candidates": len(full_words), "by_category": by_category(ans_full)}
+    for view, acc in controls.items():
+        results["analogy"][view]["top1_nearest_to_c_only"] = acc
     unit_full = F.normalize(full_vecs.float(), dim=-1)
     enc_unit = F.normalize(encoder, dim=-1)
     neighbours: dict[str, Any] = {}
@@ -194,11 +213,11 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
                        "layer0": within_across(h0, labels), "last_layer": within_across(hl, labels)}
     b = results["bank"]["last_layer"]
     chance = results["chance_top1"]
-    held = (max(acc_static, acc_encoder) > 10 * chance and b["cos_within"] > b["cos_across"]
-            and b["loo_centroid_accuracy"] == 1.0)
     results["checks"] = {"analogies_above_10x_chance": max(acc_static, acc_encoder) > 10 * chance,
+                         "offset_beats_nearest_to_c_full_vocab": acc_full > controls["input_embedding_full_vocab"],
                          "bank_within_gt_across": b["cos_within"] > b["cos_across"],
                          "bank_senses_separable": b["loo_centroid_accuracy"] == 1.0}
+    held = all(results["checks"].values())
     _plot(static, encoder, words, hl, labels, out)
     cat_rows = "\n".join(
         f"| {c} | {len(PAIRS[c])} | {results['analogy']['input_embedding']['by_category'][c]:.2f} | "
@@ -219,6 +238,8 @@ embeddings also all {len(full_words):,} whole-word alphabetic tokens.
 |---|---|---|---|---|
 {cat_rows}
 | **all** | {len(quads)} | **{acc_static:.3f}** | **{acc_full:.3f}** | **{acc_encoder:.3f}** |
+| control: nearest to c alone | {len(quads)} | {controls['input_embedding']:.3f} | \
+{controls['input_embedding_full_vocab']:.3f} | {controls['encoder_word_alone']:.3f} |
 
 Some encoder misses: {'; '.join(wrong) or 'none'}.
 
@@ -237,13 +258,20 @@ position + segment, LayerNorm) and after layer 6:
 | 0 | {l0['cos_within']:.3f} | {l0['cos_across']:.3f} | {l0['loo_centroid_accuracy']:.2f} |
 | 6 (last) | {ll['cos_within']:.3f} | {ll['cos_across']:.3f} | {ll['loo_centroid_accuracy']:.2f} |
 
-**Reading.** The offsets are remarkably regular: on the set's own {len(words)} candidates the input embeddings
-get {acc_static:.0%} and the encoded words {acc_encoder:.0%}, and even among all {len(full_words):,} whole-word tokens
-the input embeddings get {acc_full:.0%}, where inflections and near-synonyms of the expected word compete
-(the neighbour lists show them). This set is small and hand-picked from frequent words, so it is easier than
-Google's 19,544-question analogy set on which word2vec is usually scored: the numbers show the geometry
-exists, they do not rank MiniLM against word2vec. Context separates the senses of "bank": at layer 0 the occurrences
-differ only by position; by the last layer they cluster by meaning. Checks: {results['checks']}.
+**Reading.** Read the control row first. On the set's own {len(words)} candidates the task is nearly
+trivial: the nearest neighbour of c alone is already d for {controls['input_embedding']:.0%} (input embeddings) and
+{controls['encoder_word_alone']:.0%} (encoder) of the analogies, because every word's pair partner is in the set and
+close to it; there 3CosAdd ({acc_static:.0%}, {acc_encoder:.0%}) adds {acc_static - controls['input_embedding']:+.0%}
+for the input embeddings and {acc_encoder - controls['encoder_word_alone']:+.0%} for the encoder.
+The real test is the full vocabulary of {len(full_words):,}
+whole-word tokens, where inflections and near-synonyms of c compete (the neighbour lists show them): the
+nearest neighbour of c gets {controls['input_embedding_full_vocab']:.0%}, the offset b - a + c gets {acc_full:.0%},
+so the offset carries the relation (per category: {', '.join(f"{c} {v:.0%}" for c, v in
+results['analogy']['input_embedding_full_vocab']['by_category'].items())}).
+The set is small and built from frequent words, so it is easier than Google's 19,544-question set on
+which word2vec is usually scored: the numbers show the geometry exists, they do not rank MiniLM.
+Context separates the senses of "bank": at layer 0 the occurrences differ only by position;
+by the last layer they cluster by meaning. Checks: {results['checks']}.
 Plots: `projection.png` (PCA of the input embeddings and of the encoded words, pairs joined by lines),
 `bank.png` (PCA of the last-layer "bank" states)."""
     return write_outputs(out, NAME, CLAIM, held, results, body, started, quick)
