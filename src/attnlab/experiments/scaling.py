@@ -151,7 +151,7 @@ def _run(out: Path, quick: bool) -> dict[str, Any]:
     split = int(0.9 * len(ids))
     data = {"train": ids[:split], "val": ids[split:]}
     sizes = SIZES_QUICK if quick else SIZES_FULL
-    eval_steps = [50, 100, 200] if quick else [100, 200, 400, 800]
+    eval_steps = [50, 100, 200] if quick else [100, 200, 400, 800, 1600, 3200]
     batch, T, lr = 16, 64, 3e-3
     bf16_timing = time_bf16(data, len(chars), T, batch)
     bf16 = bf16_timing["bf16_s_per_step"] < 0.9 * bf16_timing["fp32_s_per_step"]
