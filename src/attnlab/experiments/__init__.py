@@ -20,6 +20,8 @@ EXPERIMENTS: dict[str, str] = {
     "moe-vs-dense": "attnlab.experiments.moe_vs_dense",
     "ssm-vs-attention": "attnlab.experiments.ssm_vs_attention",
     "structure-discovery": "attnlab.experiments.structure_discovery",
+    "scaling": "attnlab.experiments.scaling",
+    "word-vectors": "attnlab.experiments.word_vectors",
 }
 
 
