@@ -208,3 +208,20 @@ def test_train_a_feature_classifier_and_reject_mismatched_inputs(tmp_path, capsy
     assert main(["train", "configs/peaks.yaml", *tiny(tmp_path, **{"name": "r2", "model.inputs": "set",
                                                                    "model.positions": "none"})]) == 2
     assert "holds features but model.inputs=set" in capsys.readouterr().err
+
+
+def test_regression_on_class_names_and_csv_sets_end_to_end(tmp_path, capsys):
+    assert main(["train", "configs/peaks.yaml", *tiny(tmp_path, **{"model.head": "regression"})]) == 2
+    assert "head=regression needs numeric targets" in capsys.readouterr().err
+    rng = np.random.default_rng(0)
+    rows = ["set,hardness"]
+    for _ in range(40):
+        a, b = rng.uniform(0.1, 1, 2)
+        rows.append(f"Fe:{a:.3f} Ni:{b:.3f},{a * b:.4f}")
+    (tmp_path / "alloys.csv").write_text("\n".join(rows) + "\n")
+    args = tiny(tmp_path, **{"name": "csv", "data": tmp_path / "alloys.csv", "continuous.target": "hardness"})
+    assert main(["train", "configs/set-interaction.yaml", *args]) == 0
+    run = tmp_path / "runs" / "csv"
+    assert json.loads((run / "inputs.json").read_text())["element_names"] == ["Fe", "Ni"]
+    assert main(["eval", str(run)]) == 0
+    assert json.loads((run / "scores.json").read_text())["n"] == 8
