@@ -70,6 +70,12 @@ class ModelConfig:
     cnn_stages: int = 3  # cnn: stages of residual blocks; each after the first halves the resolution
     cnn_blocks: int = 2  # cnn: residual blocks per stage
     cnn_norm: Literal["batch", "group"] = "batch"  # cnn: BatchNorm or GroupNorm after every conv
+    # -- continuous / set inputs (encoder) ---------------------------------------------------------
+    inputs: Literal["features", "set"] = "features"  # (B, T, F) feature vectors, or (element, value) sets
+    n_features: int | None = None  # features: F values per step; filled from the data by a run
+    n_elements: int | None = None  # set: element types (ids 0..n_elements-1); filled from the data by a run
+    head: Literal["regression", "classification"] = "regression"  # MSE on n_outputs values, or cross-entropy
+    n_outputs: int = 1  # regression: targets per example
 
     def validate(self) -> None:
         """Range checks that types alone cannot express; raises ConfigError (one line)."""

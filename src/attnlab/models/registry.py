@@ -17,6 +17,7 @@ MODEL_FAMILIES: dict[str, str] = {
     "cnn": "attnlab.models.cnn:CNN",
     "bert": "attnlab.models.bert:Bert",
     "seq2seq": "attnlab.models.seq2seq:Seq2Seq",
+    "encoder": "attnlab.models.encoder:Encoder",
 }
 
 

@@ -114,6 +114,23 @@ class Seq2SeqOptions:
 
 
 @dataclass
+class ContinuousOptions:
+    """Task "continuous" (encoder family: feature sequences or sets): ``continuous.target=y ...``."""
+
+    target: str = "target"  # CSV: the target column
+    test_fraction: float = 0.2  # held out (split "val"), never trained on
+    split_seed: int = 0  # the held-out rows depend on this seed only
+    n_generated: int = 4000  # data=generated:...: examples generated
+    data_seed: int = 0  # data=generated:...: the generator's seed (fixes the interaction matrix too)
+
+    def validate(self) -> None:
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ConfigError(f"continuous.test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.n_generated < 10:
+            raise ConfigError(f"continuous.n_generated must be >= 10, got {self.n_generated}")
+
+
+@dataclass
 class TrainConfig:
     """A run: data, tokenizer, optimisation, evaluation, logging. YAML presets live in configs/."""
 
@@ -166,6 +183,7 @@ class TrainConfig:
     mlm: MLMOptions = field(default_factory=MLMOptions)
     classify: ClassifyOptions = field(default_factory=ClassifyOptions)
     seq2seq: Seq2SeqOptions = field(default_factory=Seq2SeqOptions)
+    continuous: ContinuousOptions = field(default_factory=ContinuousOptions)
 
     def validate(self) -> None:
         positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval",

@@ -24,6 +24,7 @@ TASKS: dict[str, str] = {
     "mlm": "attnlab.training.tasks.mlm:MaskedLanguageModelTask",
     "classify": "attnlab.training.tasks.classify:ClassifyTask",
     "seq2seq": "attnlab.training.tasks.seq2seq:Seq2SeqTask",
+    "continuous": "attnlab.training.tasks.continuous:ContinuousTask",
 }
 
 # the task a family trains on when the config names none
@@ -33,6 +34,7 @@ DEFAULT_TASK: dict[str, str] = {
     "cnn": "image-classification",
     "bert": "mlm",
     "seq2seq": "seq2seq",
+    "encoder": "continuous",
 }
 
 
