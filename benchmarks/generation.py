@@ -8,7 +8,7 @@ With ``--compile`` attnlab also runs with its decode step through torch.compile 
 before timing).
 
 The second table is the per-token latency of a cached decode step at batch 1 against the context
-length (64 ... 1024 tokens already in the cache): median ms of ``--latency-steps`` single-token
+length (the timed steps end at 64 ... 1024 tokens in the cache): median ms of ``--latency-steps`` single-token
 steps, each round from a fresh copy of the prefilled cache; flat means the cache works (no prompt
 re-computation) and the step's cost is dominated by the weights, not by the context.
 
@@ -111,7 +111,9 @@ def per_token_latency(ours, hf, args) -> list[dict]:
     print(f"\nper-token latency, batch 1 (median of {args.latency_steps} steps x {args.rounds} rounds)")
     print(f"{'context':>8}" + "".join(f"{name:>18}" for name in [*steppers, "hf"]))
     for context in args.contexts:
-        prompt = torch.randint(0, 256, (1, context - 1), generator=torch.Generator().manual_seed(2))
+        # prefill so that the timed steps end at `context` tokens (each round restarts from the prefill)
+        n_prompt = max(1, context - args.latency_steps - 1)
+        prompt = torch.randint(0, 256, (1, n_prompt), generator=torch.Generator().manual_seed(2))
         token = torch.zeros(1, 1, dtype=torch.long)
         cache = ours.new_cache(1)
         ours(prompt, cache=cache, last_only=True)  # prefill
