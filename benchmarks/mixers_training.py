@@ -32,7 +32,8 @@ def run(name: str, extra: list[str], args) -> dict:
 
     overrides = [f"data={args.data}", f"max_iters={args.steps}", f"lr_decay_iters={args.steps}",
                  f"eval_interval={args.steps}", "eval_iters=100", "progress=false", "sample_tokens=200",
-                 f"out_dir={args.out_dir}", f"name={name}-{int(time.time())}", f"threads={args.threads}", *extra]
+                 f"out_dir={args.out_dir}", f"name={name}-{int(time.time())}", f"threads={args.threads}",
+                 "positions=learned", *extra]  # the recipe as measured (its preset now uses RoPE)
     cfg = load_train_config(Path(__file__).parents[1] / "configs" / "shakespeare-char.yaml", overrides)
     trainer = Trainer(cfg, log=lambda *a: None)
     params = trainer.model.num_parameters()

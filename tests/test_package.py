@@ -36,3 +36,4 @@ def test_shakespeare_char_preset_is_nanogpts_recipe():
     assert (m.n_layer, m.n_head, m.d_model, m.block_size, m.dropout) == (4, 4, 128, 64, 0.0)
     assert (cfg.batch_size, cfg.max_iters, cfg.lr, cfg.min_lr, cfg.warmup_iters) == (12, 2000, 1e-3, 1e-4, 100)
     assert (cfg.beta2, cfg.grad_clip) == (0.99, 1.0)
+    assert m.positions == "rope"  # the one departure from nanoGPT (learned positions), see the README
