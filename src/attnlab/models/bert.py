@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.errors import ConfigError
-from attnlab.models.base import PretrainedModel
+from attnlab.models.base import PretrainedModel, transformer_blocks
 from attnlab.models.config import ModelConfig
 from attnlab.nn.activations import activate
 from attnlab.nn.attention import padding_mask
-from attnlab.nn.blocks import TransformerBlock, build_norm
+from attnlab.nn.blocks import build_norm
 from attnlab.nn.positions import build_positions
 
 IGNORE_INDEX = -100  # label of positions that carry no loss (unselected tokens, padding)
@@ -110,14 +110,7 @@ class Bert(PretrainedModel):
             raise ValueError("ModelConfig.vocab_size must be set before building a BERT")
         self.config = c = config
         self.embeddings = BertEmbeddings(c)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                c.d_model, c.n_head, n_kv_heads=c.n_kv_head, d_ff=c.d_ff, activation=c.activation, norm=c.norm,
-                norm_position=c.norm_position, norm_eps=c.norm_eps, dropout=c.dropout, attn_dropout=c.dropout,
-                bias=c.bias, backend=c.attn_backend,
-            )
-            for _ in range(c.n_layer)
-        )
+        self.blocks = transformer_blocks(c)
         # post-norm blocks end in a norm already; pre-norm leaves the residual stream un-normalised
         self.norm_f = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.norm_position == "pre" else nn.Identity()
         # masked-LM head: transform (dense + act + LayerNorm), then the decoder tied to E, with its own bias

@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.errors import ConfigError, DataError
-from attnlab.models.base import PretrainedModel
+from attnlab.models.base import PretrainedModel, transformer_blocks
 from attnlab.models.bert import mean_pool
 from attnlab.models.config import ModelConfig
 from attnlab.nn.attention import padding_mask
-from attnlab.nn.blocks import TransformerBlock, build_norm
+from attnlab.nn.blocks import build_norm
 from attnlab.nn.embeddings import FeatureEmbedding, SetEmbedding
 from attnlab.nn.positions import build_positions
 
@@ -82,14 +82,7 @@ class Encoder(PretrainedModel):
             raise ConfigError("model.n_classes must be set for head=classification (a run fills it from the data)")
         self.positions = build_positions(c.positions, c.d_model, c.n_head, c.block_size, c.rope_theta)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.pooling == "cls" else None
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                c.d_model, c.n_head, n_kv_heads=c.n_kv_head, d_ff=c.d_ff, activation=c.activation,
-                norm=c.norm, norm_position=c.norm_position, norm_eps=c.norm_eps, dropout=c.dropout,
-                attn_dropout=c.dropout, bias=c.bias, backend=c.attn_backend,
-            )
-            for _ in range(c.n_layer)
-        )
+        self.blocks = transformer_blocks(c)
         self.norm_f = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.norm_position == "pre" else nn.Identity()
         n_out = c.n_outputs if c.head == "regression" else c.n_classes
         self.head = nn.Linear(c.d_model, n_out)

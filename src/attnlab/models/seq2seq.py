@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.errors import ConfigError
-from attnlab.models.base import PretrainedModel
+from attnlab.models.base import PretrainedModel, transformer_blocks
 from attnlab.models.config import ModelConfig
 from attnlab.nn.attention import KVCache, padding_mask
-from attnlab.nn.blocks import TransformerBlock, build_norm
+from attnlab.nn.blocks import build_norm
 from attnlab.nn.positions import build_positions
 
 
@@ -86,15 +86,8 @@ class Seq2Seq(PretrainedModel):
         self.enc_positions = build_positions(c.positions, c.d_model, c.n_head, c.block_size, c.rope_theta)
         self.dec_positions = build_positions(c.positions, c.d_model, c.n_head, c.block_size, c.rope_theta)
 
-        def block(cross: bool) -> TransformerBlock:
-            return TransformerBlock(
-                c.d_model, c.n_head, n_kv_heads=c.n_kv_head, d_ff=c.d_ff, activation=c.activation, norm=c.norm,
-                norm_position=c.norm_position, norm_eps=c.norm_eps, dropout=c.dropout, attn_dropout=c.dropout,
-                bias=c.bias, backend=c.attn_backend, cross_attention=cross,
-            )
-
-        self.encoder = nn.ModuleList(block(cross=False) for _ in range(c.n_layer))
-        self.decoder = nn.ModuleList(block(cross=True) for _ in range(n_dec))
+        self.encoder = transformer_blocks(c)
+        self.decoder = transformer_blocks(c, n_dec, cross_attention=True)
         pre = c.norm_position == "pre"  # pre-norm stacks end un-normalised: a final norm on each side
         self.enc_norm = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if pre else nn.Identity()
         self.dec_norm = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if pre else nn.Identity()

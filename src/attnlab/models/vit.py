@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.errors import ConfigError
-from attnlab.models.base import PretrainedModel
+from attnlab.models.base import PretrainedModel, transformer_blocks
 from attnlab.models.config import ModelConfig
-from attnlab.nn.blocks import TransformerBlock, build_norm
+from attnlab.nn.blocks import build_norm
 from attnlab.nn.embeddings import PatchEmbedding, interpolate_grid
 
 
@@ -64,14 +64,7 @@ class ViT(PretrainedModel):
         self.patch_emb = PatchEmbedding(c.patch_size, c.in_channels, c.d_model, bias=True)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))  # x_cls
         self.pos_emb = nn.Parameter(torch.zeros(1 + n_patches, c.d_model)) if c.positions == "learned" else None
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                c.d_model, c.n_head, n_kv_heads=c.n_kv_head, d_ff=c.d_ff, activation=c.activation,
-                norm=c.norm, norm_position=c.norm_position, norm_eps=c.norm_eps, dropout=c.dropout,
-                attn_dropout=c.dropout, bias=c.bias, backend=c.attn_backend,
-            )
-            for _ in range(c.n_layer)
-        )
+        self.blocks = transformer_blocks(c)
         self.norm_f = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.norm_position == "pre" else nn.Identity()
         self.head = nn.Linear(c.d_model, c.n_classes)
         self.apply(self._init_weights)

@@ -22,6 +22,14 @@ if TYPE_CHECKING:
 Batch = dict[str, Tensor]
 
 
+def sample_rows(n: int, batch_size: int, generator: torch.Generator, shard: tuple[int, int] = (0, 1)) -> Tensor:
+    """Indices (B,) into a split of ``n`` examples: the generator draws a global batch of
+    world_size x B indices and this process takes rows rank*B .. (rank+1)*B - 1 (see ``Task.batch``)."""
+    rank, world = shard
+    index = torch.randint(n, (batch_size * world,), generator=generator)  # (world B,)
+    return index[rank * batch_size : (rank + 1) * batch_size]  # (B,)
+
+
 class Task(ABC):
     """Data, objective and evaluation of one kind of training.
 

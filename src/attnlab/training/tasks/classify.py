@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError
-from attnlab.training.tasks.base import Batch, Task
+from attnlab.training.tasks.base import Batch, Task, sample_rows
 
 if TYPE_CHECKING:
     from attnlab.training.config import TrainConfig
@@ -85,9 +85,7 @@ class ClassifyTask(Task):
     def batch(self, split: str, batch_size: int, generator: torch.Generator,
               shard: tuple[int, int] = (0, 1)) -> Batch:
         rows = self.rows[split]
-        rank, world = shard
-        rows = rows[rank::world] if world > 1 else rows
-        return self._gather(rows[torch.randint(len(rows), (batch_size,), generator=generator)])
+        return self._gather(rows[sample_rows(len(rows), batch_size, generator, shard)])
 
     def eval_batches(self, split: str, batch_size: int, n_batches: int, seed: int) -> Iterator[Batch]:
         """Every row of the split once, in order (the held-out split is small and finite)."""

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from attnlab.errors import CheckpointError, DataError
 from attnlab.fileio import atomic_write_text
-from attnlab.training.tasks.base import Batch, Task
+from attnlab.training.tasks.base import Batch, Task, sample_rows
 
 if TYPE_CHECKING:
     from attnlab.training.config import TrainConfig
@@ -78,9 +78,7 @@ class ImageClassificationTask(Task):
         from attnlab.data.images import augment
 
         part = self.data[split]
-        rank, world = shard
-        pool = torch.arange(rank, len(part), world)  # this process's share of the split
-        index = pool[torch.randint(len(pool), (batch_size,), generator=generator)]  # (B,)
+        index = sample_rows(len(part), batch_size, generator, shard)  # (B,)
         images = part.images[index]  # (B, C, H, W) uint8
         if split == "train":
             images = augment(images, generator, self.cfg.images.shift, self.cfg.images.flip)

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from attnlab.data.pairs import SPECIALS, PairEncoder, load_pairs
 from attnlab.errors import DataError
-from attnlab.training.tasks.base import Batch, Task
+from attnlab.training.tasks.base import Batch, Task, sample_rows
 
 if TYPE_CHECKING:
     from attnlab.tokenizers import Tokenizer
@@ -104,9 +104,8 @@ class Seq2SeqTask(Task):
 
     def batch(self, split: str, batch_size: int, generator: torch.Generator,
               shard: tuple[int, int] = (0, 1)) -> Batch:
-        rank, world = shard
-        pairs = self.pairs.split(split)[rank::world]
-        idx = torch.randint(len(pairs), (batch_size,), generator=generator).tolist()
+        pairs = self.pairs.split(split)
+        idx = sample_rows(len(pairs), batch_size, generator, shard).tolist()
         return self.encoder.batch([pairs[i] for i in idx])
 
     def eval_batches(self, split: str, batch_size: int, n_batches: int, seed: int) -> Iterator[Batch]:
