@@ -126,7 +126,7 @@ def main() -> None:
 
     tokens = B * T * args.steps
     flops = flops_per_token(contenders["attnlab"][0])
-    peaks = {d: peak_flops(torch.bfloat16 if d == "bf16" else torch.float32) for d in args.dtypes}
+    peaks = {d: peak_flops(torch.bfloat16 if d == "bf16" else torch.float32, refresh=True) for d in args.dtypes}
     rows = []
     for (name, dtype), ts in times.items():
         tps = tokens / statistics.median(ts)

@@ -51,6 +51,28 @@ def test_peak_is_measured_once_and_cached(monkeypatch, fresh_cache):
     assert cached == {"float32": 1e11}
 
 
+def test_refresh_keeps_the_best_measurement(monkeypatch, fresh_cache):
+    """A peak first measured on a busy machine is raised by a later quiet measurement, never lowered."""
+    values = iter([1e10, 5e10, 2e10])
+    monkeypatch.setattr(mfu_module, "measure_peak_flops", lambda dtype, device: next(values))
+    assert peak_flops(torch.float32) == 1e10
+    assert peak_flops(torch.float32, refresh=True) == 5e10
+    assert peak_flops(torch.float32, refresh=True) == 5e10  # the 2e10 re-measurement does not lower it
+    assert json.loads(mfu_module._peak_cache_file("cpu").read_text()) == {"float32": 5e10}
+
+
+def test_trainer_remeasures_a_peak_below_what_it_achieves(tmp_path, monkeypatch, fresh_cache):
+    from attnlab.training.trainer import Trainer
+
+    from .helpers import tiny_config, write_corpus
+
+    values = iter([1.0, 1e15])  # a cached 1 FLOP/s peak would give MFU far above 100%
+    monkeypatch.setattr(mfu_module, "measure_peak_flops", lambda dtype, device: next(values))
+    trainer = Trainer(tiny_config(write_corpus(tmp_path / "c.txt"), tmp_path / "runs", name="m", max_iters=2))
+    assert trainer.mfu(1000.0) == pytest.approx(1000.0 * trainer.flops_per_unit / 1e15)
+    assert trainer.mfu(1e9) == pytest.approx(1e9 * trainer.flops_per_unit / 1e15)  # measured again only once
+
+
 def test_measured_peak_is_plausible():
     flops = mfu_module.measure_peak_flops(torch.float32, size=256, seconds=0.05)
     assert 1e8 < flops < 1e14

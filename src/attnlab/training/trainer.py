@@ -160,9 +160,11 @@ class Trainer:
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
         self.flops_per_unit = self.task.flops_per_unit(self.model)
         self._peak: float | None = None
+        self._peak_dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+        self._peak_refreshed = False
         # the peak is measured once per machine and cached; here, so it never pauses the training loop
         if cfg.mfu and self.flops_per_unit is not None:
-            self._peak = peak_flops(torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32, self.device.type)
+            self._peak = peak_flops(self._peak_dtype, self.device.type)
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_train_config(self.run_dir, cfg)
@@ -404,7 +406,12 @@ class Trainer:
         """Model FLOPs utilisation of the current throughput (None when cfg.mfu is off)."""
         if self._peak is None:
             return None
-        return mfu(tokens_per_s, self.flops_per_unit, self._peak)
+        utilisation = mfu(tokens_per_s, self.flops_per_unit, self._peak)
+        if utilisation > 1.0 and not self._peak_refreshed:  # the cached peak was measured on a busy machine
+            self._peak_refreshed = True
+            self._peak = peak_flops(self._peak_dtype, self.device.type, refresh=True)
+            utilisation = mfu(tokens_per_s, self.flops_per_unit, self._peak)
+        return utilisation
 
     def _skip_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, bad_steps: int, say) -> None:
         """Record a skipped update; stop once the limit of consecutive bad steps is reached."""
