@@ -24,6 +24,7 @@ are ids it has seen in training.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,8 @@ SOLVED = 0.995  # shown as 100.0 in a table rounded to one decimal
 FULL: dict[str, Any] = {
     "tasks": tuple(TASKS), "models": MODELS, "max_test_length": 500, "n_test_lengths": 10,
     "eval_strings": {"single": 256, "sequence": 32},
-    "steps": {"rnn": 1000, "lstm": 1500, "transformer": 1500}, "batch": 32, "lr": 1e-3, "clip": 1.0,
+    "steps": {"rnn": 1000, "lstm": 1500, "transformer": 1500}, "batch": 32, "lr": 1e-3, "schedule": "cosine",
+    "clip": 1.0,
     "d_model": 64, "n_layer": 2, "n_head": 4, "hidden": 128, "seed": 0,
 }
 QUICK: dict[str, Any] = {
@@ -115,6 +117,18 @@ def output_logits(net: nn.Module, model: str, x: Tensor, n_out: int, max_len: in
     return logits[:, -n_out:]  # (B, n_out, classes)
 
 
+def learning_rate(step: int, steps: int, peak: float, schedule: str) -> float:
+    """'constant' (the paper's), or 'cosine': linear warm-up over the first 5% of steps, then
+    lr = peak * (1 + cos(pi * progress)) / 2 down to 0 at the last step."""
+    if schedule == "constant":
+        return peak
+    warmup = max(1, steps // 20)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def string_counts(task: FormalTask, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     """(correct (B,), counted (B,)) output tokens per string; terminated tasks count up to the terminator."""
     mask = task.accuracy_mask(y)  # (B, T_out)
@@ -135,7 +149,9 @@ def train_and_test(task_name: str, model: str, s: dict[str, Any]) -> dict[str, A
     started = time.perf_counter()
     losses = []
     net.train()
-    for _ in range(steps):
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, steps, s["lr"], s["schedule"])
         n = int(torch.randint(1, TRAIN_MAX_LENGTH + 1, (1,), generator=g))
         x, y = task.sample(s["batch"], n, g)
         logits = output_logits(net, model, x, y.size(1), max_len, g)
@@ -283,11 +299,13 @@ def _report(r: dict[str, Any], s: dict[str, Any]) -> str:
     wall = sum(x["train_s"] + x["eval_s"] for per in r["runs"].values() for x in per.values())
     return f"""**Setup.** The {len(tasks)} tasks of Delétang et al. (2023) (`attnlab.data.formal`), each trained from
 scratch per model, one seed ({s['seed']}). Training: input lengths uniform in 1..{TRAIN_MAX_LENGTH}, one length per
-batch of {s['batch']}, Adam lr {s['lr']}, gradient clipping {s['clip']}, cross-entropy on the output (blank)
-positions; **{steps['transformer']} steps per transformer, {steps['lstm']} per LSTM, {steps['rnn']} per RNN**
+batch of {s['batch']}, Adam with peak lr {s['lr']} and a {s['schedule']} schedule (cosine = 5% linear warm-up, then
+cosine decay to 0; the paper keeps lr constant, but it trains 1M steps), gradient clipping {s['clip']},
+cross-entropy on the output (blank) positions; **{steps['transformer']} steps per transformer, {steps['lstm']} per
+LSTM, {steps['rnn']} per RNN**
 (the paper trains 1,000,000 steps with batch 128 and reports the best of several seeds and learning rates, so
-every model here has seen ~{round(1e6 * 128 / (steps['transformer'] * s['batch']))}x less data than the
-paper's). Test: input lengths {lengths[0]}..{lengths[-1]}, evaluated at {len(lengths)} evenly spaced lengths
+a transformer here sees ~{round(1e6 * 128 / (steps['transformer'] * s['batch']))}x fewer training strings than
+the paper's). Test: input lengths {lengths[0]}..{lengths[-1]}, evaluated at {len(lengths)} evenly spaced lengths
 ({', '.join(map(str, lengths))}), {s['eval_strings']['single']} fresh strings each for the one-token tasks,
 {s['eval_strings']['sequence']} for the sequence tasks; score = per-token accuracy on the output
 positions (up to the terminator for stack_manipulation / binary_addition / binary_multiplication), averaged
