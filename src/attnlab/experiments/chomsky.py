@@ -354,14 +354,14 @@ def _plot(runs: dict[str, dict[str, Any]], s: dict[str, Any], out: Path) -> None
     plt = pyplot()
     tasks, models = list(s["tasks"]), list(s["models"])
     grid = [[100 * runs[t][m]["score"] for m in models] for t in tasks]
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(models), 0.9 + 0.38 * len(tasks)))
+    fig, ax = plt.subplots(figsize=(2.6 + 0.9 * len(models), 1.2 + 0.38 * len(tasks)))
     im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=100, aspect="auto")
     ax.set_xticks(range(len(models)), models, rotation=35, ha="right", fontsize=8)
     ax.set_yticks(range(len(tasks)), [f"{t} ({TASKS[t].level})" for t in tasks], fontsize=8)
     for i, row in enumerate(grid):
         for j, val in enumerate(row):
             ax.text(j, i, f"{val:.0f}", ha="center", va="center", fontsize=7, color="white" if val < 60 else "black")
-    fig.colorbar(im, ax=ax, label="score: per-token accuracy % on lengths 41..N")
+    fig.colorbar(im, ax=ax, label="score (accuracy %, test lengths)")
     ax.set_title("length generalisation (trained on lengths 1-40)", fontsize=10)
     save_figure(fig, out / "scores.png")
     shown = [t for t in ("parity_check", "reverse_string", "bucket_sort", "duplicate_string") if t in tasks][:4]
