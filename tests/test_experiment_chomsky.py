@@ -89,3 +89,15 @@ def test_quick_run_is_consistent(tmp_path):
     assert ("The claim held" in report) == record["claim_held"] and "paper Transformer" in report
     for png in ("scores.png", "by_length.png"):
         assert (tmp_path / png).stat().st_size > 1000
+    # re-rendering a finished run from its results.json changes no number and keeps the measured wall time
+    again = c.rerender(tmp_path)
+    assert again["results"] == r and 0 <= again["wall_time_s"] - record["wall_time_s"] < 10
+
+
+def test_majority_baseline():
+    lengths = [41, 500]
+    base = c.majority_baseline("reverse_string", lengths, 512)
+    # E[max(k, n - k)] / n for k ~ Binomial(n, 1/2) is about 1/2 + 1 / sqrt(2 pi n)
+    expected = sum(0.5 + (2 * 3.141592653589793 * n) ** -0.5 for n in lengths) / 2
+    assert abs(base - expected) < 0.01
+    assert c.majority_baseline("parity_check", lengths, 8) is None

@@ -122,6 +122,8 @@ def test_missing_duplicate_string():
             hole = row.index(formal.MASK_TOKEN)
             twin = hole + half if hole < half else hole - half  # the same symbol in the other copy
             assert row[twin] == label
+        # w w has an even number of 1s: the missing symbol is the parity of the visible ones (a regular shortcut)
+        assert torch.equal(y[:, 0], (x == 1).sum(dim=1) % 2)
     x, y = formal.missing_duplicate_string(3, 1, gen())
     assert x.tolist() == [[1]] * 3 and y.tolist() == [[1]] * 3
 

@@ -221,7 +221,8 @@ MASK_TOKEN, PAD_TOKEN = 2, 3  # missing_duplicate_string's placeholder and odd-l
 def missing_duplicate_string(batch: int, length: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
     """w w (|w| = length // 2) with one symbol replaced by 2 (and a pad 3 if length is odd) -> that symbol.
 
-    Length 1 has no w: input 1, target 1, as in the paper.
+    Length 1 has no w: input 1, target 1, as in the paper. Note that w w holds an even number of 1s, so
+    the missing symbol is the parity of the visible 1s: a finite-state (parity) shortcut solves this task.
     """
     if length == 1:
         return torch.ones(batch, 1, dtype=torch.long), torch.ones(batch, 1, dtype=torch.long)
