@@ -101,3 +101,19 @@ def test_majority_baseline():
     expected = sum(0.5 + (2 * 3.141592653589793 * n) ** -0.5 for n in lengths) / 2
     assert abs(base - expected) < 0.01
     assert c.majority_baseline("parity_check", lengths, 8) is None
+
+
+def test_tiny_encoder_position_ids():
+    from attnlab.experiments.tiny import TinyEncoder
+
+    x = torch.randint(5, (2, 9))
+    for scheme in ("rope", "sinusoidal", "alibi"):
+        torch.manual_seed(0)
+        enc = TinyEncoder(5, 3, d_model=16, n_head=2, positions=scheme, pooling="none", max_len=64)
+        default, explicit = enc(x), enc(x, positions=torch.arange(9))
+        shifted = enc(x, positions=torch.arange(9) + 17)
+        assert torch.equal(default, explicit)
+        if scheme == "sinusoidal":  # absolute: other ids, other outputs
+            assert not torch.allclose(default, shifted, atol=1e-4)
+        else:  # relative schemes see only differences of ids: a common shift changes nothing
+            assert torch.allclose(default, shifted, atol=1e-4)
