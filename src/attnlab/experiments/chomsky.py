@@ -443,7 +443,7 @@ transformer without positions can do no better than one symbol for all blanks); 
 Matched on {v['n_matched']} task(s) ({', '.join(v['tasks_matched']) or 'none'}); the claim needs at least 4.
 {"Of these, " + ", ".join(lucky) + " cannot be told apart from that floor: the paper's score there is itself at the "
  "floor, so matching it shows no length generalisation." if lucky else
- "Every matched task is above its floor by more than 2 standard errors."}{extended}
+ "Every matched task is above its floor by more than 2 standard errors." if v["tasks_matched"] else ""}{extended}
 LSTM on the regular tasks the paper solves: {lstm} (the claim needs >= {100 * SOLVED:.1f}% on both).
 
 **Reading.** The score measures generalisation to lengths never seen in training, not fit: compare the
