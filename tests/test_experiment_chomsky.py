@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from itertools import pairwise
 
 import torch
 
@@ -117,3 +119,11 @@ def test_tiny_encoder_position_ids():
             assert not torch.allclose(default, shifted, atol=1e-4)
         else:  # relative schemes see only differences of ids: a common shift changes nothing
             assert torch.allclose(default, shifted, atol=1e-4)
+
+
+def test_learning_rate_schedules():
+    assert c.learning_rate(7, 100, 1e-3, "constant") == 1e-3
+    cosine = [c.learning_rate(i, 100, 1e-3, "cosine") for i in range(100)]
+    assert math.isclose(cosine[0], 1e-3 / 5) and math.isclose(cosine[4], 1e-3)  # 5 warm-up steps to the peak
+    assert math.isclose(cosine[5], 1e-3) and all(b <= a for a, b in pairwise(cosine[4:]))
+    assert math.isclose(cosine[-1], 1e-3 * 0.5 * (1 + math.cos(math.pi * 94 / 95)))  # ~0 at the last step

@@ -67,8 +67,7 @@ FULL: dict[str, Any] = {
     "tasks": tuple(TASKS), "models": MODELS, "max_test_length": 500, "n_test_lengths": 10,
     "eval_strings": {"single": 256, "sequence": 32},
     "steps": {"rnn": 1000, "lstm": 1500, "transformer": 1500}, "batch": 32, "lr": 1e-3, "schedule": "cosine",
-    "clip": 1.0,
-    "d_model": 64, "n_layer": 2, "n_head": 4, "hidden": 128, "seed": 0,
+    "clip": 1.0, "d_model": 64, "n_layer": 2, "n_head": 4, "hidden": 128, "seed": 0,
 }
 QUICK: dict[str, Any] = {
     **FULL, "tasks": ("parity_check", "even_pairs", "reverse_string", "bucket_sort"),
