@@ -22,6 +22,7 @@ EXPERIMENTS: dict[str, str] = {
     "structure-discovery": "attnlab.experiments.structure_discovery",
     "scaling": "attnlab.experiments.scaling",
     "word-vectors": "attnlab.experiments.word_vectors",
+    "chomsky": "attnlab.experiments.chomsky",
 }
 
 

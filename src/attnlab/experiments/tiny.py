@@ -34,13 +34,19 @@ class TinyEncoder(nn.Module):
         self.head = nn.Linear(d_model, n_out)
         self.pooling, self.causal = pooling, causal
 
-    def features(self, idx: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+    def features(self, idx: Tensor, need_weights: bool = False,
+                 positions: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
         """idx (B, T) -> final normalised states (B, T, C), and per layer the probabilities (B, H, T, T)."""
-        return self.encode(self.tok_emb(idx), need_weights)
+        return self.encode(self.tok_emb(idx), need_weights, positions)
 
-    def encode(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
-        """Token embeddings x (B, T, C) -> final normalised states (B, T, C) and attention maps."""
-        pos = torch.arange(x.size(1), device=x.device)  # (T,)
+    def encode(self, x: Tensor, need_weights: bool = False,
+               positions: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
+        """Token embeddings x (B, T, C) -> final normalised states (B, T, C) and attention maps.
+
+        ``positions`` (T,) are the position ids fed to the scheme (default 0..T-1); increasing but
+        gapped ids give randomized positional encodings (Ruoss et al. 2023).
+        """
+        pos = torch.arange(x.size(1), device=x.device) if positions is None else positions  # (T,)
         pe = self.positions.embed(pos)
         if pe is not None:
             x = x + pe
@@ -52,9 +58,9 @@ class TinyEncoder(nn.Module):
                 maps.append(extras["self"])
         return self.norm(x), maps  # (B, T, C)
 
-    def forward(self, idx: Tensor) -> Tensor:
+    def forward(self, idx: Tensor, positions: Tensor | None = None) -> Tensor:
         """(B, T) -> logits (B, n_out) with mean pooling, else (B, T, n_out)."""
-        h, _ = self.features(idx)
+        h, _ = self.features(idx, positions=positions)
         if self.pooling == "mean":
             h = h.mean(dim=1)  # (B, C): a permutation-invariant summary
         return self.head(h)

@@ -1,0 +1,129 @@
+"""The chomsky experiment: its protocol pieces, its verdict rule, and one quick run read back from results.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from itertools import pairwise
+
+import torch
+
+from attnlab.cli import main
+from attnlab.data.formal import TASKS
+from attnlab.experiments import chomsky as c
+
+
+def test_test_lengths_span_41_to_n():
+    assert c.test_lengths(500, 10) == [41, 92, 143, 194, 245, 296, 347, 398, 449, 500]
+    assert c.test_lengths(60, 3) == [41, 50, 60]
+
+
+def test_models_read_the_input_then_answer_at_blanks():
+    task = TASKS["duplicate_string"]
+    s = {**c.QUICK, "hidden": 16, "d_model": 16}
+    g = torch.Generator().manual_seed(0)
+    x, y = task.sample(3, 5, g)
+    for model in c.MODELS:
+        net = c.build(model, task, s, max_len=c.total_length(task, 60))
+        logits = c.output_logits(net, model, x, y.size(1), c.total_length(task, 60), g)
+        assert logits.shape == (3, 10, task.n_classes)  # one prediction per output token (2 x 5)
+    # learned positions: a row for every position of the longest test string
+    assert c.build("tf-learned", task, s, max_len=180).positions.weight.shape[0] == 180
+    # the recurrent model's answers cannot depend on anything after the blanks: it reads left to right
+    net = c.build("lstm", task, s, max_len=0)
+    a = c.output_logits(net, "lstm", x, 10, 0, g)
+    assert torch.allclose(a[:, :4], c.output_logits(net, "lstm", x, 4, 0, g))
+
+
+def test_randomized_positions_are_sorted_subsets():
+    g = torch.Generator().manual_seed(0)
+    pos = c.position_ids(c.RANDOMIZED, 50, 400, g)
+    assert pos.shape == (50,) and (pos[1:] > pos[:-1]).all() and int(pos.min()) >= 0 and int(pos.max()) < 400
+    assert c.position_ids("tf-rope", 50, 400, g) is None
+
+
+def test_string_counts_stop_at_terminator():
+    task = TASKS["binary_addition"]
+    y = torch.tensor([[1, 1, 2, 0, 0], [2, 0, 0, 0, 0]])
+    logits = torch.nn.functional.one_hot(torch.tensor([[1, 0, 2, 1, 1], [2, 1, 1, 1, 1]]), 3).float()
+    correct, counted = c.string_counts(task, logits, y)
+    assert correct.tolist() == [2, 1] and counted.tolist() == [3, 1]  # errors after the terminator do not count
+
+
+def test_score_error_of_a_mean():
+    assert abs(c.score_error([0.02, 0.02, 0.02, 0.02]) - 0.01) < 1e-12  # sqrt(4 * 0.02^2) / 4
+
+
+def test_verdict_rule():
+    scores = {t: {"lstm": 1.0, "tf-none": 0.5, "tf-rope": p / 100 + 0.01}
+              for t, p in c.PAPER_TABLE2["transformer"].items()}
+    v = c.verdict(scores)
+    assert v["held"] and v["n_matched"] == 9
+    scores["parity_check"]["lstm"] = 0.99  # the LSTM must reach 99.5% on parity and even pairs
+    assert not c.verdict(scores)["held"]
+    low = {t: {"lstm": 1.0, "tf-rope": p / 100 - 0.01} for t, p in c.PAPER_TABLE2["transformer"].items()}
+    low["bucket_sort"]["tf-alibi"] = 0.95  # the best transformer per task counts
+    v = c.verdict(low)
+    assert v["tasks_matched"] == ["bucket_sort"] and not v["held"]
+
+
+def test_quick_run_is_consistent(tmp_path):
+    assert main(["experiment", "chomsky", "--quick", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "results.json").read_text())
+    r = record["results"]
+    assert record["experiment"] == "chomsky" and record["quick"] is True
+    assert r["test_lengths"][0] == 41 and r["test_lengths"][-1] == r["settings"]["max_test_length"]
+    for task, per_model in r["runs"].items():
+        assert task in TASKS and set(per_model) == set(r["settings"]["models"])
+        for model, run in per_model.items():
+            assert run["test_lengths"] == r["test_lengths"]
+            assert all(0 <= a <= 1 for a in run["per_length"]) and 0 <= run["train_range_accuracy"] <= 1
+            mean = sum(run["per_length"]) / len(run["per_length"])
+            assert abs(run["score"] - mean) < 1e-12 and r["scores"][task][model] == run["score"]
+    assert r["paper_table2"]["transformer"]["bucket_sort"] == 91.9
+    assert r["paper_table2"]["lstm"]["parity_check"] == 100.0
+    # the verdict follows from the numbers
+    assert r["verdict"] == c.verdict(r["scores"], r["score_stderr"])
+    for task, cmp in r["verdict"]["transformer_vs_paper"].items():
+        assert cmp["above_chance"] == (cmp["best_score"] - 2 * cmp["best_stderr"] > 100 * TASKS[task].chance)
+    assert record["claim_held"] == r["verdict"]["held"]
+    report = (tmp_path / "report.md").read_text()
+    assert ("The claim held" in report) == record["claim_held"] and "paper Transformer" in report
+    for png in ("scores.png", "by_length.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    # re-rendering a finished run from its results.json changes no number and keeps the measured wall time
+    again = c.rerender(tmp_path)
+    assert again["results"] == r and abs(again["wall_time_s"] - record["wall_time_s"]) <= 0.011
+
+
+def test_majority_baseline():
+    lengths = [41, 500]
+    base = c.majority_baseline("reverse_string", lengths, 512)
+    # E[max(k, n - k)] / n for k ~ Binomial(n, 1/2) is about 1/2 + 1 / sqrt(2 pi n)
+    expected = sum(0.5 + (2 * 3.141592653589793 * n) ** -0.5 for n in lengths) / 2
+    assert abs(base - expected) < 0.01
+    assert c.majority_baseline("parity_check", lengths, 8) is None
+
+
+def test_tiny_encoder_position_ids():
+    from attnlab.experiments.tiny import TinyEncoder
+
+    x = torch.randint(5, (2, 9))
+    for scheme in ("rope", "sinusoidal", "alibi"):
+        torch.manual_seed(0)
+        enc = TinyEncoder(5, 3, d_model=16, n_head=2, positions=scheme, pooling="none", max_len=64)
+        default, explicit = enc(x), enc(x, positions=torch.arange(9))
+        shifted = enc(x, positions=torch.arange(9) + 17)
+        assert torch.equal(default, explicit)
+        if scheme == "sinusoidal":  # absolute: other ids, other outputs
+            assert not torch.allclose(default, shifted, atol=1e-4)
+        else:  # relative schemes see only differences of ids: a common shift changes nothing
+            assert torch.allclose(default, shifted, atol=1e-4)
+
+
+def test_learning_rate_schedules():
+    assert c.learning_rate(7, 100, 1e-3, "constant") == 1e-3
+    cosine = [c.learning_rate(i, 100, 1e-3, "cosine") for i in range(100)]
+    assert math.isclose(cosine[0], 1e-3 / 5) and math.isclose(cosine[4], 1e-3)  # 5 warm-up steps to the peak
+    assert math.isclose(cosine[5], 1e-3) and all(b <= a for a, b in pairwise(cosine[4:]))
+    assert math.isclose(cosine[-1], 1e-3 * 0.5 * (1 + math.cos(math.pi * 94 / 95)))  # ~0 at the last step
