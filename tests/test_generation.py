@@ -330,7 +330,7 @@ def test_sampling_config_from_dict():
 
 def test_compiled_decode_step_gives_the_same_tokens_as_eager():
     """compile=True runs the one-token step through torch.compile: same greedy tokens, and with a
-    seed the same samples, as the eager step (the prefill stays eager)."""
+    seed the same samples, as the eager step (the prefill is compiled too)."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(vocab_size=17, block_size=24, n_layer=1, n_head=2, d_model=16)).eval()
     prompt = torch.randint(0, 17, (2, 5))
