@@ -204,6 +204,9 @@ def test_train_eval_and_reload_a_set_regression_run(tmp_path):
 
 def test_train_a_feature_classifier_and_reject_mismatched_inputs(tmp_path, capsys):
     assert main(["train", "configs/peaks.yaml", *tiny(tmp_path, **{"max_iters": 10, "eval_interval": 10})]) == 0
+    printed = capsys.readouterr()
+    banner = next(line for line in (printed.out + printed.err).splitlines() if line.startswith("run:"))
+    assert "1 features per step, up to 64 steps" in banner and "vocab" not in banner  # no 'vocab None'
     assert json.loads((tmp_path / "runs" / "r" / "inputs.json").read_text())["classes"] == ["far", "near"]
     assert main(["train", "configs/peaks.yaml", *tiny(tmp_path, **{"name": "r2", "model.inputs": "set",
                                                                    "model.positions": "none"})]) == 2

@@ -24,8 +24,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     n_params = trainer.model.num_parameters()
     world = f", {trainer.dist.world_size} processes" if trainer.dist.enabled else ""
     m = cfg.model
-    shape = (f"vocab {m.vocab_size}, context {m.block_size}" if m.family not in ("vit", "cnn")
-             else f"{m.n_classes} classes, {m.in_channels}x{m.image_size}x{m.image_size} images")
+    if m.family in ("vit", "cnn"):
+        shape = f"{m.n_classes} classes, {m.in_channels}x{m.image_size}x{m.image_size} images"
+    elif m.family == "encoder":  # continuous inputs: no vocabulary
+        shape = (f"{m.n_features} features per step, up to {m.block_size} steps" if m.inputs == "features"
+                 else f"sets of up to {m.block_size} of {m.n_elements} element types")
+    else:
+        shape = f"vocab {m.vocab_size}, context {m.block_size}"
     say(f"run: {trainer.run_dir}  model: {m.family}, {n_params / 1e6:.2f}M parameters, {shape}{world}")
     try:
         result = trainer.train()
