@@ -93,3 +93,42 @@ class Task(ABC):
     def write_samples(self, model: torch.nn.Module, run_dir: Path) -> str | None:
         """Something to show at the end of training (generated text, ...); None for nothing."""
         return None
+
+
+class RowsTask(Task):
+    """A task over a small finite table of examples (labelled text rows, feature sequences, sets).
+
+    Subclasses fill ``self.rows[split]`` (the row ids of each split) and implement ``_gather(rows)``
+    (the batch of those rows). Training draws rows with ``sample_rows``; evaluation walks every row
+    of the split once, in order; ``_outputs`` runs the model over a whole split for final scores.
+    """
+
+    rows: dict[str, Tensor]
+    target_keys: tuple[str, ...] = ("labels",)  # batch entries the model must not receive when predicting
+
+    @abstractmethod
+    def _gather(self, rows: Tensor) -> Batch:
+        """The batch of examples ``rows`` (B,)."""
+
+    def batch(self, split: str, batch_size: int, generator: torch.Generator,
+              shard: tuple[int, int] = (0, 1)) -> Batch:
+        rows = self.rows[split]
+        return self._gather(rows[sample_rows(len(rows), batch_size, generator, shard)])
+
+    def eval_batches(self, split: str, batch_size: int, n_batches: int, seed: int) -> Iterator[Batch]:
+        """Every row of the split once, in order (the held-out split is small and finite)."""
+        rows = self.rows[split]
+        for start in range(0, len(rows), batch_size):
+            yield self._gather(rows[start:start + batch_size])
+
+    @torch.no_grad()
+    def _outputs(self, model: torch.nn.Module, split: str, batch_size: int) -> Iterator[tuple[Any, Batch]]:
+        """(model output, batch) over every row of ``split``, the model in eval mode without its targets."""
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        try:
+            for batch in self.eval_batches(split, batch_size, 0, 0):
+                yield model(**{k: v.to(device) for k, v in batch.items() if k not in self.target_keys}), batch
+        finally:
+            model.train(was_training)

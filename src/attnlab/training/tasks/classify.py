@@ -10,7 +10,6 @@ them is held out as split "val" and never trained on. The tokenizer is the pre-t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,7 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError
-from attnlab.training.tasks.base import Batch, Task, sample_rows
+from attnlab.training.tasks.base import Batch, RowsTask
 
 if TYPE_CHECKING:
     from attnlab.training.config import TrainConfig
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 LABELS_FILE = "labels.json"
 
 
-class ClassifyTask(Task):
+class ClassifyTask(RowsTask):
     """Text classification with a BERT encoder; metrics accuracy and macro-F1 on the held-out rows."""
 
     unit = "examples"
@@ -82,17 +81,6 @@ class ClassifyTask(Task):
         batch["labels"] = self.labels[rows]
         return batch
 
-    def batch(self, split: str, batch_size: int, generator: torch.Generator,
-              shard: tuple[int, int] = (0, 1)) -> Batch:
-        rows = self.rows[split]
-        return self._gather(rows[sample_rows(len(rows), batch_size, generator, shard)])
-
-    def eval_batches(self, split: str, batch_size: int, n_batches: int, seed: int) -> Iterator[Batch]:
-        """Every row of the split once, in order (the held-out split is small and finite)."""
-        rows = self.rows[split]
-        for start in range(0, len(rows), batch_size):
-            yield self._gather(rows[start:start + batch_size])
-
     def count(self, batch: Batch) -> int:
         return int(batch["labels"].numel())
 
@@ -102,18 +90,12 @@ class ClassifyTask(Task):
     def metrics(self, out: Any, batch: Batch) -> dict[str, Tensor]:
         return {"accuracy": (out.logits.argmax(-1) == batch["labels"]).float().mean()}
 
-    @torch.no_grad()
     def predict(self, model: torch.nn.Module, split: str, batch_size: int = 64) -> tuple[Tensor, Tensor]:
         """(predicted class ids, true class ids) over the whole split."""
-        was_training = model.training
-        model.eval()
-        device = next(model.parameters()).device
         preds, trues = [], []
-        for batch in self.eval_batches(split, batch_size, 0, 0):
-            out = model(**{k: v.to(device) for k, v in batch.items() if k != "labels"})
+        for out, batch in self._outputs(model, split, batch_size):
             preds.append(out.logits.argmax(-1).cpu())
             trues.append(batch["labels"])
-        model.train(was_training)
         return torch.cat(preds), torch.cat(trues)
 
     def scores(self, model: torch.nn.Module, split: str = "val") -> dict[str, float]:

@@ -13,7 +13,6 @@ as ``inputs.json``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError, DataError
-from attnlab.training.tasks.base import Batch, Task, sample_rows
+from attnlab.training.tasks.base import Batch, RowsTask
 
 if TYPE_CHECKING:
     from attnlab.training.config import TrainConfig
@@ -37,10 +36,11 @@ def r2_score(pred: Tensor, true: Tensor) -> float:
     return 1.0 - ss_res / max(ss_tot, 1e-12)
 
 
-class ContinuousTask(Task):
+class ContinuousTask(RowsTask):
     """Encoder on continuous data; metrics MAE (regression, original units) or accuracy (classification)."""
 
     unit = "examples"
+    target_keys = ("targets", "labels")
 
     def __init__(self, cfg: TrainConfig, assets: Path | None = None, world_size: int = 1) -> None:
         from attnlab.data.continuous import read_continuous
@@ -132,17 +132,6 @@ class ContinuousTask(Task):
             batch["labels"] = self.labels[rows]  # (B,)
         return batch
 
-    def batch(self, split: str, batch_size: int, generator: torch.Generator,
-              shard: tuple[int, int] = (0, 1)) -> Batch:
-        rows = self.rows[split]
-        return self._gather(rows[sample_rows(len(rows), batch_size, generator, shard)])
-
-    def eval_batches(self, split: str, batch_size: int, n_batches: int, seed: int) -> Iterator[Batch]:
-        """Every row of the split once, in order."""
-        rows = self.rows[split]
-        for start in range(0, len(rows), batch_size):
-            yield self._gather(rows[start:start + batch_size])
-
     def count(self, batch: Batch) -> int:
         return int(next(iter(batch.values())).size(0))
 
@@ -152,22 +141,16 @@ class ContinuousTask(Task):
             return {"mae": err.mean()}
         return {"accuracy": (out.predictions.argmax(-1) == batch["labels"]).float().mean()}
 
-    @torch.no_grad()
     def predict(self, model: torch.nn.Module, split: str = "val", batch_size: int = 256) -> tuple[Tensor, Tensor]:
         """(predictions, truths) over the whole split: original units (regression) or class ids."""
-        was_training = model.training
-        model.eval()
-        device = next(model.parameters()).device
         preds, trues = [], []
-        for batch in self.eval_batches(split, batch_size, 0, 0):
-            out = model(**{k: v.to(device) for k, v in batch.items() if k not in ("targets", "labels")})
+        for out, batch in self._outputs(model, split, batch_size):
             if self.regression:
                 preds.append(out.predictions.double().cpu() * self.std + self.mean)
                 trues.append(batch["targets"].double() * self.std + self.mean)
             else:
                 preds.append(out.predictions.argmax(-1).cpu())
                 trues.append(batch["labels"])
-        model.train(was_training)
         return torch.cat(preds), torch.cat(trues)
 
     def scores(self, model: torch.nn.Module, split: str = "val") -> dict[str, float]:
