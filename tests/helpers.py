@@ -1,7 +1,8 @@
-"""Shared test helpers: a small text corpus and a tiny run config."""
+"""Shared test helpers: a small text corpus, a tiny run config, a quick experiment run read back."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -34,3 +35,17 @@ def tiny_overrides(data: Path, out_dir: Path, **extra) -> list[str]:
 
 def tiny_config(data: Path, out_dir: Path, **extra):
     return load_train_config(None, tiny_overrides(data, out_dir, **extra))
+
+
+def run_quick_experiment(name: str, out: Path) -> tuple[dict, dict]:
+    """``attnlab experiment NAME --quick --out OUT``; checks what every experiment writes (results.json,
+    report.md whose verdict agrees with it, non-empty plots) and returns (record, its results)."""
+    from attnlab.cli import main
+
+    assert main(["experiment", name, "--quick", "--out", str(out)]) == 0
+    record = json.loads((out / "results.json").read_text())
+    assert record["experiment"] == name and record["quick"] is True
+    report = (out / "report.md").read_text()
+    assert ("The claim held" in report) == record["claim_held"]
+    assert list(out.glob("*.png")) and all(p.stat().st_size > 1000 for p in out.glob("*.png"))
+    return record, record["results"]

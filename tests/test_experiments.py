@@ -8,6 +8,8 @@ from itertools import pairwise
 
 from attnlab.cli import main
 
+from .helpers import run_quick_experiment
+
 
 def test_experiment_list_and_unknown_name(capsys):
     assert main(["experiment", "--list"]) == 0
@@ -32,18 +34,8 @@ def test_hand_trace(tmp_path, capsys):
     assert "The claim held" in (tmp_path / "report.md").read_text()
 
 
-def _run(name, tmp_path):
-    assert main(["experiment", name, "--quick", "--out", str(tmp_path)]) == 0
-    record = json.loads((tmp_path / "results.json").read_text())
-    assert record["experiment"] == name and record["quick"] is True
-    report = (tmp_path / "report.md").read_text()
-    assert ("The claim held" in report) == record["claim_held"]
-    assert list(tmp_path.glob("*.png")) and all(p.stat().st_size > 1000 for p in tmp_path.glob("*.png"))
-    return record, record["results"]
-
-
 def test_sqrt_dk(tmp_path):
-    record, r = _run("sqrt-dk", tmp_path)
+    record, r = run_quick_experiment("sqrt-dk", tmp_path)
     assert record["claim_held"] == all(r["checks"].values())
     for d in r["d_k"]:
         s = r["statistics"][str(d)]
@@ -57,7 +49,7 @@ def test_sqrt_dk(tmp_path):
 
 
 def test_permutation(tmp_path):
-    record, r = _run("permutation", tmp_path)
+    record, r = run_quick_experiment("permutation", tmp_path)
     eq = r["equivariance_relative_error"]
     assert max(eq["attention_layer"].values()) < 1e-5 and max(eq["encoder_stack"].values()) < 1e-5
     assert eq["encoder_by_positions"]["none"] < 1e-5
@@ -69,7 +61,7 @@ def test_permutation(tmp_path):
 
 
 def test_flash_memory(tmp_path):
-    record, r = _run("flash-memory", tmp_path)
+    record, r = run_quick_experiment("flash-memory", tmp_path)
     cells = r["cells"]
     assert record["claim_held"] == all(r["checks"].values())
     for T in r["lengths"]:
@@ -81,7 +73,7 @@ def test_flash_memory(tmp_path):
 
 
 def test_long_range(tmp_path):
-    record, r = _run("long-range", tmp_path)
+    record, r = run_quick_experiment("long-range", tmp_path)
     assert record["claim_held"] == all(r["checks"].values())
     g = r["grad_norm_first_input_at_init"]
     rnn = [g["rnn"][str(k)] for k in r["grad_ks"]]
@@ -104,7 +96,7 @@ def _check_mixers(r):
 
 
 def test_moe_vs_dense(tmp_path):
-    record, r = _run("moe-vs-dense", tmp_path)
+    record, r = run_quick_experiment("moe-vs-dense", tmp_path)
     _check_mixers(r)
     assert record["claim_held"] == all(r["checks"].values())
     # 4 experts of the dense FFN's width: more parameters at equal active compute
@@ -113,7 +105,7 @@ def test_moe_vs_dense(tmp_path):
 
 
 def test_ssm_vs_attention(tmp_path):
-    record, r = _run("ssm-vs-attention", tmp_path)
+    record, r = run_quick_experiment("ssm-vs-attention", tmp_path)
     _check_mixers(r)
     assert record["claim_held"] == all(r["checks"].values())
     assert set(r["trained"]) == {"dense", "ssm", "hybrid"}
@@ -132,7 +124,7 @@ def test_structure_discovery_floors():
 
 
 def test_structure_discovery(tmp_path):
-    record, r = _run("structure-discovery", tmp_path)
+    record, r = run_quick_experiment("structure-discovery", tmp_path)
     g = r["grammars"]
     for res in g.values():
         assert abs(res["ratio_to_floor"] - res["val_loss"] / res["floor_same_targets"]) < 1e-12

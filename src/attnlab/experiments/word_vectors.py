@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.errors import ConfigError
-from attnlab.experiments.base import pyplot, save_figure, write_outputs
+from attnlab.experiments.base import pyplot, save_figure, torch_threads, write_outputs
 
 NAME = "word-vectors"
 CLAIM = ("Vector arithmetic on MiniLM's word vectors solves analogies (a - b + c ≈ d) far above chance, "
@@ -145,12 +145,8 @@ def within_across(states: Tensor, labels: list[int]) -> dict[str, float]:
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     """On one thread: tiny batches are dispatch-bound, and extra threads only contend on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         return _run(out, quick)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(out: Path, quick: bool) -> dict[str, Any]:
