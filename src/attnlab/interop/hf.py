@@ -39,17 +39,19 @@ CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_python", "gelu_pytorch")
 
 
+def _layer_names(n_layer: int, per_layer: list[tuple[str, str]], prefix: str) -> list[tuple[str, str]]:
+    """(attnlab name, HF name) of every layer's weight and bias: blocks.i.<ours> <-> <prefix>.i.<theirs>."""
+    return [(f"blocks.{i}.{ours}.{p}", f"{prefix}.{i}.{theirs}.{p}")
+            for i in range(n_layer) for ours, theirs in per_layer for p in ("weight", "bias")]
+
+
 def _names(n_layer: int) -> list[tuple[str, str]]:
     """(attnlab name, GPT-2 name) for every tensor."""
     pairs = [("tok_emb.weight", "transformer.wte.weight"), ("positions.weight", "transformer.wpe.weight"),
              ("norm_f.weight", "transformer.ln_f.weight"), ("norm_f.bias", "transformer.ln_f.bias")]
     per_layer = [("norm_self", "ln_1"), ("self_attn.qkv_proj", "attn.c_attn"), ("self_attn.out_proj", "attn.c_proj"),
                  ("norm_ffn", "ln_2"), ("ffn.fc_in", "mlp.c_fc"), ("ffn.fc_out", "mlp.c_proj")]
-    for i in range(n_layer):
-        for ours, theirs in per_layer:
-            for p in ("weight", "bias"):
-                pairs.append((f"blocks.{i}.{ours}.{p}", f"transformer.h.{i}.{theirs}.{p}"))
-    return pairs
+    return pairs + _layer_names(n_layer, per_layer, "transformer.h")
 
 
 def check_gpt2_compatible(config: ModelConfig) -> None:
@@ -181,11 +183,7 @@ def _bert_names(n_layer: int) -> list[tuple[str, str]]:
              ("nsp_head.weight", "cls.seq_relationship.weight"), ("nsp_head.bias", "cls.seq_relationship.bias")]
     per_layer = [("self_attn.out_proj", "attention.output.dense"), ("norm_self", "attention.output.LayerNorm"),
                  ("ffn.fc_in", "intermediate.dense"), ("ffn.fc_out", "output.dense"), ("norm_ffn", "output.LayerNorm")]
-    for i in range(n_layer):
-        for ours, theirs in per_layer:
-            for p in ("weight", "bias"):
-                pairs.append((f"blocks.{i}.{ours}.{p}", f"encoder.layer.{i}.{theirs}.{p}"))
-    return pairs
+    return pairs + _layer_names(n_layer, per_layer, "encoder.layer")
 
 
 def _hf_bert_key(name: str) -> str:
