@@ -6,7 +6,6 @@ else, so these tests also prove the page works offline (no CDN, no web font).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
@@ -16,14 +15,15 @@ import pytest
 from attnlab.experiments.hand_trace import by_hand
 from attnlab.web.server import LOOPBACK_NAMES, create_app
 
-from .web_helpers import chromium_path, headless_chromium, offline_page, running_server, train_tiny_run
+from .web_helpers import (
+    headless_chromium,
+    offline_page,
+    running_server,
+    skip_module_without_browser,
+    train_tiny_run,
+)
 
-if importlib.util.find_spec("playwright") is None:
-    pytest.skip("playwright is not installed (pip install playwright; it is in the dev extras)",
-                allow_module_level=True)
-if chromium_path() is None:
-    pytest.skip("no Chromium executable (apt-get install chromium, or set ATTNLAB_CHROMIUM)",
-                allow_module_level=True)
+skip_module_without_browser()
 
 TEXT = "the quick brown fox"
 

@@ -4,7 +4,6 @@ token to mask it, read the guesses) and a ViT run (upload an image, see the heat
 from __future__ import annotations
 
 import base64
-import importlib.util
 
 import httpx
 import pytest
@@ -14,20 +13,15 @@ from PIL import Image
 from attnlab.web.server import LOOPBACK_NAMES, create_app
 
 from .web_helpers import (
-    chromium_path,
     headless_chromium,
     offline_page,
     running_server,
+    skip_module_without_browser,
     train_tiny_bert,
     train_tiny_vit,
 )
 
-if importlib.util.find_spec("playwright") is None:
-    pytest.skip("playwright is not installed (pip install playwright; it is in the dev extras)",
-                allow_module_level=True)
-if chromium_path() is None:
-    pytest.skip("no Chromium executable (apt-get install chromium, or set ATTNLAB_CHROMIUM)",
-                allow_module_level=True)
+skip_module_without_browser()
 
 
 def signature(matrix) -> str:

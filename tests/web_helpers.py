@@ -124,3 +124,17 @@ def train_tiny_vit(root: Path) -> Path:
                     log_interval=5, warmup_iters=2, progress="false", n_layer=2, n_head=2, d_model=16, d_ff=32)
     assert main(["train", "configs/vit-digits.yaml", *[f"{k}={v}" for k, v in settings.items()]]) == 0
     return root / "runs" / "vit"
+
+
+def skip_module_without_browser() -> None:
+    """Skip the calling test module, with the reason, unless Playwright and a Chromium executable are there."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip("playwright is not installed (pip install playwright; it is in the dev extras)",
+                    allow_module_level=True)
+    if chromium_path() is None:
+        pytest.skip("no Chromium executable (apt-get install chromium, or set ATTNLAB_CHROMIUM)",
+                    allow_module_level=True)

@@ -106,12 +106,7 @@ def save_gpt2(model: GPT, directory: str | Path) -> Path:
 def load_gpt2(directory: str | Path) -> GPT:
     """Read an HF GPT-2 folder (config.json + model.safetensors) into an attnlab GPT."""
     directory = Path(directory)
-    try:
-        cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"no config.json in {directory}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{directory / 'config.json'} is not valid JSON: {e}") from None
+    cfg = _read_hf_config(directory)
     if cfg.get("model_type") != "gpt2":
         raise CheckpointError(f"{directory / 'config.json'}: model_type {cfg.get('model_type')!r} is not gpt2")
     act = cfg.get("activation_function", "gelu_new")
