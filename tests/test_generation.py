@@ -338,3 +338,18 @@ def test_compiled_decode_step_gives_the_same_tokens_as_eager():
         eager = SamplingConfig(max_new_tokens=12, temperature=temperature, top_k=8, seed=3)
         compiled = SamplingConfig(max_new_tokens=12, temperature=temperature, top_k=8, seed=3, compile=True)
         assert torch.equal(generate(model, prompt, eager), generate(model, prompt, compiled))
+
+
+def test_compiled_stream_skipping_guards_stays_exact_across_prompts_and_models():
+    """After its first guarded one-token steps a compiled stream skips dynamo's guard checks. That must
+    not reuse a graph specialised to a cache length of 0 or 1 (prompts of 1 and 2 tokens), nor another
+    model's graphs (two models of different widths alternate in one process), nor break the switch to
+    the sliding window past the context: every stream gives the eager tokens."""
+    torch.manual_seed(0)
+    small = build_model(ModelConfig(vocab_size=17, block_size=12, n_layer=1, n_head=2, d_model=16)).eval()
+    wide = build_model(ModelConfig(vocab_size=17, block_size=12, n_layer=2, n_head=2, d_model=24)).eval()
+    for model, length in ((small, 1), (wide, 1), (small, 2), (wide, 3), (small, 5), (wide, 2)):
+        prompt = torch.randint(0, 17, (1, length))
+        eager = SamplingConfig(max_new_tokens=14, temperature=0)  # runs 3-6 tokens past block_size 12
+        compiled = SamplingConfig(max_new_tokens=14, temperature=0, compile=True)
+        assert torch.equal(generate(model, prompt, eager), generate(model, prompt, compiled)), (length, model)
