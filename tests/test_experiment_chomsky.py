@@ -42,6 +42,17 @@ def test_randomized_positions_are_sorted_subsets():
     assert c.position_ids("tf-rope", 50, 400, g) is None
 
 
+def test_from_end_positions_give_the_blanks_the_same_codes_at_every_length():
+    """The paper's sin/cos counts positions down to the last token, so the last blank is always 0."""
+    g = torch.Generator().manual_seed(0)
+    assert c.position_ids(c.FROM_END, 5, 400, g).tolist() == [4, 3, 2, 1, 0]
+    task = c.TASKS["even_pairs"]
+    net = c.build(c.FROM_END, task, c.QUICK, 64)
+    assert net.positions.embed(torch.tensor([0])) is not None  # a sinusoidal encoder, not the 'from-end' name
+    x = torch.randint(0, task.input_vocab, (2, 9))
+    assert c.output_logits(net, c.FROM_END, x, 1, 64, g).shape == (2, 1, task.n_classes)
+
+
 def test_string_counts_stop_at_terminator():
     task = TASKS["binary_addition"]
     y = torch.tensor([[1, 1, 2, 0, 0], [2, 0, 0, 0, 0]])

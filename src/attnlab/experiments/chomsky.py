@@ -56,7 +56,10 @@ PAPER_TABLE2: dict[str, dict[str, float]] = {
     "lstm": {"even_pairs": 100.0, "parity_check": 100.0},
 }
 
-TRANSFORMERS = ("tf-none", "tf-sinusoidal", "tf-learned", "tf-rope", "tf-alibi")
+# the paper's own default: sin/cos with positions counted down to the last token (its Transformer-XL style
+# ``pos_seq = arange(L, 0, -1)``), so the blanks at the end get the same positions at every length
+FROM_END = "tf-sinusoidal-from-end"
+TRANSFORMERS = ("tf-none", "tf-sinusoidal", FROM_END, "tf-learned", "tf-rope", "tf-alibi")
 PAPER_MODELS = ("rnn", "lstm", *TRANSFORMERS)
 RANDOMIZED = "tf-rope-randomized"  # the addition (Ruoss et al. 2023), not in the paper's Table 2
 MODELS = (*PAPER_MODELS, RANDOMIZED)
@@ -92,13 +95,16 @@ def build(model: str, task: FormalTask, s: dict[str, Any], max_len: int) -> nn.M
     vocab = task.input_vocab + 1
     if model in ("rnn", "lstm"):
         return RecurrentModel(vocab, task.n_classes, d_model=s["hidden"], cell=model)
-    scheme = model.removeprefix("tf-").removesuffix("-randomized")
+    scheme = model.removeprefix("tf-").removesuffix("-randomized").removesuffix("-from-end")
     return TinyEncoder(vocab, task.n_classes, d_model=s["d_model"], n_layer=s["n_layer"], n_head=s["n_head"],
                        positions=scheme, max_len=max_len, pooling="none", causal=False, backend="sdpa")
 
 
 def position_ids(model: str, T: int, max_len: int, g: torch.Generator) -> Tensor | None:
-    """Randomized model: a sorted random subset of [0, max_len) of size T; others: None (= 0..T-1)."""
+    """Randomized model: a sorted random subset of [0, max_len) of size T; from-end: T-1 ... 1, 0 (the last
+    token is 0); others: None (= 0..T-1)."""
+    if model == FROM_END:
+        return torch.arange(T - 1, -1, -1)  # (T,)
     if model != RANDOMIZED:
         return None
     return torch.randperm(max_len, generator=g)[:T].sort().values  # (T,)
