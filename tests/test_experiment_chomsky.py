@@ -138,3 +138,69 @@ def test_learning_rate_schedules():
     assert math.isclose(cosine[0], 1e-3 / 5) and math.isclose(cosine[4], 1e-3)  # 5 warm-up steps to the peak
     assert math.isclose(cosine[5], 1e-3) and all(b <= a for a, b in pairwise(cosine[4:]))
     assert math.isclose(cosine[-1], 1e-3 * 0.5 * (1 + math.cos(math.pi * 94 / 95)))  # ~0 at the last step
+
+
+def test_tiny_encoder_embedding_scale_and_block_options():
+    """The paper's encoder: embeddings times sqrt(d_model), post-norm blocks with ReLU and dropout."""
+    from attnlab.experiments.tiny import TinyEncoder
+
+    torch.manual_seed(0)
+    plain = TinyEncoder(5, 3, d_model=16, n_head=2, pooling="none")
+    torch.manual_seed(0)
+    paper = TinyEncoder(5, 3, d_model=16, n_head=2, pooling="none", scale_embeddings=True,
+                        block={"norm_position": "post", "activation": "relu", "dropout": 0.1})
+    assert paper.emb_scale == 4.0 and plain.emb_scale == 1.0
+    assert all(b.norm_position == "post" and b.dropout == 0.1 for b in paper.blocks)
+    x = torch.randint(5, (2, 7))
+    assert torch.equal(plain.features(x)[0], plain.encode(plain.tok_emb(x))[0])
+    assert torch.allclose(paper.eval().features(x)[0], paper.encode(4.0 * paper.tok_emb(x))[0])
+
+
+def _fake_runs(monkeypatch, scores: dict[int, float]) -> list[int]:
+    """Replace the training by a table seed -> score; return the list of seeds trained."""
+    trained: list[int] = []
+
+    def fake(task, model, s):
+        trained.append(s["seed"])
+        return {"score": scores[s["seed"]], "train_s": 1.0, "eval_s": 0.5, "seed_marker": s["seed"]}
+
+    monkeypatch.setattr(c, "train_and_test", fake)
+    return trained
+
+
+def test_best_of_seeds_keeps_the_best_run_and_reuses_finished_seeds(monkeypatch):
+    trained = _fake_runs(monkeypatch, {0: 0.5, 1: 0.7, 2: 0.6})
+    s = {**c.FULL, "seeds": 3}
+    r = c.best_of_seeds("even_pairs", "tf-rope", s)
+    assert trained == [0, 1, 2]
+    assert r["score"] == 0.7 and r["seed"] == 1 and r["seed_marker"] == 1
+    assert r["seed_scores"] == {"0": 0.5, "1": 0.7, "2": 0.6} and r["all_seeds_s"] == 4.5
+    # one seed for models and tasks outside the paper's Transformer column
+    assert c.n_seeds("even_pairs", "lstm", s) == 1 and c.n_seeds("binary_addition", "tf-rope", s) == 1
+    # resuming: an older record of seed 0 only (no seed_scores) gets seeds 1 and 2 added, nothing re-run
+    trained.clear()
+    old = {"score": 0.5, "train_s": 2.0, "eval_s": 1.0}
+    r = c.best_of_seeds("even_pairs", "tf-rope", s, previous=old)
+    assert trained == [1, 2] and r["seed"] == 1 and r["all_seeds_s"] == 6.0
+    trained.clear()
+    assert c.best_of_seeds("even_pairs", "tf-rope", s, previous=r) == r and trained == []
+
+
+def test_resume_checks_the_settings(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    from attnlab.errors import ConfigError
+
+    assert c.finished_runs(tmp_path, c.FULL) == ({}, 0.0)
+    record = {"quick": False, "wall_time_s": 12.5,
+              "results": {"settings": {**c.FULL, "seeds": 1, "tasks": ["parity_check"]}, "runs": {"parity_check": {}}}}
+    (tmp_path / "results.json").write_text(json.dumps(record))
+    assert c.finished_runs(tmp_path, c.FULL) == ({"parity_check": {}}, 12.5)  # tasks, models, seeds may differ
+    with pytest.raises(ConfigError, match="other settings"):
+        c.finished_runs(tmp_path, {**c.FULL, "lr": 3e-4})
+    (tmp_path / "results.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"not a chomsky results\.json"):
+        c.finished_runs(tmp_path, c.FULL)
+    # an experiment without resume support says so in one line
+    assert main(["experiment", "hand-trace", "--resume", "--out", str(tmp_path / "h")]) == 2
+    assert "cannot resume" in capsys.readouterr().err

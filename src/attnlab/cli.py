@@ -392,7 +392,17 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     if args.name not in EXPERIMENTS:
         raise _unknown_name("experiment", args.name, list(EXPERIMENTS))
     out = Path(args.out) if args.out else Path("runs") / "experiments" / args.name
-    record = load(args.name).run(out, quick=args.quick)
+    module = load(args.name)
+    if args.resume:
+        import inspect
+
+        from attnlab.errors import ConfigError
+
+        if "resume" not in inspect.signature(module.run).parameters:
+            raise ConfigError(f"experiment {args.name!r} cannot resume; run it again without --resume")
+        record = module.run(out, quick=args.quick, resume=True)
+    else:
+        record = module.run(out, quick=args.quick)
     verdict = "held" if record["claim_held"] else "did NOT hold"
     print(f"{args.name}: the claim {verdict} ({record['wall_time_s']} s); report, results.json and plots in {out}")
     return 0
@@ -439,6 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the experiments and their claims")
     p.add_argument("--quick", action="store_true", help="a small version (minutes on 2 cores)")
     p.add_argument("--out", default=None, help="output folder (default runs/experiments/NAME)")
+    p.add_argument("--resume", action="store_true", help="keep the finished runs in OUT/results.json and "
+                   "run only what is missing (chomsky)")
     p.set_defaults(func=_cmd_experiment)
 
     p = sub.add_parser("eval", help="loss, perplexity or accuracy of a run on its data (or --data)")

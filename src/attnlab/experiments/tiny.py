@@ -1,16 +1,18 @@
 """A tiny transformer encoder for the experiments, composed from ``attnlab.nn`` blocks.
 
-    h_0 = E[x] (+ P[pos] for additive schemes),   h_l = Block_l(h_{l-1}),  l = 1..L
+    h_0 = s E[x] (+ P[pos] for additive schemes),   h_l = Block_l(h_{l-1}),  l = 1..L
     logits_t = Norm(h_L)_t W_out                  (per position)   or
     logits   = mean_t Norm(h_L)_t W_out           (pooling="mean": one label per sequence)
 
 Positions come from ``attnlab.nn.positions`` (none, sinusoidal, learned, RoPE, ALiBi), so one module
 serves the permutation, long-range and other experiments; it is bidirectional unless ``causal``.
+The embedding scale s is 1, or sqrt(d_model) with ``scale_embeddings`` (Vaswani et al.); ``block``
+passes options to every TransformerBlock (e.g. post-norm, ReLU, dropout).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -25,11 +27,14 @@ class TinyEncoder(nn.Module):
 
     def __init__(self, vocab_size: int, n_out: int, d_model: int = 64, n_layer: int = 2, n_head: int = 4,
                  positions: str = "none", max_len: int = 512, pooling: Literal["mean", "none"] = "mean",
-                 causal: bool = False, backend: Backend = "eager") -> None:
+                 causal: bool = False, backend: Backend = "eager", scale_embeddings: bool = False,
+                 block: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.emb_scale = d_model**0.5 if scale_embeddings else 1.0
         self.positions = build_positions(positions, d_model, n_head, max_len)
-        self.blocks = nn.ModuleList(TransformerBlock(d_model, n_head, backend=backend) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(TransformerBlock(d_model, n_head, backend=backend, **(block or {}))
+                                    for _ in range(n_layer))
         self.norm = LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_out)
         self.pooling, self.causal = pooling, causal
@@ -37,7 +42,7 @@ class TinyEncoder(nn.Module):
     def features(self, idx: Tensor, need_weights: bool = False,
                  positions: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
         """idx (B, T) -> final normalised states (B, T, C), and per layer the probabilities (B, H, T, T)."""
-        return self.encode(self.tok_emb(idx), need_weights, positions)
+        return self.encode(self.tok_emb(idx) * self.emb_scale, need_weights, positions)
 
     def encode(self, x: Tensor, need_weights: bool = False,
                positions: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
