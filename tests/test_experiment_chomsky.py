@@ -105,6 +105,13 @@ def test_quick_run_is_consistent(tmp_path):
     # re-rendering a finished run from its results.json changes no number and keeps the measured wall time
     again = c.rerender(tmp_path)
     assert again["results"] == r and abs(again["wall_time_s"] - record["wall_time_s"]) <= 0.011
+    # resuming a finished run trains nothing: the same results, the wall time of the first run plus a moment
+    assert main(["experiment", "chomsky", "--quick", "--resume", "--out", str(tmp_path)]) == 0
+    resumed = json.loads((tmp_path / "results.json").read_text())
+    assert resumed["results"]["scores"] == r["scores"] and resumed["results"]["runs"] == r["runs"]
+    assert record["wall_time_s"] <= resumed["wall_time_s"] < record["wall_time_s"] + 30
+    # a full-size resume into a quick run's folder is refused in one line
+    assert main(["experiment", "chomsky", "--resume", "--out", str(tmp_path)]) == 2
 
 
 def test_majority_baseline():

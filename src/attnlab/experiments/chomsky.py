@@ -311,7 +311,7 @@ def best_of_seeds(task: str, model: str, s: dict[str, Any], previous: dict[str, 
     return {**best, "seed": best.get("seed", s["seed"]), "seed_scores": scores, "all_seeds_s": round(spent, 2)}
 
 
-def finished_runs(out: Path, s: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], float]:
+def finished_runs(out: Path, s: dict[str, Any], quick: bool = False) -> tuple[dict[str, dict[str, Any]], float]:
     """The runs and wall time of ``out/results.json`` if it was made with the same settings as ``s`` (apart
     from the task, model and seed lists), else nothing: what ``run(..., resume=True)`` need not train again."""
     import json
@@ -330,7 +330,7 @@ def finished_runs(out: Path, s: dict[str, Any]) -> tuple[dict[str, dict[str, Any
     # options added later (embedding scale, block options, loss) default to what older runs did
     old = {"scale_embeddings": False, "block": None, "loss": "mean", **r["settings"]}
     new = {"scale_embeddings": False, "block": None, "loss": "mean", **s}
-    if record.get("quick") or same(old) != same(new):
+    if bool(record.get("quick")) != quick or same(old) != same(new):
         raise ConfigError(f"cannot resume from {path}: it was made with other settings; use another --out")
     return r["runs"], float(record["wall_time_s"])
 
@@ -340,7 +340,7 @@ def run(out: Path, quick: bool = False, settings: dict[str, Any] | None = None, 
     (same settings) and train only the missing tasks, models and seeds."""
     started = time.perf_counter()
     s = settings or (QUICK if quick else FULL)
-    done, done_s = finished_runs(out, s) if resume else ({}, 0.0)
+    done, done_s = finished_runs(out, s, quick) if resume else ({}, 0.0)
     runs: dict[str, dict[str, Any]] = {}
     with torch_threads(1):  # the budget is for one thread; results do not depend on it
         for t in s["tasks"]:
