@@ -211,3 +211,18 @@ def test_resume_checks_the_settings(tmp_path, monkeypatch, capsys):
     # an experiment without resume support says so in one line
     assert main(["experiment", "hand-trace", "--resume", "--out", str(tmp_path / "h")]) == 2
     assert "cannot resume" in capsys.readouterr().err
+
+
+def test_paper_alibi_tells_left_from_right():
+    """tf-alibi-left adds 0.5 m for keys on the query's left (the paper's tie-break); tf-alibi is symmetric."""
+    from attnlab.nn.positions import ALiBiPositions
+
+    pos = torch.arange(4)
+    sym, left = ALiBiPositions(2).attn_bias(pos, pos), ALiBiPositions(2, left_bonus=0.5).attn_bias(pos, pos)
+    m = ALiBiPositions(2).slopes
+    assert torch.allclose(sym, sym.transpose(-1, -2))
+    assert torch.allclose(left[:, 2, 1], -m * 0.5) and torch.allclose(left[:, 1, 2], -m * 1.0)  # left key, right key
+    assert torch.allclose(left.diagonal(dim1=-2, dim2=-1), torch.zeros(2, 4))
+    net = c.build(c.ALIBI_LEFT, c.TASKS["reverse_string"], c.FULL, 64)
+    assert net.positions.left_bonus == 0.5
+    assert c.build("tf-alibi", c.TASKS["reverse_string"], c.FULL, 64).positions.left_bonus == 0

@@ -37,6 +37,7 @@ from attnlab.data.formal import TASKS, FormalTask
 from attnlab.errors import ConfigError
 from attnlab.experiments.base import torch_threads, write_outputs
 from attnlab.experiments.tiny import TinyEncoder
+from attnlab.nn.positions import ALiBiPositions
 from attnlab.nn.recurrent import RecurrentModel
 
 NAME = "chomsky"
@@ -60,7 +61,9 @@ PAPER_TABLE2: dict[str, dict[str, float]] = {
 # the paper's own default: sin/cos with positions counted down to the last token (its Transformer-XL style
 # ``pos_seq = arange(L, 0, -1)``), so the blanks at the end get the same positions at every length
 FROM_END = "tf-sinusoidal-from-end"
-TRANSFORMERS = ("tf-none", "tf-sinusoidal", FROM_END, "tf-learned", "tf-rope", "tf-alibi")
+# the paper's ALiBi: -m (|i - j| - 0.5 [j < i]), so that a bidirectional encoder can tell left from right
+ALIBI_LEFT = "tf-alibi-left"
+TRANSFORMERS = ("tf-none", "tf-sinusoidal", FROM_END, "tf-learned", "tf-rope", "tf-alibi", ALIBI_LEFT)
 PAPER_MODELS = ("rnn", "lstm", *TRANSFORMERS)
 RANDOMIZED = "tf-rope-randomized"  # the addition (Ruoss et al. 2023), not in the paper's Table 2
 MODELS = (*PAPER_MODELS, RANDOMIZED)
@@ -102,10 +105,13 @@ def build(model: str, task: FormalTask, s: dict[str, Any], max_len: int) -> nn.M
     vocab = task.input_vocab + 1
     if model in ("rnn", "lstm"):
         return RecurrentModel(vocab, task.n_classes, d_model=s["hidden"], cell=model)
-    scheme = model.removeprefix("tf-").removesuffix("-randomized").removesuffix("-from-end")
-    return TinyEncoder(vocab, task.n_classes, d_model=s["d_model"], n_layer=s["n_layer"], n_head=s["n_head"],
+    scheme = model.removeprefix("tf-").removesuffix("-randomized").removesuffix("-from-end").removesuffix("-left")
+    net = TinyEncoder(vocab, task.n_classes, d_model=s["d_model"], n_layer=s["n_layer"], n_head=s["n_head"],
                        positions=scheme, max_len=max_len, pooling="none", causal=False, backend="sdpa",
                        scale_embeddings=s.get("scale_embeddings", False), block=s.get("block"))
+    if model == ALIBI_LEFT:
+        net.positions = ALiBiPositions(s["n_head"], left_bonus=0.5)
+    return net
 
 
 def position_ids(model: str, T: int, max_len: int, g: torch.Generator) -> Tensor | None:

@@ -9,6 +9,7 @@ from typing import Any
 from attnlab.data.formal import TASKS
 from attnlab.experiments.base import pyplot, save_figure
 from attnlab.experiments.chomsky import (
+    ALIBI_LEFT,
     FROM_END,
     PAPER_TABLE2,
     RANDOMIZED,
@@ -113,9 +114,9 @@ with d_model {s['d_model']}, {s['n_layer']} pre-norm blocks, {s['n_head']} heads
 eager-equivalent SDPA. `{FROM_END}` is the paper's own sin/cos: positions count down to the last token,
 so the blanks get the same codes at every length (`tf-sinusoidal` counts up from the first).
 `tf-learned` gets a table of {max(total_length(TASKS[t], lengths[-1]) for t in tasks)}
-rows at most (the longest test string); rows past the training lengths are never trained. ALiBi here is
-attnlab's symmetric -m|i-j| (the paper's adds 0.5 to break the left/right tie), so an ALiBi encoder cannot
-tell left from right. `{RANDOMIZED}` (an addition, not in the paper's table): RoPE with randomized position
+rows at most (the longest test string); rows past the training lengths are never trained. `tf-alibi` is
+attnlab's symmetric -m|i-j|, which cannot tell left from right; `{ALIBI_LEFT}` is the paper's,
+-m(|i-j| - 0.5 [j < i]). `{RANDOMIZED}` (an addition, not in the paper's table): RoPE with randomized position
 ids (Ruoss et al. 2023), a sorted random subset of [0, longest test string), in training and at test.
 Wall time of the trainings and evaluations: {wall:.0f} s on one thread.
 

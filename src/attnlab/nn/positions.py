@@ -130,15 +130,23 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 
 class ALiBiPositions(PositionalScheme):
-    """Attention with linear biases: score(i, j) += -m_h * |i - j|. No embedding, no parameters."""
+    """Attention with linear biases: score(i, j) += -m_h * (|i - j| - b [j < i]). No embedding, no parameters.
 
-    def __init__(self, n_heads: int) -> None:
+    ``left_bonus`` b = 0 (the default) is symmetric: a bidirectional encoder cannot tell a key on its
+    left from one on its right. Delétang et al. (2023) break the tie with b = 0.5 for keys on the left.
+    """
+
+    def __init__(self, n_heads: int, left_bonus: float = 0.0) -> None:
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # (H,)
+        self.left_bonus = left_bonus
 
     def attn_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
-        distance = (q_positions.unsqueeze(1) - k_positions.unsqueeze(0)).abs()  # (T, S)
-        return -self.slopes.view(-1, 1, 1) * distance.to(self.slopes.dtype)  # (H, T, S)
+        offset = q_positions.unsqueeze(1) - k_positions.unsqueeze(0)  # (T, S): i - j
+        distance = offset.abs().to(self.slopes.dtype)
+        if self.left_bonus:
+            distance = distance - self.left_bonus * (offset > 0).to(self.slopes.dtype)  # keys left of the query
+        return -self.slopes.view(-1, 1, 1) * distance  # (H, T, S)
 
 
 def build_positions(
