@@ -353,28 +353,3 @@ def test_compiled_stream_skipping_guards_stays_exact_across_prompts_and_models()
         eager = SamplingConfig(max_new_tokens=14, temperature=0)  # runs 3-6 tokens past block_size 12
         compiled = SamplingConfig(max_new_tokens=14, temperature=0, compile=True)
         assert torch.equal(generate(model, prompt, eager), generate(model, prompt, compiled)), (length, model)
-
-
-def test_compiled_stream_checks_guards_again_when_the_model_changes_mode(monkeypatch):
-    """The guard-skipping stance is entered only for trusted steps of a model still in eval mode: a caller
-    that switches the model to training mode between two tokens gets full guard checks again."""
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=17, block_size=32, n_layer=1, n_head=2, d_model=16)).eval()
-    prompt = torch.randint(0, 17, (1, 4))
-    expected = generate(model, prompt, SamplingConfig(max_new_tokens=10, temperature=0))
-    real_set_stance = torch.compiler.set_stance
-    entered: list[bool] = []  # model.training each time the stance is entered
-
-    def spy(*args, **kwargs):
-        entered.append(model.training)
-        return real_set_stance(*args, **kwargs)
-
-    monkeypatch.setattr(torch.compiler, "set_stance", spy)
-    tokens = [prompt]
-    for i, token in enumerate(stream(model, prompt, SamplingConfig(max_new_tokens=10, temperature=0, compile=True))):
-        tokens.append(token)
-        if i == 4:
-            model.train()  # dropout is 0: the same tokens, but the stance must not be entered any more
-    model.eval()
-    assert torch.equal(torch.cat(tokens, dim=1), expected)
-    assert entered and not any(entered)  # entered for eval-mode steps only (steps 2..4 of 10)

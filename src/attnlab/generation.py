@@ -121,7 +121,7 @@ def stream(model, idx: Tensor, cfg: SamplingConfig) -> Iterator[Tensor]:
     trusted = False  # has a one-token step at cache length >= 2 passed dynamo's full guards in this stream?
     for _ in range(cfg.max_new_tokens):
         if cache is not None and seq.size(1) <= block:
-            if trusted and not model.training:  # a caller switched the model to training mode: full guards
+            if trusted:
                 with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
                     logits = decode(model, step_input, cache)
             else:
