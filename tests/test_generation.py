@@ -340,11 +340,10 @@ def test_compiled_decode_step_gives_the_same_tokens_as_eager():
         assert torch.equal(generate(model, prompt, eager), generate(model, prompt, compiled))
 
 
-def test_compiled_stream_skipping_guards_stays_exact_across_prompts_and_models():
-    """After its first guarded one-token steps a compiled stream skips dynamo's guard checks. That must
-    not reuse a graph specialised to a cache length of 0 or 1 (prompts of 1 and 2 tokens), nor another
-    model's graphs (two models of different widths alternate in one process), nor break the switch to
-    the sliding window past the context: every stream gives the eager tokens."""
+def test_compiled_stream_stays_exact_across_prompts_models_and_the_window():
+    """The compiled graphs are shared by every model in the process (dynamo picks one by its guards):
+    prompts of 1 and 2 tokens (cache lengths 0 and 1 are specialised), two models of different widths
+    alternating, and streams that run past the context into the sliding window all give the eager tokens."""
     torch.manual_seed(0)
     small = build_model(ModelConfig(vocab_size=17, block_size=12, n_layer=1, n_head=2, d_model=16)).eval()
     wide = build_model(ModelConfig(vocab_size=17, block_size=12, n_layer=2, n_head=2, d_model=24)).eval()

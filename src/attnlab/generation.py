@@ -95,15 +95,6 @@ def stream(model, idx: Tensor, cfg: SamplingConfig) -> Iterator[Tensor]:
     Within the context (block_size) every step after the prefill feeds one token through the
     cache. Once the sequence outgrows the context, each step re-runs the last block_size tokens
     (a sliding window), exactly as the uncached path does.
-
-    With ``cfg.compile``, once one one-token step with at least 2 cached positions has passed dynamo's
-    full guards, the later steps of the stream skip re-checking them (``skip_guard_eval_unsafe``: only
-    the guards that tell the compiled graphs apart run). Those steps pass the same model, the same cache
-    objects and a (B, 1) token; only the cache length grows, a dynamic size past the 0/1 specialisation;
-    the step that fills the cache's last row runs guarded again (its slice ends at the buffer's end, which
-    dynamo guards), and a guard failure under the stance raises instead of running a wrong graph. This
-    takes ~0.08 ms off a 1.8 ms step (6 layers, 384 dims, batch 1, 2 threads). Do not modify the model
-    between two tokens of a compiled stream.
     """
     model.eval()
     block = model.config.block_size
@@ -118,17 +109,9 @@ def stream(model, idx: Tensor, cfg: SamplingConfig) -> Iterator[Tensor]:
     decode = compiled_decode_step() if cfg.compile and cache is not None else _decode_step
     seq = idx
     step_input = idx
-    trusted = False  # has a one-token step at cache length >= 2 passed dynamo's full guards in this stream?
     for _ in range(cfg.max_new_tokens):
         if cache is not None and seq.size(1) <= block:
-            if trusted:
-                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                    logits = decode(model, step_input, cache)
-            else:
-                logits = decode(model, step_input, cache)  # (B, V); the prefill too (a second graph)
-            # the next step is trusted if it is like this one: one token, 2 .. block-2 positions cached before it
-            # (dynamo specialises cache lengths 0 and 1, and the step that fills the cache's last row)
-            trusted = cfg.compile and step_input.size(1) == 1 and seq.size(1) - 1 >= 2 and seq.size(1) + 1 < block
+            logits = decode(model, step_input, cache)  # (B, V); the prefill too (a second graph)
         else:
             logits = model(seq[:, -block:], last_only=True).logits[:, -1]
         token = next_token(logits, cfg, generator)  # (B, 1)
