@@ -67,6 +67,8 @@ TRANSFORMERS = ("tf-none", "tf-sinusoidal", FROM_END, "tf-learned", "tf-rope", "
 PAPER_MODELS = ("rnn", "lstm", *TRANSFORMERS)
 RANDOMIZED = "tf-rope-randomized"  # the addition (Ruoss et al. 2023), not in the paper's Table 2
 MODELS = (*PAPER_MODELS, RANDOMIZED)
+# the positional scheme of the models whose name is not "tf-<scheme>" (ALIBI_LEFT: ALiBi with the tie-break)
+SCHEMES = {FROM_END: "sinusoidal", RANDOMIZED: "rope"}
 TRAIN_MAX_LENGTH = 40
 SOLVED = 0.995  # shown as 100.0 in a table rounded to one decimal
 
@@ -87,6 +89,8 @@ QUICK: dict[str, Any] = {
 }
 # settings that do not change a finished (task, model, seed) run, so a resumed run may differ in them
 RUN_LISTS = ("tasks", "models", "seeds")
+# options added after the first full run, at the values that run used (an older results.json lacks them)
+LATER_OPTIONS: dict[str, Any] = {"scale_embeddings": False, "block": None, "loss": "mean"}
 
 
 def test_lengths(max_length: int, n: int) -> list[int]:
@@ -105,13 +109,11 @@ def build(model: str, task: FormalTask, s: dict[str, Any], max_len: int) -> nn.M
     vocab = task.input_vocab + 1
     if model in ("rnn", "lstm"):
         return RecurrentModel(vocab, task.n_classes, d_model=s["hidden"], cell=model)
-    scheme = model.removeprefix("tf-").removesuffix("-randomized").removesuffix("-from-end").removesuffix("-left")
-    net = TinyEncoder(vocab, task.n_classes, d_model=s["d_model"], n_layer=s["n_layer"], n_head=s["n_head"],
+    scheme: str | ALiBiPositions = (ALiBiPositions(s["n_head"], left_bonus=0.5) if model == ALIBI_LEFT
+                                    else SCHEMES.get(model, model.removeprefix("tf-")))
+    return TinyEncoder(vocab, task.n_classes, d_model=s["d_model"], n_layer=s["n_layer"], n_head=s["n_head"],
                        positions=scheme, max_len=max_len, pooling="none", causal=False, backend="sdpa",
                        scale_embeddings=s.get("scale_embeddings", False), block=s.get("block"))
-    if model == ALIBI_LEFT:
-        net.positions = ALiBiPositions(s["n_head"], left_bonus=0.5)
-    return net
 
 
 def position_ids(model: str, T: int, max_len: int, g: torch.Generator) -> Tensor | None:
@@ -268,6 +270,9 @@ def _best_vs_paper(scores: dict[str, dict[str, float]], errors: dict[str, dict[s
     return compared
 
 
+COPY_TASKS = ("reverse_string", "duplicate_string", "odds_first", "bucket_sort")
+
+
 def majority_baseline(task_name: str, lengths: list[int], n_strings: int, seed: int = 0) -> float | None:
     """Score of a position-blind strategy on the copy tasks: emit each string's most frequent symbol everywhere.
 
@@ -285,9 +290,6 @@ def majority_baseline(task_name: str, lengths: list[int], n_strings: int, seed: 
         counts = F.one_hot(y, task.n_classes).sum(dim=1)  # (B, classes)
         per_length.append((counts.max(dim=1).values / y.size(1)).mean().item())
     return sum(per_length) / len(per_length)
-
-
-COPY_TASKS = ("reverse_string", "duplicate_string", "odds_first", "bucket_sort")
 
 
 def n_seeds(task: str, model: str, s: dict[str, Any]) -> int:
@@ -333,9 +335,7 @@ def finished_runs(out: Path, s: dict[str, Any], quick: bool = False) -> tuple[di
     def same(a: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in json.loads(json.dumps(a)).items() if k not in RUN_LISTS}
 
-    # options added later (embedding scale, block options, loss) default to what older runs did
-    old = {"scale_embeddings": False, "block": None, "loss": "mean", **r["settings"]}
-    new = {"scale_embeddings": False, "block": None, "loss": "mean", **s}
+    old, new = {**LATER_OPTIONS, **r["settings"]}, {**LATER_OPTIONS, **s}
     if bool(record.get("quick")) != quick or same(old) != same(new):
         raise ConfigError(f"cannot resume from {path}: it was made with other settings; use another --out")
     return r["runs"], float(record["wall_time_s"])

@@ -19,20 +19,22 @@ from torch import Tensor, nn
 
 from attnlab.nn.attention import Backend
 from attnlab.nn.blocks import LayerNorm, TransformerBlock
-from attnlab.nn.positions import build_positions
+from attnlab.nn.positions import PositionalScheme, build_positions
 
 
 class TinyEncoder(nn.Module):
     """Token embedding + positional scheme + ``n_layer`` pre-norm TransformerBlocks + linear head."""
 
     def __init__(self, vocab_size: int, n_out: int, d_model: int = 64, n_layer: int = 2, n_head: int = 4,
-                 positions: str = "none", max_len: int = 512, pooling: Literal["mean", "none"] = "mean",
-                 causal: bool = False, backend: Backend = "eager", scale_embeddings: bool = False,
-                 block: dict[str, Any] | None = None) -> None:
+                 positions: str | PositionalScheme = "none", max_len: int = 512,
+                 pooling: Literal["mean", "none"] = "mean", causal: bool = False, backend: Backend = "eager",
+                 scale_embeddings: bool = False, block: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.emb_scale = d_model**0.5 if scale_embeddings else 1.0
-        self.positions = build_positions(positions, d_model, n_head, max_len)
+        # a scheme's name, or a scheme built with options of its own (e.g. ALiBiPositions(H, left_bonus=0.5))
+        self.positions = (positions if isinstance(positions, PositionalScheme)
+                          else build_positions(positions, d_model, n_head, max_len))
         self.blocks = nn.ModuleList(TransformerBlock(d_model, n_head, backend=backend, **(block or {}))
                                     for _ in range(n_layer))
         self.norm = LayerNorm(d_model)
