@@ -90,6 +90,16 @@ def test_pre_norm_variant_and_save_load_round_trip(tmp_path):
     torch.testing.assert_close(loaded(ids, mask, types).logits, model(ids, mask, types).logits)
 
 
+def test_relative_positions_variant_round_trips_and_is_order_aware(tmp_path):
+    torch.manual_seed(0)
+    model = _bert(positions="relative").eval()
+    ids, mask, types = _batch()
+    model.save_pretrained(tmp_path)
+    torch.testing.assert_close(from_pretrained(tmp_path)(ids, mask, types).logits, model(ids, mask, types).logits)
+    flipped = model(ids.flip(1), mask.flip(1), types.flip(1)).hidden_states.flip(1)
+    assert not torch.allclose(flipped, model(ids, mask, types).hidden_states, atol=1e-4)
+
+
 def test_family_rules_are_one_line_config_errors():
     for bad in (dict(mixer="ssm"), dict(moe_experts=2), dict(activation="swiglu")):
         with pytest.raises(ConfigError, match="bert"):

@@ -37,9 +37,18 @@ def test_models_read_the_input_then_answer_at_blanks():
 
 def test_randomized_positions_are_sorted_subsets():
     g = torch.Generator().manual_seed(0)
-    pos = c.position_ids(c.RANDOMIZED, 50, 400, g)
-    assert pos.shape == (50,) and (pos[1:] > pos[:-1]).all() and int(pos.min()) >= 0 and int(pos.max()) < 400
-    assert c.position_ids("tf-rope", 50, 400, g) is None
+    for model in c.ADDITIONS:
+        pos = c.position_ids(model, 50, 400, g)
+        assert pos.shape == (50,) and (pos[1:] > pos[:-1]).all() and int(pos.min()) >= 0 and int(pos.max()) < 400
+    assert c.position_ids("tf-rope", 50, 400, g) is None and c.position_ids("tf-relative", 50, 400, g) is None
+
+
+def test_relative_models_use_the_transformer_xl_scheme():
+    from attnlab.nn.positions import RelativePositions
+
+    task = TASKS["even_pairs"]
+    for model in ("tf-relative", c.RANDOMIZED_RELATIVE):
+        assert isinstance(c.build(model, task, c.QUICK, 64).positions, RelativePositions)
 
 
 def test_from_end_positions_give_the_blanks_the_same_codes_at_every_length():

@@ -13,7 +13,7 @@ from attnlab.models import ModelConfig, build_model
 from attnlab.schema import from_dict
 
 VOCAB = 29
-POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "none"]
+POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative", "none"]
 
 
 def make_gpt(seed: int = 0, **overrides):
@@ -338,6 +338,18 @@ def test_compiled_decode_step_gives_the_same_tokens_as_eager():
         eager = SamplingConfig(max_new_tokens=12, temperature=temperature, top_k=8, seed=3)
         compiled = SamplingConfig(max_new_tokens=12, temperature=temperature, top_k=8, seed=3, compile=True)
         assert torch.equal(generate(model, prompt, eager), generate(model, prompt, compiled))
+
+
+def test_compiled_decode_with_relative_positions_gives_the_eager_tokens():
+    """Relative positions evaluate their score term on each step's q and k (a callable bias): the compiled
+    stream still gives the eager tokens, past the context into the sliding window."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=17, block_size=10, n_layer=1, n_head=2, d_model=16,
+                                    positions="relative")).eval()
+    prompt = torch.randint(0, 17, (2, 3))
+    eager = SamplingConfig(max_new_tokens=12, temperature=0)
+    assert torch.equal(generate(model, prompt, eager), generate(model, prompt, SamplingConfig(
+        max_new_tokens=12, temperature=0, compile=True)))
 
 
 def test_compiled_stream_stays_exact_across_prompts_models_and_the_window():

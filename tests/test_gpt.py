@@ -17,7 +17,7 @@ from attnlab.models.base import CONFIG_NAME, WEIGHTS_NAME, read_config
 from attnlab.models.gpt import GPT
 from attnlab.schema import from_dict
 
-POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "none"]
+POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative", "none"]
 BACKENDS = ["eager", "sdpa"]
 VOCAB = 37
 

@@ -91,7 +91,9 @@ def test_ssm_parameters_flagged_are_not_weight_decayed():
     "changes, message",
     [
         (dict(mixer="latent", positions="rope"), "its own decoupled RoPE"),
+        (dict(mixer="latent", positions="relative"), "takes no positions=relative"),
         (dict(mixer="ssm", positions="alibi"), "mixer=ssm has none"),
+        (dict(mixer="ssm", positions="relative"), "mixer=ssm has none"),
         (dict(mixer="latent", positions="none", d_rope=3), "d_rope must be even"),
         (dict(mixer="hybrid", hybrid_attention_every=0), "hybrid_attention_every"),
         (dict(mixer="mamba"), "'model.mixer' must be one of"),

@@ -12,6 +12,7 @@ from attnlab.nn.positions import (
     ALiBiPositions,
     LearnedPositions,
     NoPositions,
+    RelativePositions,
     RotaryPositions,
     SinusoidalPositions,
     alibi_slopes,
@@ -19,6 +20,7 @@ from attnlab.nn.positions import (
     build_positions,
     rotate_half,
     sinusoidal_table,
+    sinusoids,
 )
 
 # ----------------------------------------------------------------------------------- sinusoidal
@@ -260,6 +262,7 @@ def test_none_scheme_does_nothing():
         ("sinusoidal", SinusoidalPositions),
         ("rope", RotaryPositions),
         ("alibi", ALiBiPositions),
+        ("relative", RelativePositions),
         ("none", NoPositions),
     ],
 )
@@ -275,6 +278,8 @@ def test_build_positions_kinds(kind, cls):
         assert cos.shape == sin.shape == (5, 8)  # head dim = d_model / n_heads
     if kind == "alibi":
         assert p.attn_bias(pos, pos).shape == (4, 5, 5)
+    if kind == "relative":
+        assert p.attn_bias(pos, pos)(torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 8)).shape == (2, 4, 5, 5)
 
 
 def test_build_positions_passes_rope_theta():
@@ -289,3 +294,71 @@ def test_build_positions_passes_rope_theta():
 def test_build_positions_unknown_kind_raises(kind):
     with pytest.raises(ValueError, match="unknown positions"):
         build_positions(kind, 32, 4, 16)
+
+
+# ------------------------------------------------------------------------ relative (Transformer-XL)
+
+
+def _relative_by_loops(p: RelativePositions, q, k, q_pos, k_pos):
+    """[u . k_j + (q_i + v) . W_R PE(i - j)] / sqrt(D), one (i, j) at a time."""
+    B, H, T, D = q.shape
+    out = torch.zeros(B, H, T, k.size(2))
+    for i in range(T):
+        for j in range(k.size(2)):
+            r = p.proj(sinusoids(torch.tensor([int(q_pos[i] - k_pos[j])]), H * D)).view(H, D)
+            out[:, :, i, j] = ((p.content_bias * k[:, :, j]).sum(-1) + ((q[:, :, i] + p.position_bias) * r).sum(-1))
+    return out / math.sqrt(D)
+
+
+@pytest.mark.parametrize("gapped", [False, True])  # contiguous ids: by distance; sparse ones: per (i, j)
+def test_relative_scores_equal_the_transformer_xl_terms(gapped):
+    torch.manual_seed(0)
+    p = RelativePositions(d_model=32, n_heads=4)
+    with torch.no_grad():
+        p.content_bias.normal_()
+        p.position_bias.normal_()
+    q, k = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 7, 8)
+    if gapped:
+        q_pos, k_pos = torch.tensor([3, 4, 9, 10, 15, 30]), torch.tensor([0, 3, 4, 9, 10, 15, 30])
+    else:
+        q_pos, k_pos = torch.arange(1, 7), torch.arange(7)
+    got = p.attn_bias(q_pos, k_pos)(q, k)
+    torch.testing.assert_close(got, _relative_by_loops(p, q, k, q_pos, k_pos), atol=1e-5, rtol=1e-5)
+
+
+def test_relative_scores_depend_only_on_the_distance():
+    torch.manual_seed(0)
+    p = RelativePositions(d_model=16, n_heads=2)
+    q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    pos = torch.arange(5)
+    torch.testing.assert_close(p.attn_bias(pos, pos)(q, k), p.attn_bias(pos + 100, pos + 100)(q, k))
+    assert not torch.allclose(p.attn_bias(pos, pos)(q, k), p.attn_bias(pos, pos.flip(0))(q, k))
+
+
+def test_relative_scores_with_grouped_keys_repeat_each_key_head_over_its_group():
+    torch.manual_seed(0)
+    p = RelativePositions(d_model=32, n_heads=4)
+    with torch.no_grad():
+        p.content_bias.normal_()
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
+    pos = torch.arange(5)
+    torch.testing.assert_close(p.attn_bias(pos, pos)(q, k), p.attn_bias(pos, pos)(q, k.repeat_interleave(2, dim=1)))
+
+
+def test_relative_scheme_trains_its_parameters_through_attention():
+    from attnlab.nn.attention import MultiHeadAttention
+
+    torch.manual_seed(0)
+    p, attn = RelativePositions(32, 4), MultiHeadAttention(32, 4, backend="sdpa")
+    pos = torch.arange(6)
+    y, _ = attn(torch.randn(2, 6, 32), bias=p.attn_bias(pos, pos))
+    y.square().sum().backward()
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (p.proj.weight, p.content_bias, p.position_bias))
+    # the same bias reaches the eager path, which returns the probabilities
+    eager = MultiHeadAttention(32, 4, backend="eager")
+    eager.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 6, 32)
+    y_s, _ = attn(x, bias=p.attn_bias(pos, pos))
+    y_e, probs = eager(x, bias=p.attn_bias(pos, pos), need_weights=True)
+    torch.testing.assert_close(y_s, y_e, atol=1e-5, rtol=1e-5)
+    assert probs is not None and torch.allclose(probs.sum(-1), torch.ones(2, 4, 6))

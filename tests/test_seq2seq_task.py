@@ -94,6 +94,7 @@ def test_train_eval_translate_end_to_end(tmp_path, capsys):
     (["data=dates", "model.block_size=4"], "no training pair fits"),
     (["seq2seq.min_len=9", "seq2seq.max_len=3"], "min_len <= seq2seq.max_len"),
     (["model.positions=alibi"], "not alibi"),
+    (["model.positions=relative"], "not relative"),
 ])
 def test_bad_configs_give_one_line(tmp_path, capsys, args, message):
     assert main(["train", "configs/seq2seq-reverse.yaml", *tiny(tmp_path), *args]) == 2

@@ -13,13 +13,14 @@ and the encoder alike):
     accuracy      mean over output positions (up to the terminator for the three tasks that have one)
 
 Models: Elman RNN and LSTM (``attnlab.nn.recurrent.RecurrentModel``) and a bidirectional pre-norm
-transformer encoder (``attnlab.experiments.tiny.TinyEncoder``) with no positions, sinusoidal, learned,
-RoPE or ALiBi positions. Learned positions get a table long enough for the longest test string; the
+transformer encoder (``attnlab.experiments.tiny.TinyEncoder``) with no positions, sinusoidal (counted from
+the start, or the paper's from the end), learned, RoPE, ALiBi (symmetric, or the paper's left tie-break) or
+Transformer-XL relative positions. Learned positions get a table long enough for the longest test string; the
 rows beyond the training lengths are never trained and stay at their initialisation (the honest
 comparison: a learned table cannot know positions it never saw). Added on top of the paper:
-randomized RoPE (Ruoss et al. 2023): the position ids of every string, in training and at test, are a
-sorted random subset of [0, L_max) with L_max the longest test string, so the ids of long test strings
-are ids it has seen in training.
+randomized RoPE and randomized relative positions (Ruoss et al. 2023): the position ids of every string,
+in training and at test, are a sorted random subset of [0, L_max) with L_max the longest test string, so
+the ids of long test strings are ids it has seen in training.
 """
 
 from __future__ import annotations
@@ -63,12 +64,17 @@ PAPER_TABLE2: dict[str, dict[str, float]] = {
 FROM_END = "tf-sinusoidal-from-end"
 # the paper's ALiBi: -m (|i - j| - 0.5 [j < i]), so that a bidirectional encoder can tell left from right
 ALIBI_LEFT = "tf-alibi-left"
-TRANSFORMERS = ("tf-none", "tf-sinusoidal", FROM_END, "tf-learned", "tf-rope", "tf-alibi", ALIBI_LEFT)
+# the paper's RELATIVE option: Transformer-XL relative positions (attnlab.nn.positions.RelativePositions)
+TRANSFORMERS = ("tf-none", "tf-sinusoidal", FROM_END, "tf-learned", "tf-rope", "tf-alibi", ALIBI_LEFT, "tf-relative")
 PAPER_MODELS = ("rnn", "lstm", *TRANSFORMERS)
-RANDOMIZED = "tf-rope-randomized"  # the addition (Ruoss et al. 2023), not in the paper's Table 2
-MODELS = (*PAPER_MODELS, RANDOMIZED)
+# the additions (Ruoss et al. 2023), not in the paper's Table 2: randomized position ids with RoPE, and with the
+# relative scheme (the strongest of Ruoss et al.'s randomized encodings)
+RANDOMIZED = "tf-rope-randomized"
+RANDOMIZED_RELATIVE = "tf-relative-randomized"
+ADDITIONS = (RANDOMIZED, RANDOMIZED_RELATIVE)
+MODELS = (*PAPER_MODELS, *ADDITIONS)
 # the positional scheme of the models whose name is not "tf-<scheme>" (ALIBI_LEFT: ALiBi with the tie-break)
-SCHEMES = {FROM_END: "sinusoidal", RANDOMIZED: "rope"}
+SCHEMES = {FROM_END: "sinusoidal", RANDOMIZED: "rope", RANDOMIZED_RELATIVE: "relative"}
 TRAIN_MAX_LENGTH = 40
 SOLVED = 0.995  # shown as 100.0 in a table rounded to one decimal
 
@@ -117,11 +123,11 @@ def build(model: str, task: FormalTask, s: dict[str, Any], max_len: int) -> nn.M
 
 
 def position_ids(model: str, T: int, max_len: int, g: torch.Generator) -> Tensor | None:
-    """Randomized model: a sorted random subset of [0, max_len) of size T; from-end: T-1 ... 1, 0 (the last
+    """Randomized models: a sorted random subset of [0, max_len) of size T; from-end: T-1 ... 1, 0 (the last
     token is 0); others: None (= 0..T-1)."""
     if model == FROM_END:
         return torch.arange(T - 1, -1, -1)  # (T,)
-    if model != RANDOMIZED:
+    if model not in ADDITIONS:
         return None
     return torch.randperm(max_len, generator=g)[:T].sort().values  # (T,)
 
@@ -235,7 +241,7 @@ def verdict(scores: dict[str, dict[str, float]],
     """Best transformer vs the paper's Transformer, task by task, and the LSTM on parity / even pairs.
 
     The verdict counts the paper's positional schemes (TRANSFORMERS); ``with_randomized`` repeats the
-    count with the randomized-RoPE addition among the candidates. With the scores' standard ``errors``,
+    count with the randomized additions (ADDITIONS) among the candidates. With the scores' standard ``errors``,
     each comparison also says whether the best transformer is distinguishable from chance
     (score - 2 SE > chance): a 'match' at a chance-level paper score may be luck.
     """
@@ -243,7 +249,7 @@ def verdict(scores: dict[str, dict[str, float]],
     lstm = {t: scores[t]["lstm"] for t in ("parity_check", "even_pairs") if t in scores and "lstm" in scores[t]}
     matched = [t for t, c in compared.items() if c["matched"]]
     lstm_ok = len(lstm) == 2 and all(v >= SOLVED for v in lstm.values())
-    extended = _best_vs_paper(scores, errors, (*TRANSFORMERS, RANDOMIZED))
+    extended = _best_vs_paper(scores, errors, (*TRANSFORMERS, *ADDITIONS))
     matched_ext = [t for t, c in extended.items() if c["matched"]]
     return {"transformer_vs_paper": compared, "tasks_matched": matched, "n_matched": len(matched),
             "lstm_regular": lstm, "held": len(matched) >= 4 and lstm_ok,

@@ -9,10 +9,12 @@ from typing import Any
 from attnlab.data.formal import TASKS
 from attnlab.experiments.base import pyplot, save_figure
 from attnlab.experiments.chomsky import (
+    ADDITIONS,
     ALIBI_LEFT,
     FROM_END,
     PAPER_TABLE2,
     RANDOMIZED,
+    RANDOMIZED_RELATIVE,
     SOLVED,
     TRAIN_MAX_LENGTH,
     TRANSFORMERS,
@@ -59,10 +61,11 @@ def report(r: dict[str, Any], s: dict[str, Any]) -> str:
     lucky = [t for t in v["tasks_matched"] if not above(t, v["transformer_vs_paper"][t])]
     ext = v["with_randomized"]
     ext_lucky = [t for t in ext["tasks_matched"] if not above(t, ext["transformer_vs_paper"][t])]
-    if RANDOMIZED in models:
+    if any(m in models for m in ADDITIONS):
         extended = f"""
 
-The same comparison with the randomized-RoPE addition among the candidates:
+The same comparison with the randomized additions ({', '.join(m for m in ADDITIONS if m in models)}) among the
+candidates:
 
 | task | chance | position-blind | paper Transformer | attnlab best transformer | above floor | matched |
 |---|---|---|---|---|---|---|
@@ -116,8 +119,11 @@ so the blanks get the same codes at every length (`tf-sinusoidal` counts up from
 `tf-learned` gets a table of {max(total_length(TASKS[t], lengths[-1]) for t in tasks)}
 rows at most (the longest test string); rows past the training lengths are never trained. `tf-alibi` is
 attnlab's symmetric -m|i-j|, which cannot tell left from right; `{ALIBI_LEFT}` is the paper's,
--m(|i-j| - 0.5 [j < i]). `{RANDOMIZED}` (an addition, not in the paper's table): RoPE with randomized position
-ids (Ruoss et al. 2023), a sorted random subset of [0, longest test string), in training and at test.
+-m(|i-j| - 0.5 [j < i]). `tf-relative` is the paper's RELATIVE option, Transformer-XL relative positions:
+score = [q_i k_j + u k_j + (q_i + v) W_R PE(i - j)] / sqrt(D) (one W_R, u, v shared by the layers). The
+additions, not in the paper's table: `{RANDOMIZED}` and `{RANDOMIZED_RELATIVE}`, RoPE and the relative scheme
+with randomized position ids (Ruoss et al. 2023), a sorted random subset of [0, longest test string), in
+training and at test.
 Wall time of the trainings and evaluations: {wall:.0f} s on one thread.
 
 Score (per-token accuracy %, averaged over the test lengths; in bold the best transformer among the paper's

@@ -26,7 +26,7 @@ class ModelConfig:
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_position: Literal["pre", "post"] = "pre"
     norm_eps: float = 1e-5
-    positions: Literal["learned", "sinusoidal", "rope", "alibi", "none"] = "learned"
+    positions: Literal["learned", "sinusoidal", "rope", "alibi", "relative", "none"] = "learned"
     rope_theta: float = 10000.0
     dropout: float = 0.0
     bias: bool = True
@@ -101,10 +101,10 @@ class ModelConfig:
             raise ConfigError(f"model.d_ff must be >= 1, got {self.d_ff}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
-        if self.mixer == "latent" and self.positions == "rope":
-            raise ConfigError("mixer=latent applies its own decoupled RoPE; set positions to none, learned, "
-                              "sinusoidal or alibi")
-        if self.mixer == "ssm" and self.positions in ("rope", "alibi"):
+        if self.mixer == "latent" and self.positions in ("rope", "relative"):
+            raise ConfigError(f"mixer=latent applies its own decoupled RoPE and takes no positions={self.positions}; "
+                              "set positions to none, learned, sinusoidal or alibi")
+        if self.mixer == "ssm" and self.positions in ("rope", "alibi", "relative"):
             raise ConfigError(f"positions={self.positions} acts inside attention, and mixer=ssm has none; "
                               "use positions=none (the SSM is causal and order-aware by itself)")
         if self.hybrid_attention_every < 1 or min(self.ssm_d_state, self.ssm_d_conv, self.ssm_expand) < 1:

@@ -108,8 +108,9 @@ class Seq2Seq(PretrainedModel):
             raise ConfigError(f"family seq2seq supports residual=standard only, got residual={config.residual}")
         if config.moe_experts > 0:
             raise ConfigError("family seq2seq has no mixture-of-experts layers; set model.moe_experts=0")
-        if config.positions == "alibi":
-            raise ConfigError("family seq2seq supports positions learned, sinusoidal, rope or none (not alibi)")
+        if config.positions in ("alibi", "relative"):
+            raise ConfigError(f"family seq2seq supports positions learned, sinusoidal, rope or none "
+                              f"(not {config.positions})")
 
     # -- the two stacks --------------------------------------------------------------------------
 

@@ -281,7 +281,7 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         x: Tensor,
         memory: Tensor | None = None,
         mask: Tensor | None = None,
-        bias: Tensor | None = None,
+        bias: Tensor | Callable[[Tensor, Tensor], Tensor] | None = None,
         rotary: tuple[Tensor, Tensor] | None = None,
         cache: KVCache | None = None,
         is_causal: bool = False,
@@ -289,7 +289,8 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, T, C); memory (B, S, C_m) for cross-attention. Returns (y (B, T, C), probs).
 
-        ``mask`` (bool, True = attend) and ``bias`` broadcast to (B, H, T, S). ``is_causal`` adds
+        ``mask`` (bool, True = attend) and ``bias`` broadcast to (B, H, T, S); a callable ``bias``
+        (``positions.RelativeScores``) is called on the layer's (q, k) to give it. ``is_causal`` adds
         the causal mask aligned to the end of the cache. ``rotary`` = (cos, sin), each (T, D),
         rotates the new queries and keys (RoPE). ``probs`` (B, H, T, S) is returned only with
         ``need_weights`` (computed by the eager path whatever the backend), else ``None``.
@@ -315,6 +316,8 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
                 q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, Hkv, S, D), S = cached + T
+        if bias is not None and not isinstance(bias, Tensor):  # a relative term: evaluated on this q and k
+            bias = bias(q, k)  # (B, H, T, S)
         self._call_scores_hooks(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D))
         p = self.dropout if self.training else 0.0
         if self.backend == "tiled" and not need_weights:  # O(T) memory; groups handled inside, no repeat

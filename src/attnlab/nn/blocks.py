@@ -12,6 +12,7 @@ wired either
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -198,7 +199,7 @@ class TransformerBlock(nn.Module):
         self,
         x: Tensor,
         mask: Tensor | None = None,
-        attn_bias: Tensor | None = None,
+        attn_bias: Tensor | Callable[[Tensor, Tensor], Tensor] | None = None,
         rotary: tuple[Tensor, Tensor] | None = None,
         is_causal: bool = False,
         cache: LayerCache | None = None,

@@ -6,6 +6,8 @@ same way — so order must be injected. The schemes differ in *where*:
 - sinusoidal, learned: a vector added to the token embedding (``embed``);
 - RoPE: a rotation of queries and keys inside attention (``rotary``);
 - ALiBi: a bias added to the attention scores (``attn_bias``);
+- relative (Transformer-XL): a score term that depends on the query, the key and their distance,
+  which ``attn_bias`` returns as a ``RelativeScores`` the attention layer evaluates on its q and k;
 - none: nothing (the model sees a bag of tokens).
 
 Every scheme implements the same three methods and returns ``None`` where it does not act, so
@@ -19,7 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-POSITIONS: tuple[str, ...] = ("learned", "sinusoidal", "rope", "alibi", "none")
+POSITIONS: tuple[str, ...] = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
 
 
 class PositionalScheme(nn.Module):
@@ -33,8 +35,9 @@ class PositionalScheme(nn.Module):
         """(cos, sin), each (T, D), that rotate queries and keys at ``positions``."""
         return None
 
-    def attn_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
-        """Additive score bias (H, T, S) for queries at q_positions and keys at k_positions."""
+    def attn_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | RelativeScores | None:
+        """Additive score bias (H, T, S) for queries at q_positions and keys at k_positions (or, for
+        a bias that depends on the queries and keys too, a ``RelativeScores`` to call on them)."""
         return None
 
 
@@ -42,15 +45,22 @@ class NoPositions(PositionalScheme):
     """No positional information: a stack of these layers is permutation-equivariant."""
 
 
-def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).  (N, d)"""
-    pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # (N, 1)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d/2,)
+def sinusoids(positions: Tensor, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).  (N,) -> (N, d)
+
+    ``positions`` may be any integers, negative ones included (relative distances)."""
+    pos = positions.to(torch.float64).unsqueeze(1)  # (N, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device)  # (d/2,)
     angle = pos / torch.pow(10000.0, two_i / d_model)  # (N, d/2)
-    pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    pe = torch.zeros(pos.size(0), d_model, dtype=torch.float64, device=positions.device)
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
     return pe.float()
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
+    """The sinusoids of positions 0 .. n_positions - 1.  (N, d)"""
+    return sinusoids(torch.arange(n_positions), d_model)
 
 
 class SinusoidalPositions(PositionalScheme):
@@ -149,6 +159,65 @@ class ALiBiPositions(PositionalScheme):
         return -self.slopes.view(-1, 1, 1) * distance  # (H, T, S)
 
 
+class RelativeScores:
+    """The relative-position term of one attention call, evaluated on the layer's queries and keys.
+
+        bias_ij = (u . k_j + (q_i + v) . r_{i-j}) / sqrt(D),    r_d = W_R PE(d) split into heads
+
+    q (B, H, T, D), k (B, H_kv, S, D) -> bias (B, H, T, S). W_R PE(d) is formed once per distinct
+    distance d in [min(i - j), max(i - j)]. For contiguous positions (at most ~2S distances) the
+    product (q_i + v) . r_d is taken for every d and gathered at d = i - j; for sparse positions
+    (randomized ids: many more distances than keys) r_{i-j} is gathered per (i, j) first.
+    """
+
+    def __init__(self, scheme: RelativePositions, q_positions: Tensor, k_positions: Tensor) -> None:
+        self.scheme = scheme
+        self.offset = q_positions.unsqueeze(1) - k_positions.unsqueeze(0)  # (T, S): i - j
+
+    def __call__(self, q: Tensor, k: Tensor) -> Tensor:
+        p = self.scheme
+        B, H, T, D = q.shape
+        S = k.size(2)
+        if k.size(1) != H:  # grouped keys: every query head reads its group's key head
+            k = k.repeat_interleave(H // k.size(1), dim=1)
+        lo = int(self.offset.min())
+        distances = torch.arange(lo, int(self.offset.max()) + 1, device=q.device)  # (M,)
+        r = p.proj(sinusoids(distances, p.d_model).to(q)).view(-1, H, D)  # (M, H, D)
+        index = self.offset - lo  # (T, S): the row of r for each (i, j)
+        qv = q + p.position_bias.view(1, H, 1, D).to(q)  # (B, H, T, D): q_i + v
+        if distances.numel() <= 2 * S:
+            by_distance = qv @ r.permute(1, 2, 0)  # (B, H, T, M)
+            position = by_distance.gather(-1, index.expand(B, H, T, S))  # (B, H, T, S)
+        else:
+            position = torch.einsum("bhtd,tshd->bhts", qv, r[index])  # r[index]: (T, S, H, D)
+        content = p.content_bias.view(1, H, 1, D).to(q) @ k.transpose(-1, -2)  # (B, H, 1, S): u . k_j
+        return (position + content) / math.sqrt(D)  # (B, H, T, S)
+
+
+class RelativePositions(PositionalScheme):
+    """Relative positions of Transformer-XL (Dai et al. 2019), the RELATIVE option of Delétang et al. (2023):
+
+        score_ij = [q_i . k_j  +  u . k_j  +  q_i . r_{i-j}  +  v . r_{i-j}] / sqrt(D)
+
+    (content, content bias, content-dependent position, position bias), with r_{i-j} = W_R PE(i - j) a
+    learned projection of the sinusoid of the signed distance, split into heads. Nothing is added to the
+    embeddings; distances never seen in training still have a (sinusoidal) code. One W_R, u and v are
+    shared by every layer (Transformer-XL has one per layer).
+    """
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.d_model = d_model
+        self.proj = nn.Linear(d_model, d_model, bias=False)  # W_R
+        self.content_bias = nn.Parameter(torch.zeros(n_heads, d_model // n_heads))  # u (H, D)
+        self.position_bias = nn.Parameter(torch.zeros(n_heads, d_model // n_heads))  # v (H, D)
+
+    def attn_bias(self, q_positions: Tensor, k_positions: Tensor) -> RelativeScores:
+        return RelativeScores(self, q_positions, k_positions)
+
+
 def build_positions(
     kind: str, d_model: int, n_heads: int, max_len: int, rope_theta: float = 10000.0
 ) -> PositionalScheme:
@@ -161,6 +230,8 @@ def build_positions(
         return RotaryPositions(d_model // n_heads, max_len, theta=rope_theta)
     if kind == "alibi":
         return ALiBiPositions(n_heads)
+    if kind == "relative":
+        return RelativePositions(d_model, n_heads)
     if kind == "none":
         return NoPositions()
     raise ValueError(f"unknown positions {kind!r}; choose one of {POSITIONS}")
