@@ -72,7 +72,7 @@ candidates:
 {cmp_rows(ext["transformer_vs_paper"])}
 
 Matched on {ext['n_matched']} task(s) ({', '.join(ext['tasks_matched']) or 'none'}), of which at the floor:
-{', '.join(ext_lucky) or 'none'}. The verdict below counts the paper's schemes only; with the addition it would
+{', '.join(ext_lucky) or 'none'}. The verdict below counts the paper's schemes only; with the additions it would
 {'hold' if ext['held'] else 'not hold either'}."""
     else:
         extended = ""
