@@ -25,6 +25,7 @@ the ids of long test strings are ids it has seen in training.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -328,8 +329,6 @@ def best_of_seeds(task: str, model: str, s: dict[str, Any], previous: dict[str, 
 def finished_runs(out: Path, s: dict[str, Any], quick: bool = False) -> tuple[dict[str, dict[str, Any]], float]:
     """The runs and wall time of ``out/results.json`` if it was made with the same settings as ``s`` (apart
     from the task, model and seed lists), else nothing: what ``run(..., resume=True)`` need not train again."""
-    import json
-
     path = out / "results.json"
     if not path.exists():
         return {}, 0.0
@@ -395,8 +394,6 @@ def summarise(out: Path, runs: dict[str, dict[str, Any]], s: dict[str, Any], sta
 def rerender(out: Path) -> dict[str, Any]:
     """Rewrite report.md, results.json and the plots of a finished run from its results.json (no training),
     keeping its measured wall time: for report changes after a long run."""
-    import json
-
     record = json.loads((out / "results.json").read_text())
     r = record["results"]
     s = {k: (tuple(val) if isinstance(val, list) else val) for k, val in r["settings"].items()}

@@ -160,19 +160,26 @@ class ALiBiPositions(PositionalScheme):
 
 
 class RelativeScores:
-    """The relative-position term of one attention call, evaluated on the layer's queries and keys.
+    """The relative-position term of one forward pass, evaluated on each layer's queries and keys.
 
         bias_ij = (u . k_j + (q_i + v) . r_{i-j}) / sqrt(D),    r_d = W_R PE(d) split into heads
 
-    q (B, H, T, D), k (B, H_kv, S, D) -> bias (B, H, T, S). W_R PE(d) is formed once per distinct
-    distance d in [min(i - j), max(i - j)]. For contiguous positions (at most ~2S distances) the
-    product (q_i + v) . r_d is taken for every d and gathered at d = i - j; for sparse positions
-    (randomized ids: many more distances than keys) r_{i-j} is gathered per (i, j) first.
+    W_R PE(d) is formed once per forward (W_R is shared by the layers), for every distance d in
+    [min(i - j), max(i - j)]. Called with q (B, H, T, D), k (B, H_kv, S, D) -> bias (B, H, T, S): for
+    contiguous positions (at most ~2S distances) (q_i + v) . r_d is taken for every d and gathered at
+    d = i - j; for sparse positions (randomized ids: many more distances than keys) r_{i-j} is gathered
+    per (i, j) first.
     """
 
     def __init__(self, scheme: RelativePositions, q_positions: Tensor, k_positions: Tensor) -> None:
         self.scheme = scheme
-        self.offset = q_positions.unsqueeze(1) - k_positions.unsqueeze(0)  # (T, S): i - j
+        offset = q_positions.unsqueeze(1) - k_positions.unsqueeze(0)  # (T, S): i - j
+        lo, hi = int(offset.min()), int(offset.max())
+        H, D = scheme.content_bias.shape
+        distances = torch.arange(lo, hi + 1, device=offset.device)  # (M,)
+        self.r = scheme.proj(sinusoids(distances, scheme.d_model).to(scheme.proj.weight)).view(-1, H, D)  # (M, H, D)
+        self.index = offset - lo  # (T, S): the row of r for each (i, j)
+        self.by_distance = distances.numel() <= 2 * offset.size(1)
 
     def __call__(self, q: Tensor, k: Tensor) -> Tensor:
         p = self.scheme
@@ -180,16 +187,13 @@ class RelativeScores:
         S = k.size(2)
         if k.size(1) != H:  # grouped keys: every query head reads its group's key head
             k = k.repeat_interleave(H // k.size(1), dim=1)
-        lo = int(self.offset.min())
-        distances = torch.arange(lo, int(self.offset.max()) + 1, device=q.device)  # (M,)
-        r = p.proj(sinusoids(distances, p.d_model).to(q)).view(-1, H, D)  # (M, H, D)
-        index = self.offset - lo  # (T, S): the row of r for each (i, j)
+        r = self.r.to(q)  # (M, H, D)
         qv = q + p.position_bias.view(1, H, 1, D).to(q)  # (B, H, T, D): q_i + v
-        if distances.numel() <= 2 * S:
-            by_distance = qv @ r.permute(1, 2, 0)  # (B, H, T, M)
-            position = by_distance.gather(-1, index.expand(B, H, T, S))  # (B, H, T, S)
+        if self.by_distance:
+            per_distance = qv @ r.permute(1, 2, 0)  # (B, H, T, M)
+            position = per_distance.gather(-1, self.index.expand(B, H, T, S))  # (B, H, T, S)
         else:
-            position = torch.einsum("bhtd,tshd->bhts", qv, r[index])  # r[index]: (T, S, H, D)
+            position = torch.einsum("bhtd,tshd->bhts", qv, r[self.index])  # r[index]: (T, S, H, D)
         content = p.content_bias.view(1, H, 1, D).to(q) @ k.transpose(-1, -2)  # (B, H, 1, S): u . k_j
         return (position + content) / math.sqrt(D)  # (B, H, T, S)
 
