@@ -18,6 +18,8 @@ size is the fastest square block of ``--blocks`` at T = ``--tune-length`` unless
     python benchmarks/attention.py                 # T = 256 ... 16384, ~4 minutes on 1 thread
     python benchmarks/attention.py --quick         # T = 256 ... 2048, ~15 s, writes nothing by default
     python benchmarks/attention.py --lengths 1024 4096 --threads 2 --block 128
+    python benchmarks/attention.py --device cuda --out benchmarks/results/attention_cuda.json \
+        --plot docs/attention_memory_cuda.png       # on a GPU: peak from torch.cuda.max_memory_allocated
 
 Writes ``benchmarks/results/attention.json`` and the plot ``docs/attention_memory.png``.
 """
@@ -63,7 +65,7 @@ def cpu_model() -> str:
 
 def make_impls(block: int) -> dict[str, Attention]:
     def eager(q, k, v):
-        return scaled_dot_product_attention(q, k, v, mask=causal_mask(q.size(2), k.size(2)))[0]
+        return scaled_dot_product_attention(q, k, v, mask=causal_mask(q.size(2), k.size(2), q.device))[0]
 
     def sdpa(q, k, v):
         return sdpa_attention(q, k, v, is_causal=True)
@@ -74,11 +76,16 @@ def make_impls(block: int) -> dict[str, Attention]:
     return {"eager": eager, "sdpa": sdpa, "tiled": tiled}
 
 
-def inputs(B: int, H: int, T: int, D: int) -> tuple[torch.Tensor, ...]:
-    """q, k, v (B, H, T, D) requiring grad, and the output gradient (B, H, T, D)."""
+def inputs(B: int, H: int, T: int, D: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    """q, k, v (B, H, T, D) requiring grad, and the output gradient (B, H, T, D), on ``device``."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, H, T, D, generator=g, requires_grad=True) for _ in range(3))
-    return q, k, v, torch.randn(B, H, T, D, generator=g)
+    q, k, v = (torch.randn(B, H, T, D, generator=g).to(device).requires_grad_() for _ in range(3))
+    return q, k, v, torch.randn(B, H, T, D, generator=g).to(device)
+
+
+def _sync(t: torch.Tensor) -> None:
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
 
 
 # ------------------------------------------------------------------------------ measurements
@@ -118,6 +125,17 @@ def memory(fn: Attention, q, k, v, grad) -> tuple[float | None, float]:
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
+    if q.is_cuda:  # the caching allocator's own high-water mark, above what was live before
+        _sync(q)
+        torch.cuda.reset_peak_memory_stats(q.device)
+        before = torch.cuda.memory_allocated(q.device)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = _forward(fn, q, k, v)
+        out.backward(grad)
+        del out
+        _sync(q)
+        return (torch.cuda.max_memory_allocated(q.device) - before) / MiB, sum(storages.values()) / MiB
+
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
     with _quiet_stderr():
         prof.start()
@@ -142,23 +160,28 @@ def memory(fn: Attention, q, k, v, grad) -> tuple[float | None, float]:
     return peak / MiB, saved
 
 
-def median_ms(run: Callable[[], object], budget_s: float, min_reps: int = 3, max_reps: int = 10) -> float:
-    """Median wall time of ``run`` over at least ``min_reps`` calls, more while within ``budget_s``."""
+def median_ms(run: Callable[[], object], budget_s: float, min_reps: int = 3, max_reps: int = 10,
+              sync: Callable[[], None] = lambda: None) -> float:
+    """Median wall time of ``run`` over at least ``min_reps`` calls, more while within ``budget_s``
+    (``sync`` drains a GPU's queue around each call)."""
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < budget_s):
+        sync()
         t0 = time.perf_counter()
         run()
+        sync()
         times.append(time.perf_counter() - t0)
     return 1000 * statistics.median(times)
 
 
-def measure(fn: Attention, B: int, H: int, T: int, D: int, budget_s: float) -> dict[str, float | None]:
+def measure(fn: Attention, B: int, H: int, T: int, D: int, budget_s: float,
+            device: str = "cpu") -> dict[str, float | None]:
     """One (implementation, T) cell: the profiled run doubles as the warm-up for the timings."""
-    q, k, v, grad = inputs(B, H, T, D)
+    q, k, v, grad = inputs(B, H, T, D, device)
     peak, saved = memory(fn, q, k, v, grad)
-    fwd_bwd = median_ms(lambda: _forward_backward(fn, q, k, v, grad), budget_s)
-    fwd = median_ms(lambda: _forward(fn, q, k, v), budget_s)
+    fwd_bwd = median_ms(lambda: _forward_backward(fn, q, k, v, grad), budget_s, sync=lambda: _sync(q))
+    fwd = median_ms(lambda: _forward(fn, q, k, v), budget_s, sync=lambda: _sync(q))
     return {"fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "peak_mib": peak, "saved_mib": saved}
 
 
@@ -179,21 +202,24 @@ def predicted_peak_mib(name: str, T: int, B: int, H: int, D: int, measured: list
     return B * H * per_head * 4 / MiB
 
 
-def tune_block(blocks: list[int], B: int, H: int, T: int, D: int, reps: int = 3) -> dict[int, float]:
+def tune_block(blocks: list[int], B: int, H: int, T: int, D: int, reps: int = 3,
+               device: str = "cpu") -> dict[int, float]:
     """Fastest forward + backward ms of the tiled kernel at length T for each square block size.
 
     The candidates take turns (round robin) and the minimum is kept, so a burst of load from
     another process does not decide the choice.
     """
-    q, k, v, grad = inputs(B, H, T, D)
+    q, k, v, grad = inputs(B, H, T, D, device)
     fns = {block: make_impls(block)["tiled"] for block in blocks}
     times: dict[int, list[float]] = {block: [] for block in blocks}
     for fn in fns.values():
         _forward_backward(fn, q, k, v, grad)  # warm-up
     for _ in range(reps):
         for block, fn in fns.items():
+            _sync(q)
             t0 = time.perf_counter()
             _forward_backward(fn, q, k, v, grad)
+            _sync(q)
             times[block].append(1000 * (time.perf_counter() - t0))
     return {block: min(ms) for block, ms in times.items()}
 
@@ -247,8 +273,9 @@ def plot(rows: list[dict], meta: dict, path: Path) -> None:
     ax_time.set_title("time", fontsize=10)
     ax_mem.legend(fontsize=7, loc="upper left")
     ax_time.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"causal attention, B={meta['batch']} H={meta['heads']} D={meta['head_dim']} fp32, "
-                 f"CPU, {meta['threads']} thread(s)", fontsize=10)
+    where = meta.get("gpu") or f"CPU, {meta['threads']} thread(s)"
+    fig.suptitle(f"causal attention, B={meta['batch']} H={meta['heads']} D={meta['head_dim']} fp32, {where}",
+                 fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -292,6 +319,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, nargs="+", default=[128, 256, 512], help="block sizes to tune over")
     ap.add_argument("--tune-length", type=int, default=4096, help="T at which the block size is tuned")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per cell (default 1.5, quick 0.5)")
     ap.add_argument("--max-gib", type=float, default=8.0, help="skip cells whose predicted peak exceeds this")
     ap.add_argument("--summary-length", type=int, default=8192,
@@ -310,7 +338,7 @@ def main() -> None:
     tuning: dict[int, float] = {}
     if args.block is None:
         tune_T = min(args.tune_length, max(lengths))
-        tuning = tune_block(args.blocks, B, H, tune_T, D)
+        tuning = tune_block(args.blocks, B, H, tune_T, D, device=args.device)
         block = min(tuning, key=tuning.get)
         print(f"tiled block tuning at T={tune_T} (fastest fwd+bwd ms of 3): "
               + ", ".join(f"{b}: {ms:.0f}" for b, ms in tuning.items()) + f" -> block {block}")
@@ -318,8 +346,9 @@ def main() -> None:
         block = args.block
     impls = make_impls(block)
 
-    print(f"causal attention, B={B} H={H} D={D} fp32, CPU, {args.threads} thread(s), tiled block_q = block_k = "
-          f"{block}, skip above {args.max_gib:g} GiB predicted peak")
+    gpu = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None
+    print(f"causal attention, B={B} H={H} D={D} fp32, {gpu or f'CPU, {args.threads} thread(s)'}, tiled block_q = "
+          f"block_k = {block}, skip above {args.max_gib:g} GiB predicted peak")
     header = f"{'T':>6} | {'impl':<5} | {'fwd ms':>9} | {'fwd+bwd ms':>10} | {'peak MiB':>9} | {'saved MiB':>9}"
     print(header)
     print("-" * len(header))
@@ -334,7 +363,7 @@ def main() -> None:
                              "reason": f"predicted peak above --max-gib {args.max_gib:g}"}
                 print(f"{T:>6} | {name:<5} | skipped (needs ~{predicted / 1024:.1f} GiB)", flush=True)
                 continue
-            cell = measure(fn, B, H, T, D, budget)
+            cell = measure(fn, B, H, T, D, budget, args.device)
             gc.collect()
             cell["predicted_peak_mib"] = round(predicted, 1)
             row[name] = cell
@@ -346,12 +375,13 @@ def main() -> None:
 
     meta = dict(
         torch=torch.__version__, python=platform.python_version(), machine=platform.machine(),
-        cpu=cpu_model(), threads=args.threads, batch=B, heads=H, head_dim=D, dtype="float32",
+        cpu=cpu_model(), gpu=gpu, threads=args.threads, batch=B, heads=H, head_dim=D, dtype="float32",
         causal=True, tiled_block=block,
         tiled_block_tuning_fwd_bwd_ms={str(b): round(ms, 1) for b, ms in tuning.items()},
         max_gib=args.max_gib, fwd="forward with autograd recording, median ms",
         fwd_bwd="forward + backward, median ms",
-        peak="bytes allocated by torch during forward + backward, inputs excluded (torch.profiler)",
+        peak=("bytes allocated by torch during forward + backward, inputs excluded ("
+              + ("torch.cuda.max_memory_allocated)" if gpu else "torch.profiler)")),
         saved="bytes saved for backward by autograd, each storage once, inputs included",
     )
     summary = summary_at(rows, args.summary_length if args.summary_length in lengths else max(lengths))

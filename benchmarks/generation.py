@@ -13,6 +13,9 @@ steps, each round from a fresh copy of the prefilled cache; flat means the cache
 re-computation) and the step's cost is dominated by the weights, not by the context.
 
     python benchmarks/generation.py              # add --threads 1, --rounds 5, --compile
+    python benchmarks/generation.py --device cuda --compile   # on a GPU (the default when one is visible)
+
+On a GPU every timed call ends with a device synchronisation.
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also time attnlab with a compiled decode step")
     ap.add_argument("--contexts", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
     ap.add_argument("--latency-steps", type=int, default=32)
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when one is visible)")
     ap.add_argument("--out", default="benchmarks/results/generation.json")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = args.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    sync = args.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     import transformers
 
     from attnlab.generation import SamplingConfig, generate
@@ -50,7 +56,8 @@ def main() -> None:
     ours = build_model(ModelConfig(vocab_size=256, block_size=1024, n_layer=6, n_head=6, d_model=384, bias=True)).eval()
     with tempfile.TemporaryDirectory() as tmp:
         save_gpt2(ours, tmp)
-        hf = transformers.GPT2LMHeadModel.from_pretrained(tmp).eval()
+        hf = transformers.GPT2LMHeadModel.from_pretrained(tmp).eval().to(device)
+    ours.to(device)
 
     def run_ours(prompt):
         return generate(ours, prompt, SamplingConfig(max_new_tokens=args.new_tokens, temperature=0))
@@ -69,14 +76,16 @@ def main() -> None:
     rows = []
     for batch in (1, 8):
         for prompt_len in (16, 512):
-            prompt = torch.randint(0, 256, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
+            prompt = torch.randint(0, 256, (batch, prompt_len), generator=torch.Generator().manual_seed(1)).to(device)
             reference = run_hf(prompt)  # also warms up (and compiles) every contender
             same = {name: torch.equal(fn(prompt), reference) for name, fn in contenders.items() if name != "hf"}
             times = {name: [] for name in contenders}
             for _ in range(args.rounds):
                 for name, fn in contenders.items():
+                    sync()
                     t0 = time.perf_counter()
                     fn(prompt)
+                    sync()
                     times[name].append(time.perf_counter() - t0)
             tps = {k: batch * args.new_tokens / statistics.median(v) for k, v in times.items()}
             r = dict(batch=batch, prompt=prompt_len, new_tokens=args.new_tokens,
@@ -95,7 +104,9 @@ def main() -> None:
     latency = per_token_latency(ours, hf, args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"threads": torch.get_num_threads(), "results": rows, "latency": latency}, indent=2))
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    out.write_text(json.dumps({"threads": torch.get_num_threads(), "device": where, "results": rows,
+                               "latency": latency}, indent=2))
     print(f"wrote {out}")
 
 
@@ -113,8 +124,8 @@ def per_token_latency(ours, hf, args) -> list[dict]:
     for context in args.contexts:
         # prefill so that the timed steps end at `context` tokens (each round restarts from the prefill)
         n_prompt = max(1, context - args.latency_steps - 1)
-        prompt = torch.randint(0, 256, (1, n_prompt), generator=torch.Generator().manual_seed(2))
-        token = torch.zeros(1, 1, dtype=torch.long)
+        prompt = torch.randint(0, 256, (1, n_prompt), generator=torch.Generator().manual_seed(2)).to(args.device)
+        token = torch.zeros(1, 1, dtype=torch.long, device=args.device)
         cache = ours.new_cache(1)
         ours(prompt, cache=cache, last_only=True)  # prefill
         hf_out = hf(prompt, use_cache=True)
@@ -125,13 +136,17 @@ def per_token_latency(ours, hf, args) -> list[dict]:
                 step(ours, token, c)  # warm-up (compiles once)
                 c = copy.deepcopy(cache)
                 for _ in range(args.latency_steps):
+                    args.sync()
                     t0 = time.perf_counter()
                     step(ours, token, c)
+                    args.sync()
                     times[name].append(time.perf_counter() - t0)
             past = copy.deepcopy(hf_out.past_key_values)
             for _ in range(args.latency_steps):
+                args.sync()
                 t0 = time.perf_counter()
                 past = hf(token, past_key_values=past, use_cache=True).past_key_values
+                args.sync()
                 times["hf"].append(time.perf_counter() - t0)
         row = {"context": context, **{f"{k}_ms": 1000 * statistics.median(v) for k, v in times.items()}}
         rows.append(row)

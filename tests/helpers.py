@@ -6,6 +6,8 @@ import json
 import random
 from pathlib import Path
 
+import torch
+
 from attnlab.runs import load_train_config
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards",
@@ -21,6 +23,10 @@ def write_corpus(path: Path, n_chars: int = 20_000, seed: int = 0) -> Path:
         size += len(line)
     path.write_text("".join(lines), encoding="utf-8")
     return path
+
+
+# bit-identical resume on a GPU needs deterministic kernels (a CPU run is deterministic anyway)
+EXACT = {"deterministic": "true"} if torch.cuda.is_available() else {}
 
 
 def tiny_overrides(data: Path, out_dir: Path, **extra) -> list[str]:

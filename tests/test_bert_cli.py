@@ -12,7 +12,7 @@ from attnlab.cli import main
 from attnlab.data.labelled import generate_topics, read_labelled, write_labelled_csv
 from attnlab.models.registry import from_pretrained
 
-from .helpers import write_corpus
+from .helpers import EXACT, write_corpus
 
 TINY = dict(batch_size=8, eval_interval=20, eval_iters=2, log_interval=10, warmup_iters=5, progress="false",
             threads=1, bpe_vocab_size=200, block_size=32, n_layer=2, n_head=2, d_model=32, mfu="false")
@@ -128,7 +128,7 @@ def test_mlm_run_resumes_exactly(tmp_path):
     from safetensors.torch import load_file
 
     corpus = write_corpus(tmp_path / "c.txt", n_chars=15_000)
-    common = _args(data=corpus, out_dir=tmp_path, max_iters=12, eval_interval=6, **{"mlm.nsp": "true"})
+    common = _args(data=corpus, out_dir=tmp_path, max_iters=12, eval_interval=6, **{"mlm.nsp": "true"}, **EXACT)
     assert main(["train", "configs/bert-mlm.yaml", *common, "name=full"]) == 0
     assert main(["train", "configs/bert-mlm.yaml", *common, "name=cut"]) == 0
     shutil.rmtree(tmp_path / "cut" / "checkpoints" / "step-0000012")  # as if it died after step 6

@@ -1,5 +1,6 @@
 """Data-parallel training launched by torchrun (2 CPU processes, gloo): rank 0 alone writes, an
-N-process run resumes exactly with N processes, and checkpoints move between 1 and N processes."""
+N-process run resumes exactly with N processes, and checkpoints move between 1 and N processes.
+device=cpu throughout, so a machine with one GPU runs these too (two processes cannot share one GPU)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_two_processes_train_resume_exactly_and_move_to_one_process(tmp_path):
     preset = tmp_path / "defaults.yaml"
     preset.write_text("{}\n")
     out = tmp_path / "runs"
-    extra = dict(max_iters=20, dropout=0.1, threads=1, grad_accum=2)
+    extra = dict(max_iters=20, dropout=0.1, threads=1, device="cpu", grad_accum=2)
 
     full = _torchrun(preset, tiny_overrides(corpus, out, name="full", **extra), tmp_path)
     assert full.stdout.count("done: step 20") == 1  # only rank 0 reports
@@ -80,7 +81,7 @@ def test_two_processes_take_the_steps_of_one_process_with_the_global_batch(tmp_p
     preset = tmp_path / "defaults.yaml"
     preset.write_text("{}\n")
     out = tmp_path / "runs"
-    extra = dict(max_iters=12, dropout=0.0, threads=1, eval_interval=12)
+    extra = dict(max_iters=12, dropout=0.0, threads=1, device="cpu", eval_interval=12)
     _torchrun(preset, tiny_overrides(corpus, out, name="two", batch_size=4, **extra), tmp_path)
     Trainer(tiny_config(corpus, out, name="one", batch_size=8, **extra)).train()
     two, one = _weights(out / "two"), _weights(out / "one")
@@ -98,7 +99,7 @@ def test_fsdp_matches_one_process_resumes_exactly_and_moves_to_one_process(tmp_p
     preset = tmp_path / "defaults.yaml"
     preset.write_text("{}\n")
     out = tmp_path / "runs"
-    extra = dict(max_iters=12, dropout=0.0, threads=1, eval_interval=6, grad_accum=2, sample_tokens=5)
+    extra = dict(max_iters=12, dropout=0.0, threads=1, device="cpu", eval_interval=6, grad_accum=2, sample_tokens=5)
     full = _torchrun(preset, tiny_overrides(corpus, out, name="fsdp", batch_size=4, parallel="fsdp", **extra),
                      tmp_path)
     assert full.stdout.count("done: step 12") == 1 and (out / "fsdp" / "samples.txt").is_file()

@@ -24,7 +24,7 @@ from attnlab.training import checkpoint as ckpt
 from attnlab.training.checkpoint import best_checkpoint, latest_checkpoint, list_checkpoints, load_trainer_state
 from attnlab.training.trainer import Trainer, TrainingDiverged
 
-from .helpers import tiny_config, tiny_overrides, write_corpus
+from .helpers import EXACT, tiny_config, tiny_overrides, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def test_sigkill_at_random_points_then_resume_is_bit_identical(corpus, tmp_path)
     """Kill a training subprocess with SIGKILL at random steps (some mid-checkpoint-write),
     resume, and compare final weights and logged losses with an uninterrupted run."""
     out = tmp_path / "runs"
-    extra = dict(max_iters=24, checkpoint_interval=1, eval_interval=8, dropout=0.1, threads=1)
+    extra = dict(max_iters=24, checkpoint_interval=1, eval_interval=8, dropout=0.1, threads=1, **EXACT)
     Trainer(tiny_config(corpus, out, name="reference", **extra)).train()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     preset = tmp_path / "defaults.yaml"  # the same defaults the in-process runs use

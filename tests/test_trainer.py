@@ -14,7 +14,7 @@ from attnlab.training.checkpoint import latest_checkpoint, list_checkpoints, loa
 from attnlab.training.schedule import lr_at
 from attnlab.training.trainer import Trainer, TrainingInterrupted, make_optimizer
 
-from .helpers import tiny_config, write_corpus
+from .helpers import EXACT, tiny_config, write_corpus
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_run_folder_contents_and_metrics(corpus, tmp_path):
 
 def test_resume_after_crash_reproduces_the_uninterrupted_run(corpus, tmp_path):
     """Stop at step 10 (lose everything after it), resume: same losses, bit-identical weights."""
-    extra = dict(max_iters=20, dropout=0.1, grad_accum=2)  # dropout: the RNG state must resume too
+    extra = dict(max_iters=20, dropout=0.1, grad_accum=2, **EXACT)  # dropout: the RNG state must resume too
     Trainer(tiny_config(corpus, tmp_path / "runs", name="full", **extra)).train()
     Trainer(tiny_config(corpus, tmp_path / "runs", name="cut", **extra)).train()
     cut = tmp_path / "runs" / "cut"
@@ -143,9 +143,46 @@ def test_gradient_accumulation_matches_a_bigger_batch(corpus, tmp_path):
     acc = Trainer(tiny_config(corpus, tmp_path / "runs", name="acc", batch_size=4, grad_accum=2))
     acc.model.load_state_dict(big.model.state_dict())
     gen = torch.Generator().manual_seed(0)
-    x, y = acc.task.data.get_batch("train", 8, 16, gen)
+    x, y = (t.to(big.device) for t in acc.task.data.get_batch("train", 8, 16, gen))
     big.model(x, y).loss.backward()
     for i in range(2):
         (acc.model(x[4 * i : 4 * i + 4], y[4 * i : 4 * i + 4]).loss / 2).backward()
     for (n, p), q in zip(big.model.named_parameters(), acc.model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_device_option_is_resolved_or_refused_in_one_line(corpus, tmp_path, monkeypatch):
+    from attnlab.training.distributed import resolve_device
+
+    with pytest.raises(ConfigError, match="'device' must be"):
+        tiny_config(corpus, tmp_path / "runs", name="x", device="gpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="no CUDA GPU is visible"):
+        resolve_device("cuda")
+    # a node with one GPU: auto/cuda = this process's GPU; more processes than GPUs are refused
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert resolve_device("auto") == torch.device("cuda:0") == resolve_device("cuda")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="2 processes on this node but it has 1 GPU"):
+        resolve_device("auto")
+    with pytest.raises(ConfigError, match="cuda:3 does not exist"):
+        resolve_device("cuda:3")
+
+
+def test_deterministic_run_saves_every_random_state(corpus, tmp_path):
+    """deterministic=true switches torch to deterministic kernels; the checkpoint holds the CPU, batch and
+    (on a GPU) CUDA generator states of every process, so a resumed GPU run draws the same dropout masks."""
+    try:
+        trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="det", deterministic=True, max_iters=10))
+        assert torch.are_deterministic_algorithms_enabled()
+        trainer.train()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    state = load_trainer_state(latest_checkpoint(tmp_path / "runs" / "det"))
+    assert len(state["cuda_rng_per_rank"]) == 1
+    assert (state["cuda_rng_per_rank"][0] is None) == (trainer.device.type == "cpu")

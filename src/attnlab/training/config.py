@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -158,6 +159,12 @@ class TrainConfig:
     compile: bool = False
     seed: int = 1337
     threads: int | None = None  # torch intra-op threads; None = torch's default
+    # "auto" = this process's GPU (cuda:LOCAL_RANK) when CUDA is visible, else the CPU; or cpu, cuda, cuda:N, mps
+    device: str = "auto"
+    # deterministic kernels (torch.use_deterministic_algorithms, for the whole process): on a GPU the
+    # default kernels may add in a different order each run, so only this makes a resumed GPU run
+    # bit-identical to an uninterrupted one (CPU runs are deterministic either way); slower
+    deterministic: bool = False
     # under torchrun: "ddp" = a full replica per process, gradients all-reduced; "fsdp" = fully
     # sharded (FSDP2): each process keeps 1/N of weights, gradients and optimiser state
     parallel: Literal["ddp", "fsdp"] = "ddp"
@@ -206,6 +213,8 @@ class TrainConfig:
             raise ConfigError(f"'checkpoint_interval' must be >= 1, got {self.checkpoint_interval}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"'threads' must be >= 1, got {self.threads}")
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+            raise ConfigError(f"'device' must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         from attnlab.training.tasks import task_name
 
         task_name(self)  # an unknown task, or a family without a default, fails here

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from attnlab.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -39,16 +41,51 @@ class DistInfo:
         return self.rank == 0
 
 
-def setup() -> DistInfo:
-    """Join the process group torchrun prepared (gloo on CPU, nccl on CUDA); no-op when alone."""
+def local_rank() -> int:
+    """This process's index on its node (torchrun's LOCAL_RANK; 0 outside torchrun)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """The device a process trains on: ``spec`` is auto, cpu, cuda, cuda:N or mps.
+
+    auto and cuda mean this process's own GPU, cuda:LOCAL_RANK (one process per GPU, as torchrun
+    launches them); auto falls back to the CPU when no GPU is visible. A node with fewer GPUs than
+    processes, or cuda without a GPU, is refused in one line (two processes on one GPU cannot run nccl).
+    """
+    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if spec == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError("device=mps but this machine has no MPS device")
+        return torch.device("mps")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device={spec} but no CUDA GPU is visible (use device=cpu or auto)")
+    if spec.startswith("cuda:"):
+        index = int(spec.split(":")[1])
+    else:
+        index = local_rank()
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if per_node > torch.cuda.device_count():
+            raise ConfigError(f"torchrun started {per_node} processes on this node but it has "
+                              f"{torch.cuda.device_count()} GPU(s): launch at most that many "
+                              "(--nproc_per_node) or set device=cpu")
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"device cuda:{index} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    return torch.device(f"cuda:{index}")
+
+
+def setup(device: torch.device | None = None) -> DistInfo:
+    """Join the process group torchrun prepared (nccl when ``device`` is a GPU, else gloo);
+    no-op when alone."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
-    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    info = DistInfo(int(os.environ["RANK"]), world, local_rank())
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
         if backend == "nccl":
-            torch.cuda.set_device(info.local_rank)
+            torch.cuda.set_device(device)
         dist.init_process_group(backend=backend)
     return info
 
@@ -93,21 +130,24 @@ def gather_objects(obj: Any, info: DistInfo) -> list[Any]:
 # ------------------------------------------------------------------------------------------ FSDP
 
 
-def shard_model(model: torch.nn.Module, block_types: tuple[type, ...]) -> None:
+def shard_model(model: torch.nn.Module, block_types: tuple[type, ...], device: torch.device) -> None:
     """Fully shard ``model`` in place (FSDP2, ``fully_shard``): every block of ``block_types`` is
     its own unit, the rest (embeddings, final norm, head) the root unit.
 
     Each process keeps 1/N of every parameter, gradient and optimiser moment; a unit's full
     parameters are all-gathered just before its forward/backward and freed after, and gradients
-    are reduce-scattered. The step equals DDP's (and one process's with N x the batch).
+    are reduce-scattered. The step equals DDP's (and one process's with N x the batch). The mesh is
+    built on ``device``'s type (FSDP's default is the GPU whenever one is visible, even for a CPU run).
     """
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     flags = {name for name, p in model.named_parameters() if getattr(p, "_no_weight_decay", False)}
     for module in model.modules():
         if isinstance(module, block_types):
-            fully_shard(module)
-    fully_shard(model)
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     for name, p in model.named_parameters():  # sharding makes new Parameter objects: re-flag them
         if name in flags:
             p._no_weight_decay = True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import threading
 import time
@@ -113,12 +114,16 @@ class Trainer:
         from attnlab.models.registry import build_model
         from attnlab.training.tasks import build_task
 
-        self.dist = distributed.setup()  # rank 0 of 1 unless launched by torchrun
+        self.device = distributed.resolve_device(cfg.device)
+        self.dist = distributed.setup(self.device)  # rank 0 of 1 unless launched by torchrun
         self.cfg = cfg
         self.log = log if self.dist.is_main else (lambda *a, **k: None)
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
-        self.device = torch.device(f"cuda:{self.dist.local_rank}" if torch.cuda.is_available() else "cpu")
+        if cfg.deterministic:
+            # cuBLAS needs a fixed workspace to be deterministic; read when its first handle is made
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
         name = cfg.name or default_run_name(preset)
         self.run_dir = Path(cfg.out_dir) / name
         if cfg.resume:
@@ -147,7 +152,7 @@ class Trainer:
         if self.sharded:  # each process keeps 1/N of the weights, gradients and moments
             from attnlab.nn.blocks import TransformerBlock
 
-            distributed.shard_model(self.model, (TransformerBlock,))
+            distributed.shard_model(self.model, (TransformerBlock,), self.device)
         elif self.dist.enabled:  # full replicas; gradients are all-reduced during backward
             from torch.nn.parallel import DistributedDataParallel
 
@@ -175,7 +180,8 @@ class Trainer:
     def _trainer_state(self) -> dict[str, Any]:
         """Everything but the weights; RNG states of every process, so an N-process run resumes
         exactly with N processes (and approximately, with fresh data order, with any other N)."""
-        rngs = distributed.gather_objects((self.batch_gen.get_state(), torch.get_rng_state()), self.dist)
+        cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None  # GPU dropout
+        rngs = distributed.gather_objects((self.batch_gen.get_state(), torch.get_rng_state(), cuda_rng), self.dist)
         return {
             "step": self.step,
             "optimizer": distributed.optimizer_state(self.model, self.optimizer),  # collective under FSDP
@@ -184,6 +190,7 @@ class Trainer:
             "world_size": self.dist.world_size,
             "batch_rng_per_rank": [r[0] for r in rngs],
             "torch_rng_per_rank": [r[1] for r in rngs],
+            "cuda_rng_per_rank": [r[2] for r in rngs],
             "best_val": self.best_val,
         }
 
@@ -208,6 +215,9 @@ class Trainer:
             torch_per_rank = state.get("torch_rng_per_rank") or [state["torch_rng"]]
             self.batch_gen.set_state(per_rank[self.dist.rank])
             torch.set_rng_state(torch_per_rank[self.dist.rank])
+            cuda_rng = (state.get("cuda_rng_per_rank") or [None] * saved_world)[self.dist.rank]
+            if cuda_rng is not None and self.device.type == "cuda":
+                torch.cuda.set_rng_state(cuda_rng, self.device)
         else:  # weights and optimiser carry over; the data order starts afresh for the new world size
             self.batch_gen.manual_seed(self.cfg.seed + 7919 * self.step)
             torch.manual_seed(self.cfg.seed + self.dist.rank + 7919 * self.step)
