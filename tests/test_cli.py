@@ -55,6 +55,7 @@ def test_resume_command_continues_a_run(trained_run, capsys):
         (["train", "configs/shakespeare-char.yaml", "data=/no/such/file.txt"],
          "data file not found: /no/such/file.txt"),
         (["train", "configs/no-such-preset.yaml"], "config file not found"),
+        (["train", "configs/shakespeare-char.yaml", "device=gpu"], "'device' must be auto, cpu, cuda, cuda:N or mps"),
         (["sample", "/no/such/run"], "run folder not found"),
         (["eval", "/no/such/run"], "not a run folder"),
     ],
@@ -68,6 +69,13 @@ def test_prompt_outside_char_vocabulary(trained_run, capsys):
     run, _ = trained_run
     err = _one_line_error(capsys, main(["sample", str(run), "--prompt", "héllo €"]))
     assert "not in the tokenizer's vocabulary" in err and "'é'" in err
+
+
+def test_sample_device_option(trained_run, capsys):
+    run, _ = trained_run
+    assert main(["sample", str(run), "--prompt", "The ", "--max-new-tokens", "5", "--device", "cpu"]) == 0
+    err = _one_line_error(capsys, main(["sample", str(run), "--device", "gpu0"]))
+    assert "device must be auto, cpu, cuda, cuda:N or mps, got 'gpu0'" in err
 
 
 def test_prompt_longer_than_context(trained_run, capsys):

@@ -70,8 +70,11 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from attnlab.errors import ConfigError
     from attnlab.generation import SamplingConfig, stream
     from attnlab.runs import load_model_and_tokenizer
+    from attnlab.training.distributed import resolve_device
 
+    device = resolve_device(args.device)
     model, tok = load_model_and_tokenizer(args.run_dir)
+    model.to(device)
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, use_cache=not args.no_cache, seed=args.seed,
                          compile=args.compile)
@@ -90,7 +93,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         sys.stdout.write(args.prompt)
         generated: list[int] = []
         shown = ""
-        for token in stream(model, torch.tensor([ids]), cfg):
+        for token in stream(model, torch.tensor([ids], device=device), cfg):
             generated.append(int(token))
             text = tok.decode(generated)
             if not text.endswith("\ufffd"):  # hold back a half-decoded multi-byte character
@@ -436,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true", help="re-run the whole context every step")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (faster after a "
                    "one-off compilation of some seconds)")
+    p.add_argument("--device", default="auto", help="auto (a GPU when one is visible), cpu, cuda, cuda:N or mps")
     p.set_defaults(func=_cmd_sample)
 
     p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (prints a table, writes JSON)")
