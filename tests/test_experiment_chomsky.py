@@ -84,7 +84,12 @@ def test_verdict_rule():
     low = {t: {"lstm": 1.0, "tf-rope": p / 100 - 0.01} for t, p in c.PAPER_TABLE2["transformer"].items()}
     low["bucket_sort"]["tf-alibi"] = 0.95  # the best transformer per task counts
     v = c.verdict(low)
-    assert v["tasks_matched"] == ["bucket_sort"] and not v["held"]
+    assert v["tasks_matched"] == ["bucket_sort"] and not v["held"] and not v["claim_held"]
+    # the claim counts every attnlab scheme (the randomized additions too); "held" is the paper's schemes only
+    for t in ("even_pairs", "reverse_string", "stack_manipulation", "cycle_navigation"):
+        low[t][c.RANDOMIZED] = 0.99
+    v = c.verdict(low)
+    assert v["claim_held"] and v["with_randomized"]["n_matched"] == 5 and not v["held"] and v["n_matched"] == 1
 
 
 def test_quick_run_is_consistent(tmp_path):
@@ -235,3 +240,34 @@ def test_paper_alibi_tells_left_from_right():
     net = c.build(c.ALIBI_LEFT, c.TASKS["reverse_string"], c.FULL, 64)
     assert net.positions.left_bonus == 0.5
     assert c.build("tf-alibi", c.TASKS["reverse_string"], c.FULL, 64).positions.left_bonus == 0
+
+
+def test_long_cells_train_longer_and_are_retrained_on_resume(tmp_path, monkeypatch):
+    s = {**c.FULL, "tasks": ("reverse_string",), "models": ("tf-alibi-left", "tf-rope"),
+         "long": {"steps": 24000, "cells": [["reverse_string", "tf-alibi-left"]]}}
+    assert c.steps_for("reverse_string", "tf-alibi-left", s) == 24000
+    assert c.steps_for("reverse_string", "tf-rope", s) == s["steps"]["transformer"]
+    assert c.steps_for("parity_check", "tf-alibi-left", s) == s["steps"]["transformer"]
+    assert c.steps_for("reverse_string", "lstm", s) == s["steps"]["lstm"]
+    assert c.QUICK["long"]["cells"] == []  # the quick run trains every cell alike
+    # resuming: a finished cell trained for other steps is trained again, the others are kept
+    old = {"reverse_string": {m: {"steps": 1500, "score": 0.5} for m in s["models"]}}
+    monkeypatch.setattr(c, "finished_runs", lambda out, s, quick: (old, 1.0))
+    given: dict[str, object] = {}
+
+    def fake_best(t, m, s, previous):
+        given[m] = previous
+        return {"score": 0.6, "seed": 0, "seed_scores": {}, "train_range_accuracy": 1.0}
+
+    monkeypatch.setattr(c, "best_of_seeds", fake_best)
+    monkeypatch.setattr(c, "summarise", lambda out, runs, s, started, quick, wall_time_s=None: runs)
+    c.run(tmp_path, settings=s, resume=True)
+    assert given == {"tf-alibi-left": None, "tf-rope": old["reverse_string"]["tf-rope"]}
+
+
+def test_reverse_string_ceiling():
+    """Exact up to the trained copy distance (outputs t <= 40), chance beyond."""
+    from attnlab.experiments.chomsky_report import reverse_ceiling
+
+    assert reverse_ceiling([40]) == 1.0 and reverse_ceiling([80]) == 0.75
+    assert abs(reverse_ceiling(c.test_lengths(500, 10)) - 0.629) < 1e-3
