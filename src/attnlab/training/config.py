@@ -131,6 +131,10 @@ class ContinuousOptions:
             raise ConfigError(f"continuous.n_generated must be >= 10, got {self.n_generated}")
 
 
+# the spellings of TrainConfig.device (and of ``attnlab sample --device``)
+DEVICE_SPEC = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
 @dataclass
 class TrainConfig:
     """A run: data, tokenizer, optimisation, evaluation, logging. YAML presets live in configs/."""
@@ -213,7 +217,7 @@ class TrainConfig:
             raise ConfigError(f"'checkpoint_interval' must be >= 1, got {self.checkpoint_interval}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"'threads' must be >= 1, got {self.threads}")
-        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+        if not DEVICE_SPEC.fullmatch(self.device):
             raise ConfigError(f"'device' must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         from attnlab.training.tasks import task_name
 

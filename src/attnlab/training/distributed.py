@@ -15,7 +15,6 @@ torchrun (WORLD_SIZE unset or 1) everything here is a no-op.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from attnlab.errors import ConfigError
+from attnlab.training.config import DEVICE_SPEC
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def resolve_device(spec: str = "auto") -> torch.device:
     launches them); auto falls back to the CPU when no GPU is visible. A node with fewer GPUs than
     processes, or cuda without a GPU, is refused in one line (two processes on one GPU cannot run nccl).
     """
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", spec):
+    if not DEVICE_SPEC.fullmatch(spec):
         raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {spec!r}")
     if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
