@@ -10,3 +10,11 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "attnlab-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _restore_deterministic_mode():
+    """deterministic=true switches the whole process to deterministic kernels: undo it after each test."""
+    before = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.use_deterministic_algorithms(before)

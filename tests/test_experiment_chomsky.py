@@ -271,3 +271,14 @@ def test_reverse_string_ceiling():
 
     assert reverse_ceiling([40]) == 1.0 and reverse_ceiling([80]) == 0.75
     assert abs(reverse_ceiling(c.test_lengths(500, 10)) - 0.629) < 1e-3
+
+
+def test_report_without_a_paper_scheme_on_reverse_string(tmp_path):
+    """The reverse-string note needs a transformer of the paper's schemes; without one the report still renders."""
+    s = {**c.QUICK, "tasks": ("reverse_string",), "models": ("lstm",)}
+    lengths = c.test_lengths(s["max_test_length"], s["n_test_lengths"])
+    run = {"score": 0.6, "score_stderr": 0.01, "train_range_accuracy": 0.9, "per_length": [0.6] * len(lengths),
+           "test_lengths": lengths, "train_s": 1.0, "eval_s": 0.5, "steps": 250, "seed": 0, "seed_scores": {"0": 0.6}}
+    c.summarise(tmp_path, {"reverse_string": {"lstm": run}}, s, 0.0, quick=True)
+    report = (tmp_path / "report.md").read_text()
+    assert "reverse_string" in report and "ceiling" not in report

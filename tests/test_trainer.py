@@ -170,6 +170,9 @@ def test_device_option_is_resolved_or_refused_in_one_line(corpus, tmp_path, monk
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="2 processes on this node but it has 1 GPU"):
         resolve_device("auto")
+    with pytest.raises(ConfigError, match="would put every process of this node on one GPU"):
+        resolve_device("cuda:0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     with pytest.raises(ConfigError, match="cuda:3 does not exist"):
         resolve_device("cuda:3")
 
@@ -177,12 +180,9 @@ def test_device_option_is_resolved_or_refused_in_one_line(corpus, tmp_path, monk
 def test_deterministic_run_saves_every_random_state(corpus, tmp_path):
     """deterministic=true switches torch to deterministic kernels; the checkpoint holds the CPU, batch and
     (on a GPU) CUDA generator states of every process, so a resumed GPU run draws the same dropout masks."""
-    try:
-        trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="det", deterministic=True, max_iters=10))
-        assert torch.are_deterministic_algorithms_enabled()
-        trainer.train()
-    finally:
-        torch.use_deterministic_algorithms(False)
+    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="det", deterministic=True, max_iters=10))
+    assert torch.are_deterministic_algorithms_enabled()  # conftest switches it off again after the test
+    trainer.train()
     state = load_trainer_state(latest_checkpoint(tmp_path / "runs" / "det"))
     assert len(state["cuda_rng_per_rank"]) == 1
     assert (state["cuda_rng_per_rank"][0] is None) == (trainer.device.type == "cpu")

@@ -66,6 +66,9 @@ def resolve_device(spec: str = "auto") -> torch.device:
         raise ConfigError(f"device={spec} but no CUDA GPU is visible (use device=cpu or auto)")
     if spec.startswith("cuda:"):
         index = int(spec.split(":")[1])
+        if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+            raise ConfigError(f"device={spec} would put every process of this node on one GPU: use device=cuda "
+                              "(each process takes cuda:LOCAL_RANK)")
     else:
         index = local_rank()
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

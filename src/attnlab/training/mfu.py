@@ -57,7 +57,10 @@ def flops_per_token(model: torch.nn.Module) -> float:
 
 
 def _peak_cache_file(device: str) -> Path:
-    where = torch.cuda.get_device_name() if device.startswith("cuda") else f"{torch.get_num_threads()}t"
+    if device.startswith("cuda"):
+        where = torch.cuda.get_device_name()
+    else:
+        where = "mps" if device.startswith("mps") else f"{torch.get_num_threads()}t"
     key = f"{platform.machine()}-{platform.node()}-torch{torch.__version__}-{where}".replace(" ", "_")
     return default_cache_dir() / "peak_flops" / f"{key}.json"
 

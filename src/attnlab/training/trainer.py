@@ -115,13 +115,18 @@ class Trainer:
         from attnlab.training.tasks import build_task
 
         self.device = distributed.resolve_device(cfg.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the current GPU: new tensors, the MFU peak's device name
         self.dist = distributed.setup(self.device)  # rank 0 of 1 unless launched by torchrun
         self.cfg = cfg
         self.log = log if self.dist.is_main else (lambda *a, **k: None)
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
-        if cfg.deterministic:
-            # cuBLAS needs a fixed workspace to be deterministic; read when its first handle is made
+        if cfg.deterministic:  # process-wide: it stays on for the rest of this process
+            # cuBLAS needs a fixed workspace to be deterministic; it is read when cuBLAS starts
+            if "CUBLAS_WORKSPACE_CONFIG" not in os.environ and torch.cuda.is_initialized():
+                self.log("note: deterministic=true after CUDA started in this process; if cuBLAS complains, "
+                         "set CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting Python")
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
         name = cfg.name or default_run_name(preset)
@@ -156,7 +161,7 @@ class Trainer:
         elif self.dist.enabled:  # full replicas; gradients are all-reduced during backward
             from torch.nn.parallel import DistributedDataParallel
 
-            ids = [self.dist.local_rank] if self.device.type == "cuda" else None
+            ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=ids)
         self.optimizer = make_optimizer(self.model, cfg, fused=not self.sharded)
         if state is not None:
