@@ -44,8 +44,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = args.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    sync = args.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     import transformers
 
     from attnlab.generation import SamplingConfig, generate
@@ -101,7 +101,7 @@ def main() -> None:
             print(f"batch {batch}  prompt {prompt_len:>3}:  attnlab {r['attnlab_tokens_per_s']:8.1f} tok/s   "
                   f"HF generate {r['hf_tokens_per_s']:8.1f} tok/s   ratio {r['ratio']:.2f}x{compiled}   "
                   f"identical tokens: {r['identical_tokens']}", flush=True)
-    latency = per_token_latency(ours, hf, args)
+    latency = per_token_latency(ours, hf, args, device, sync)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -111,7 +111,7 @@ def main() -> None:
 
 
 @torch.no_grad()
-def per_token_latency(ours, hf, args) -> list[dict]:
+def per_token_latency(ours, hf, args, device: torch.device, sync) -> list[dict]:
     """ms per cached decode step at batch 1 vs the context already in the cache, both libraries."""
     from attnlab.generation import _decode_step, compiled_decode_step
 
@@ -124,8 +124,8 @@ def per_token_latency(ours, hf, args) -> list[dict]:
     for context in args.contexts:
         # prefill so that the timed steps end at `context` tokens (each round restarts from the prefill)
         n_prompt = max(1, context - args.latency_steps - 1)
-        prompt = torch.randint(0, 256, (1, n_prompt), generator=torch.Generator().manual_seed(2)).to(args.device)
-        token = torch.zeros(1, 1, dtype=torch.long, device=args.device)
+        prompt = torch.randint(0, 256, (1, n_prompt), generator=torch.Generator().manual_seed(2)).to(device)
+        token = torch.zeros(1, 1, dtype=torch.long, device=device)
         cache = ours.new_cache(1)
         ours(prompt, cache=cache, last_only=True)  # prefill
         hf_out = hf(prompt, use_cache=True)
@@ -136,17 +136,17 @@ def per_token_latency(ours, hf, args) -> list[dict]:
                 step(ours, token, c)  # warm-up (compiles once)
                 c = copy.deepcopy(cache)
                 for _ in range(args.latency_steps):
-                    args.sync()
+                    sync()
                     t0 = time.perf_counter()
                     step(ours, token, c)
-                    args.sync()
+                    sync()
                     times[name].append(time.perf_counter() - t0)
             past = copy.deepcopy(hf_out.past_key_values)
             for _ in range(args.latency_steps):
-                args.sync()
+                sync()
                 t0 = time.perf_counter()
                 past = hf(token, past_key_values=past, use_cache=True).past_key_values
-                args.sync()
+                sync()
                 times["hf"].append(time.perf_counter() - t0)
         row = {"context": context, **{f"{k}_ms": 1000 * statistics.median(v) for k, v in times.items()}}
         rows.append(row)

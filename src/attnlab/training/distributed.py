@@ -83,16 +83,13 @@ def resolve_device(spec: str = "auto") -> torch.device:
 
 def setup(device: torch.device | None = None) -> DistInfo:
     """Join the process group torchrun prepared (nccl when ``device`` is a GPU, else gloo);
-    no-op when alone."""
+    no-op when alone. The caller has already made ``device`` the current GPU."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
     info = DistInfo(int(os.environ["RANK"]), world, local_rank())
     if not dist.is_initialized():
-        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend="nccl" if device is not None and device.type == "cuda" else "gloo")
     return info
 
 
