@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from attnlab.nn.bmm_attention import bmm_attention, use_bmm_attention
+
 Backend = Literal["eager", "sdpa", "tiled"]
 BACKENDS: tuple[str, ...] = ("eager", "sdpa", "tiled")
 # hook(module, q, k, mask, bias, is_causal, scale): the exact inputs of the softmax, see ScoresHooks
@@ -120,6 +122,10 @@ def sdpa_attention(
     ``enable_gqa``: k and v have fewer heads than q (a divisor); each group of query heads reads
     its shared key/value head without copying the cache out to every head.
     """
+    if use_bmm_attention(q, k, v, mask, bias, enable_gqa):
+        # CPU training in bf16/fp16 on short sequences: plain batched matmuls that keep the
+        # probabilities beat the flash kernel's re-computing backward (see attnlab.nn.bmm_attention)
+        return bmm_attention(q, k, v, bias=bias, scale=scale, dropout_p=dropout_p, is_causal=is_causal)
     if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and (
         q.dtype == torch.float16 or q.size(-1) < 64
     ):
