@@ -7,6 +7,10 @@ the ratio attnlab / HF, and the model FLOPs utilisation (MFU: 6N + 12 L C T FLOP
 the PaLM appendix, over this machine's measured matmul peak for the dtype; both models have the
 same shape, hence the same FLOPs per token).
 
+Subnormal floats are flushed to zero for every contender, as ``attnlab train`` does on a CPU
+(``--keep-denormals`` leaves them: then a contender whose attention turns peaky on the random
+tokens slows down 1.5-2.5x after some tens of steps, whichever model it is).
+
     python benchmarks/train_throughput.py                 # shakespeare-char shape, fp32 + bf16
     python benchmarks/train_throughput.py --shape large   # 6L/6H/384d, T=256, B=8
     python benchmarks/train_throughput.py --device cuda --shape gpt2 --compile   # GPT-2 small on a GPU
@@ -109,10 +113,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--compile", action="store_true", help="also time attnlab with torch.compile")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when one is visible)")
+    ap.add_argument("--keep-denormals", action="store_true",
+                    help="do not flush subnormal floats to zero (the trainer's flush_denormal=false)")
     ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if not args.keep_denormals:  # as the trainer does on a CPU, for every contender alike
+        from attnlab.training.denormals import flush_denormals
+
+        flush_denormals()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shape = SHAPES[args.shape]
     B, T, V = shape["batch_size"], shape["block_size"], shape["vocab_size"]
@@ -164,7 +174,7 @@ def main() -> None:
               f"{r['step_ms']:>9.1f}{r['mfu']:>7.1%}{same:>18}{vs32:>12}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(shape=args.shape, **shape, rounds=args.rounds, steps=args.steps,
+    meta = dict(shape=args.shape, **shape, rounds=args.rounds, steps=args.steps, flush_denormals=not args.keep_denormals,
                 threads=torch.get_num_threads(), device=where, torch=torch.__version__, machine=platform.machine(),
                 processor=platform.processor())
     peak_text = ", ".join(f"{d} {p / 1e9:,.0f} GFLOP/s" for d, p in peaks.items())

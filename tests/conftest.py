@@ -18,3 +18,13 @@ def _restore_deterministic_mode():
     before = torch.are_deterministic_algorithms_enabled()
     yield
     torch.use_deterministic_algorithms(before)
+
+
+@pytest.fixture(autouse=True)
+def _restore_denormals():
+    """Training turns on flush-to-zero for subnormal floats process-wide (flush_denormal=true): undo it."""
+    yield
+    from attnlab.training.denormals import flush_denormals, flushed_here
+
+    if flushed_here():
+        flush_denormals(False)

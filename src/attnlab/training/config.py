@@ -169,6 +169,10 @@ class TrainConfig:
     # default kernels may add in a different order each run, so only this makes a resumed GPU run
     # bit-identical to an uninterrupted one (CPU runs are deterministic either way); slower
     deterministic: bool = False
+    # CPU: treat subnormal floats (< 1.2e-38) as zero in every compute thread (FTZ/DAZ, for the whole
+    # process): x86 handles them in microcode, and a peaky attention layer's gradients can slow the
+    # step 1.5-2.5x with them (training/denormals.py)
+    flush_denormal: bool = True
     # under torchrun: "ddp" = a full replica per process, gradients all-reduced; "fsdp" = fully
     # sharded (FSDP2): each process keeps 1/N of weights, gradients and optimiser state
     parallel: Literal["ddp", "fsdp"] = "ddp"

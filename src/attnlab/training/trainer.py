@@ -36,6 +36,7 @@ from attnlab.training.checkpoint import (
     save_checkpoint,
 )
 from attnlab.training.config import TrainConfig
+from attnlab.training.denormals import flush_denormals
 from attnlab.training.mfu import mfu, peak_flops
 from attnlab.training.moe_log import MoELog
 from attnlab.training.optim import make_optimizer
@@ -129,6 +130,8 @@ class Trainer:
                          "set CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting Python")
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
+        if cfg.flush_denormal and self.device.type == "cpu":  # process-wide, like deterministic
+            flush_denormals()
         name = cfg.name or default_run_name(preset)
         self.run_dir = Path(cfg.out_dir) / name
         if cfg.resume:

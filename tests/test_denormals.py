@@ -1,0 +1,42 @@
+"""Subnormal floats are flushed in every thread that computes, so a peaky layer cannot slow training."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+from attnlab.training.denormals import flush_denormals, flushed_here
+from attnlab.training.trainer import Trainer
+from tests.helpers import tiny_config, write_corpus
+
+needs_ftz = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                               reason="flush-to-zero / denormals-are-zero is an x86 (MXCSR) mode")
+
+
+@needs_ftz
+def test_flush_reaches_the_threads_of_an_existing_pool():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    tiny, ones = torch.full((512, 512), 1e-40), torch.ones(512, 512)  # each product sums to 5.1e-38
+    try:
+        assert (tiny @ ones).min() > 0  # the pool's threads start now, flush off
+        torch.set_flush_denormal(True)  # torch's own switch: this thread only
+        assert flushed_here()
+        assert (tiny @ ones).max() > 0  # ... the pool's threads still compute with the subnormals
+        assert flush_denormals() == 2
+        assert (tiny @ ones).max() == 0  # every thread read the subnormals as zero
+        assert flush_denormals(False) == 2
+        assert not flushed_here() and (tiny @ ones).min() > 0
+    finally:
+        flush_denormals(False)
+        torch.set_num_threads(before)
+
+
+@needs_ftz
+@pytest.mark.parametrize("flush", [True, False])
+def test_training_on_cpu_flushes_unless_told_not_to(tmp_path, flush):
+    data = write_corpus(tmp_path / "c.txt", n_chars=3000)
+    Trainer(tiny_config(data, tmp_path / "runs", flush_denormal=str(flush).lower(), max_iters=1), log=lambda *a: None)
+    assert flushed_here() is flush
