@@ -174,9 +174,9 @@ def main() -> None:
               f"{r['step_ms']:>9.1f}{r['mfu']:>7.1%}{same:>18}{vs32:>12}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(shape=args.shape, **shape, rounds=args.rounds, steps=args.steps, flush_denormals=not args.keep_denormals,
-                threads=torch.get_num_threads(), device=where, torch=torch.__version__, machine=platform.machine(),
-                processor=platform.processor())
+    meta = dict(shape=args.shape, **shape, rounds=args.rounds, steps=args.steps,
+                flush_denormals=not args.keep_denormals, threads=torch.get_num_threads(), device=where,
+                torch=torch.__version__, machine=platform.machine(), processor=platform.processor())
     peak_text = ", ".join(f"{d} {p / 1e9:,.0f} GFLOP/s" for d, p in peaks.items())
     print(f"\nMFU peaks (measured matmul, cached): {peak_text}")
     out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
