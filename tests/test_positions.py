@@ -362,3 +362,15 @@ def test_relative_scheme_trains_its_parameters_through_attention():
     y_e, probs = eager(x, bias=p.attn_bias(pos, pos), need_weights=True)
     torch.testing.assert_close(y_s, y_e, atol=1e-5, rtol=1e-5)
     assert probs is not None and torch.allclose(probs.sum(-1), torch.ones(2, 4, 6))
+
+
+def test_rotary_keeps_the_input_dtype_under_bf16():
+    """fp32 angles must not promote bf16 queries/keys: attention under autocast then runs in bf16."""
+    from attnlab.nn.positions import RotaryPositions, apply_rotary
+
+    rope = RotaryPositions(8, max_len=16)
+    cos, sin = rope.rotary(torch.arange(5))
+    x = torch.randn(2, 3, 5, 8)
+    out = apply_rotary(x.bfloat16(), cos, sin)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), apply_rotary(x.bfloat16().float(), cos, sin), atol=1e-2, rtol=1e-2)

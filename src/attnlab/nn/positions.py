@@ -96,8 +96,11 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE: x * cos + rotate_half(x) * sin. x (B, H, T, D); cos, sin (T, D)."""
-    return x * cos + rotate_half(x) * sin
+    """RoPE: x * cos + rotate_half(x) * sin. x (B, H, T, D); cos, sin (T, D).
+
+    Computed in the wider of the two dtypes and returned in x's: under bf16 autocast q and k stay
+    bf16 (the fp32 angles would otherwise promote them, and attention would run in fp32)."""
+    return (x * cos + rotate_half(x) * sin).to(x.dtype)
 
 
 class RotaryPositions(PositionalScheme):
