@@ -119,6 +119,13 @@ def test_causal_needs_at_least_as_many_keys_as_queries():
         bmm_attention(q, k, v, is_causal=True)
 
 
+def test_mixed_dtypes_are_refused_in_one_line():
+    q, k, v = _qkv(dtype=torch.bfloat16)
+    assert not use_bmm_attention(q, k.float(), v, None, None, False)  # routing leaves them to SDPA
+    with pytest.raises(ValueError, match="share one dtype"):
+        bmm_attention(q, k.float(), v)
+
+
 def test_under_autocast_the_inputs_dtype_is_kept():
     q, k, v = _qkv(T=8, S=8, dtype=torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -38,6 +38,7 @@ def use_bmm_attention(
     return (
         q.device.type == "cpu"
         and q.dtype == torch.bfloat16  # fp16: no clear gain (slower at T=64, measured); it stays on fp32 SDPA
+        and k.dtype == v.dtype == q.dtype
         and torch.is_grad_enabled()
         and any(t is not None and t.requires_grad for t in (q, k, v, bias))
         and mask is None
@@ -90,6 +91,8 @@ def bmm_attention(
     """
     B, H, T, D = q.shape
     S, Dv = k.size(-2), v.size(-1)
+    if not k.dtype == v.dtype == q.dtype:
+        raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     scale = D**-0.5 if scale is None else scale
     additive = torch.zeros(T, S, dtype=q.dtype, device=q.device)  # (T, S): broadcasts over B*H
     if is_causal:
