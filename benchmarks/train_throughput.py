@@ -119,11 +119,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not args.keep_denormals:  # as the trainer does on a CPU, for every contender alike
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    flush = device.type == "cpu" and not args.keep_denormals
+    if flush:  # as the trainer does on a CPU, for every contender alike
         from attnlab.training.denormals import flush_denormals
 
         flush_denormals()
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shape = SHAPES[args.shape]
     B, T, V = shape["batch_size"], shape["block_size"], shape["vocab_size"]
     gen = torch.Generator().manual_seed(0)
@@ -175,7 +176,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(shape=args.shape, **shape, rounds=args.rounds, steps=args.steps,
-                flush_denormals=not args.keep_denormals, threads=torch.get_num_threads(), device=where,
+                flush_denormals=flush, threads=torch.get_num_threads(), device=where,
                 torch=torch.__version__, machine=platform.machine(), processor=platform.processor())
     peak_text = ", ".join(f"{d} {p / 1e9:,.0f} GFLOP/s" for d, p in peaks.items())
     print(f"\nMFU peaks (measured matmul, cached): {peak_text}")

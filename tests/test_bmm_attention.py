@@ -119,6 +119,31 @@ def test_causal_needs_at_least_as_many_keys_as_queries():
         bmm_attention(q, k, v, is_causal=True)
 
 
+def test_routing_leaves_other_layouts_to_sdpa():
+    """3-D inputs, or key heads that broadcast against the query heads, keep the general kernel."""
+    q3 = torch.randn(4, 8, 16, dtype=torch.bfloat16, requires_grad=True)
+    assert not use_bmm_attention(q3, q3, q3, None, None, False)
+    out = sdpa_attention(q3, q3, q3, is_causal=True)
+    assert out.shape == (4, 8, 16)
+    q, _, _ = _qkv(T=8, S=8, dtype=torch.bfloat16)
+    kv = torch.randn(2, 1, 8, 4, dtype=torch.bfloat16)
+    assert not use_bmm_attention(q, kv, kv, None, None, False)
+    assert sdpa_attention(q, kv, kv, is_causal=True).shape == q.shape
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_second_derivatives_hold(dropout_p):
+    """create_graph=True differentiates the formula itself, so gradient penalties and Hessians are right."""
+    q, k, v = _qkv(B=1, H=2, T=4, S=4, D=3)
+    bias = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
+
+    def f(*t):
+        torch.manual_seed(0)  # one dropout mask for every evaluation
+        return bmm_attention(*t[:3], bias=t[3], dropout_p=dropout_p, is_causal=True)
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v, bias))
+
+
 def test_mixed_dtypes_are_refused_in_one_line():
     q, k, v = _qkv(dtype=torch.bfloat16)
     assert not use_bmm_attention(q, k.float(), v, None, None, False)  # routing leaves them to SDPA

@@ -123,7 +123,7 @@ def sdpa_attention(
     its shared key/value head without copying the cache out to every head.
     """
     if use_bmm_attention(q, k, v, mask, bias, enable_gqa):
-        # CPU training in bf16/fp16 on short sequences: plain batched matmuls that keep the
+        # CPU training in bf16 on short sequences: plain batched matmuls that keep the
         # probabilities beat the flash kernel's re-computing backward (see attnlab.nn.bmm_attention)
         return bmm_attention(q, k, v, bias=bias, scale=scale, dropout_p=dropout_p, is_causal=is_causal)
     if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and (

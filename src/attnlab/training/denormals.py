@@ -9,9 +9,11 @@ per step at first, 0.9-1.5 s after ~70 steps, when 4.7% of one layer's QKV gradi
 register treats them as 0, a change below 1.2e-38 that training does not see (bf16 has the same
 range).
 
-``torch.set_flush_denormal`` sets the register of the calling thread only, and the threads of the
+``torch.set_flush_denormal`` sets the register of the calling thread only, and the threads of its
 intra-op pool, which run the matmuls, inherit it only if they start after the call. So
-``flush_denormals`` also runs it once on every thread of the OpenMP pool torch computes with.
+``flush_denormals`` also runs it once on every thread of the calling thread's OpenMP team (the pool
+torch computes with when that thread calls it; the trainer builds and trains on one thread). Not
+covered: thread pools of other runtimes (a BLAS with its own pthreads or TBB, torch's inter-op pool).
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ import threading
 
 import torch
 
-_KEEP: list = []  # ctypes callbacks must outlive the call that runs them
-
 
 def flushed_here() -> bool:
     """Whether the calling thread flushes subnormals (a subnormal times one comes out as zero)."""
@@ -33,33 +33,36 @@ def flushed_here() -> bool:
 
 
 def _openmp_runtime() -> ctypes.CDLL | None:
-    """The OpenMP library torch runs its intra-op pool on (the copy shipped in torch/lib), if any."""
+    """The OpenMP library torch runs its intra-op pool on, if torch uses OpenMP: the one already loaded
+    (found by its name without loading another copy), else the copy shipped in torch/lib."""
     if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
         return None
     libdir = os.path.join(os.path.dirname(torch.__file__), "lib")
-    for pattern in ("libgomp*.so*", "libiomp5*", "libomp*"):
-        for path in sorted(glob.glob(os.path.join(libdir, pattern))):
-            try:
-                lib = ctypes.CDLL(path)  # already loaded by torch: the same handle, the same pool
-            except OSError:
-                continue
-            if hasattr(lib, "GOMP_parallel"):  # GNU's entry point; Intel's and LLVM's runtimes export it too
-                return lib
+    candidates = ["libgomp.so.1", "libiomp5.so", "libomp.so", "libomp.dylib", "libiomp5.dylib"]
+    candidates += sorted(glob.glob(os.path.join(libdir, "lib*omp*")))
+    for name in candidates:
+        try:  # RTLD_NOLOAD: only a library this process has already loaded, never a second runtime
+            lib = ctypes.CDLL(name, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        if hasattr(lib, "GOMP_parallel"):  # GNU's entry point; Intel's and LLVM's runtimes export it too
+            return lib
     return None
 
 
 def flush_denormals(on: bool = True) -> int:
-    """Set (or clear) flush-to-zero + denormals-are-zero in this thread and every intra-op thread.
+    """Set (or clear) flush-to-zero + denormals-are-zero in this thread and every thread of its OpenMP team.
 
-    Returns the number of threads set, 0 where the CPU has no such mode (``torch.set_flush_denormal``
-    returns False, e.g. not x86). Process-wide in effect; training runs call it through
+    Returns the number of threads set: 0 where the CPU has no such mode (``torch.set_flush_denormal``
+    returns False, e.g. not x86), 1 where torch's OpenMP runtime cannot be reached. The team run is
+    as large as the CPUs this process may use (at least torch's thread count), so pool threads left
+    idle by a smaller ``torch.set_num_threads`` are set too. Training runs call it through
     ``TrainConfig.flush_denormal``.
     """
     if not torch.set_flush_denormal(on):
         return 0
     runtime = _openmp_runtime()
-    n = torch.get_num_threads()
-    if runtime is None or n == 1:
+    if runtime is None:
         return 1
     seen: set[int] = set()
 
@@ -67,8 +70,8 @@ def flush_denormals(on: bool = True) -> int:
         torch.set_flush_denormal(on)
         seen.add(threading.get_native_id())
 
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    team = max(torch.get_num_threads(), usable)
     callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(on_each_thread)
-    _KEEP.append(callback)
-    runtime.GOMP_parallel(callback, None, ctypes.c_uint(n), ctypes.c_uint(0))  # one call per pool thread
-    _KEEP.remove(callback)
+    runtime.GOMP_parallel(callback, None, ctypes.c_uint(team), ctypes.c_uint(0))  # once on each team thread
     return len(seen)

@@ -130,8 +130,9 @@ class Trainer:
                          "set CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting Python")
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
-        if cfg.flush_denormal and self.device.type == "cpu":  # process-wide, like deterministic
-            flush_denormals()
+        flushed = flush_denormals() if cfg.flush_denormal and self.device.type == "cpu" else 0  # process-wide
+        if 0 < flushed < torch.get_num_threads():
+            self.log("note: subnormal floats are flushed in this thread only (torch's OpenMP pool not reached)")
         name = cfg.name or default_run_name(preset)
         self.run_dir = Path(cfg.out_dir) / name
         if cfg.resume:
