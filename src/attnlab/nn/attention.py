@@ -21,8 +21,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from attnlab.nn.bmm_attention import bmm_attention, use_bmm_attention
-
 Backend = Literal["eager", "sdpa", "tiled"]
 BACKENDS: tuple[str, ...] = ("eager", "sdpa", "tiled")
 # hook(module, q, k, mask, bias, is_causal, scale): the exact inputs of the softmax, see ScoresHooks
@@ -122,6 +120,8 @@ def sdpa_attention(
     ``enable_gqa``: k and v have fewer heads than q (a divisor); each group of query heads reads
     its shared key/value head without copying the cache out to every head.
     """
+    from attnlab.nn.bmm_attention import bmm_attention, use_bmm_attention  # it builds on causal_mask above
+
     if use_bmm_attention(q, k, v, mask, bias, enable_gqa):
         # CPU training in bf16 on short sequences: plain batched matmuls that keep the
         # probabilities beat the flash kernel's re-computing backward (see attnlab.nn.bmm_attention)

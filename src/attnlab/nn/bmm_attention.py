@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.nn.attention import causal_mask
+
 # the largest T*S routed here (at 512 x 512 the flash kernel is faster, and P grows with T*S)
 MAX_SCORES = 256 * 256
 
@@ -120,10 +122,7 @@ def bmm_attention(
     scale = D**-0.5 if scale is None else scale
     additive = torch.zeros(T, S, dtype=q.dtype, device=q.device)  # (T, S): broadcasts over B*H
     if is_causal:
-        if S < T:
-            raise ValueError(f"causal attention needs S >= T, got T={T}, S={S}")
-        future = torch.ones(T, S, dtype=torch.bool, device=q.device).triu(S - T + 1)  # True = not yet seen
-        additive = additive.masked_fill(future, float("-inf"))
+        additive = additive.masked_fill(~causal_mask(T, S, device=q.device), float("-inf"))
     if bias is not None:  # (.., T, S) -> (B*H, T, S)
         additive = (bias.to(q.dtype) + additive).expand(B, H, T, S).reshape(B * H, T, S)
     with torch.autocast(q.device.type, enabled=False):
