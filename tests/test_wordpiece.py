@@ -61,3 +61,17 @@ def test_bad_vocabularies_are_tokenizer_errors(tmp_path):
     (tmp_path / "vocab.txt").write_text("[UNK]\na\n")
     with pytest.raises(TokenizerError, match=r"\[PAD\]"):
         load_tokenizer(tmp_path / "vocab.txt")
+
+
+def test_training_gives_the_same_ids_in_every_process():
+    """The trainer numbers pieces in hash-map order (a new seed per process); the ids are canonical."""
+    import subprocess
+    import sys
+
+    code = ("import hashlib, json; from attnlab.tokenizers import WordPieceTokenizer; "
+            "from attnlab.data.corpora import shakespeare_corpus; "
+            "t = WordPieceTokenizer.train(shakespeare_corpus().read_text()[:300_000], 600); "
+            "print(hashlib.sha256(json.dumps(t.tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest())")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(3)}
+    assert len(runs) == 1

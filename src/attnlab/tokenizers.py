@@ -250,6 +250,21 @@ class BPETokenizer(Tokenizer):
 WORDPIECE_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
+def canonical_order(vocab: dict[str, int]) -> dict[str, int]:
+    """The trained vocabulary with ids that do not depend on hash order.
+
+    The ``tokenizers`` WordPiece trainer learns the same set of pieces every time, but numbers them
+    in an order that depends on a hash map (its alphabet, and merges of equal count), which changes
+    from process to process (tokenizers#1794): two runs on one text got different ids. WordPiece
+    encodes by longest match in the set, so the order carries no meaning; here the special tokens
+    keep ids 0..4, the alphabet (characters and ``##`` + character) follows sorted by string, then
+    the merged pieces sorted by string.
+    """
+    specials = [t for t in sorted(vocab, key=vocab.get) if t in WORDPIECE_SPECIAL_TOKENS]
+    rest = sorted((t for t in vocab if t not in specials), key=lambda t: (len(t.removeprefix("##")) > 1, t))
+    return {t: i for i, t in enumerate([*specials, *rest])}
+
+
 class WordPieceTokenizer(Tokenizer):
     """BERT's WordPiece: lower-casing normaliser, whitespace/punctuation split, ``##`` sub-words.
 
@@ -302,7 +317,8 @@ class WordPieceTokenizer(Tokenizer):
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIAL_TOKENS),
                                             show_progress=False)
         tokenizer.train_from_iterator(_as_iterator(text_or_iterator), trainer=trainer)
-        return cls._with_template(tokenizer, lowercase)
+        vocab = tokenizer.get_vocab()
+        return cls._with_template(HFTokenizer(models.WordPiece(canonical_order(vocab), unk_token="[UNK]")), lowercase)
 
     @classmethod
     def from_vocab(cls, file: str | Path, lowercase: bool = True) -> WordPieceTokenizer:
