@@ -314,3 +314,23 @@ def test_train_eval_inspect_through_the_cli(tmp_path, capsys):
 def test_normalize_uses_train_statistics():
     x = torch.tensor([[[[0, 255]]]], dtype=torch.uint8)
     assert torch.allclose(normalize(x, [0.5], [0.5]), torch.tensor([[[[-1.0, 1.0]]]]))
+
+
+def test_augmented_batches_have_the_standard_layout_and_train_a_small_cnn_on_one_thread():
+    """The shift crop used to hand on channels-last strides (C = 1); oneDNN's convolution backward on them
+    corrupted the heap with one thread (the process aborted). Run in a child process: a crash is a failure."""
+    import subprocess
+    import sys
+
+    from attnlab.data.images import augment
+
+    out = augment(torch.rand(5, 1, 8, 8), torch.Generator().manual_seed(0), shift=1)
+    assert out.stride() == (64, 64, 8, 1)
+    code = ("import torch; from attnlab.runs import load_train_config; from attnlab.models.registry import "
+            "build_model; from attnlab.training.tasks import build_task; "
+            "cfg = load_train_config('configs/cnn-digits.yaml', ['model.cnn_width=4', 'model.cnn_stages=2', "
+            "'model.cnn_blocks=1']); task = build_task(cfg); torch.set_num_threads(1); torch.manual_seed(0); "
+            "model = build_model(cfg.model); g = torch.Generator().manual_seed(0)\n"
+            "for _ in range(30): model(**task.batch('train', 64, g)).loss.backward()\nprint('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-500:]

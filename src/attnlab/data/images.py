@@ -274,4 +274,7 @@ def augment(images: Tensor, generator: torch.Generator, shift: int = 0, flip: bo
     if flip:
         mirror = torch.rand(B, generator=generator) < 0.5
         images = torch.where(mirror[:, None, None, None], images.flip(-1), images)
-    return images.contiguous()
+    # the crop above leaves channels-last strides, which torch calls contiguous when C = 1; oneDNN's
+    # convolution backward on such a batch corrupted the heap (torch 2.13 CPU, one thread: the process
+    # aborted). Always hand on the standard row-major layout.
+    return images.clone(memory_format=torch.contiguous_format)
