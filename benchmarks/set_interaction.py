@@ -53,8 +53,8 @@ def n_params(model: nn.Module) -> int:
 
 
 def set_transformer(n_elements: int, seed: int) -> nn.Module:
+    from attnlab.core.schema import from_dict
     from attnlab.models import ModelConfig, build_model
-    from attnlab.schema import from_dict
 
     torch.manual_seed(seed)
     cfg = from_dict(ModelConfig, dict(family="encoder", inputs="set", positions="none", pooling="mean",

@@ -40,8 +40,8 @@ SHAPES = {
 
 
 def build_attnlab(shape: dict, device: torch.device, compile: bool = False):
+    from attnlab.core.schema import from_dict
     from attnlab.models import ModelConfig, build_model
-    from attnlab.schema import from_dict
     from attnlab.training.config import TrainConfig
     from attnlab.training.trainer import make_optimizer
 
@@ -122,7 +122,7 @@ def main() -> None:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     flush = device.type == "cpu" and not args.keep_denormals
     if flush:  # as the trainer does on a CPU, for every contender alike
-        from attnlab.training.denormals import flush_denormals
+        from attnlab.core.runtime import flush_denormals
 
         flush_denormals()
     shape = SHAPES[args.shape]

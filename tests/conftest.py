@@ -13,18 +13,12 @@ def _private_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _restore_deterministic_mode():
-    """deterministic=true switches the whole process to deterministic kernels: undo it after each test."""
-    before = torch.are_deterministic_algorithms_enabled()
+def _restore_runtime():
+    """A run changes process-wide settings (threads, deterministic kernels, subnormal flushing) and
+    restores them when it ends; a test that builds a Trainer without training, or sets them itself,
+    is undone here."""
+    from attnlab.core import runtime
+
+    before = runtime.current()
     yield
-    torch.use_deterministic_algorithms(before)
-
-
-@pytest.fixture(autouse=True)
-def _restore_denormals():
-    """Training turns on flush-to-zero for subnormal floats process-wide (flush_denormal=true): undo it."""
-    yield
-    from attnlab.training.denormals import flush_denormals, flushed_here
-
-    if flushed_here():
-        flush_denormals(False)
+    runtime.apply(before)

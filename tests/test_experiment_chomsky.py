@@ -210,7 +210,7 @@ def test_best_of_seeds_keeps_the_best_run_and_reuses_finished_seeds(monkeypatch)
 def test_resume_checks_the_settings(tmp_path, monkeypatch, capsys):
     import pytest
 
-    from attnlab.errors import ConfigError
+    from attnlab.core.errors import ConfigError
 
     assert c.finished_runs(tmp_path, c.FULL) == ({}, 0.0)
     record = {"quick": False, "wall_time_s": 12.5,

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
+from attnlab.core.schema import from_dict
 from attnlab.generation import SamplingConfig, filter_logits, generate, next_token, stream
 from attnlab.models import ModelConfig, build_model
-from attnlab.schema import from_dict
 
 VOCAB = 29
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative", "none"]

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 
 import attnlab.models
-from attnlab.errors import CheckpointError, ConfigError
+from attnlab.core.errors import CheckpointError, ConfigError
+from attnlab.core.schema import from_dict
 from attnlab.models import ModelConfig, build_model
 from attnlab.models.base import CONFIG_NAME, WEIGHTS_NAME, read_config
 from attnlab.models.gpt import GPT
-from attnlab.schema import from_dict
 
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative", "none"]
 BACKENDS = ["eager", "sdpa"]

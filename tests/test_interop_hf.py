@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from attnlab.errors import CheckpointError
+from attnlab.core.errors import CheckpointError
 from attnlab.interop.hf import load_gpt2, save_gpt2
 from attnlab.models import ModelConfig, build_model
 

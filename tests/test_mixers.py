@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
 from attnlab.generation import SamplingConfig, generate
 from attnlab.models import ModelConfig, build_model, from_pretrained
 from attnlab.nn.attention import KVCache, MultiHeadAttention
@@ -100,7 +100,7 @@ def test_ssm_parameters_flagged_are_not_weight_decayed():
     ],
 )
 def test_mixer_config_validation(changes, message):
-    from attnlab.schema import from_dict
+    from attnlab.core.schema import from_dict
 
     with pytest.raises(ConfigError, match=message):
         from_dict(ModelConfig, dict(vocab_size=20, n_head=4, d_model=32, **changes), prefix="model.")

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from attnlab.core.errors import DataError
 from attnlab.data.mlm import MLMDataset, Specials, mask_tokens, pack_segments
-from attnlab.errors import DataError
 
 SPECIALS = Specials(pad=0, cls=2, sep=3, mask=4, all=frozenset({0, 1, 2, 3, 4}))
 

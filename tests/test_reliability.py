@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.errors import CheckpointError
+from attnlab.core.errors import CheckpointError
 from attnlab.models.registry import from_pretrained
 from attnlab.runs import read_metrics
 from attnlab.training import checkpoint as ckpt

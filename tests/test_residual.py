@@ -474,9 +474,9 @@ def test_standard_residual_keeps_the_plain_path():
 
 
 def test_residual_scheme_needs_pre_norm():
-    from attnlab.errors import ConfigError
+    from attnlab.core.errors import ConfigError
+    from attnlab.core.schema import from_dict
     from attnlab.models import ModelConfig
-    from attnlab.schema import from_dict
 
     with pytest.raises(ConfigError, match="needs norm_position=pre"):
         from_dict(ModelConfig, dict(residual="hyper", norm_position="post"))

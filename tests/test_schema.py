@@ -1,9 +1,9 @@
 import pytest
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
+from attnlab.core.schema import apply_overrides, from_dict, parse_override
 from attnlab.models.config import ModelConfig
 from attnlab.runs import load_train_config
-from attnlab.schema import apply_overrides, from_dict, parse_override
 from attnlab.training.config import TrainConfig
 
 

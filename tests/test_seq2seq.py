@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
+from attnlab.core.schema import from_dict
 from attnlab.generation import beam_search, greedy_decode, length_penalty
 from attnlab.models import ModelConfig, build_model
 from attnlab.models.registry import from_pretrained
-from attnlab.schema import from_dict
 
 VOCAB, BOS, EOS = 23, 1, 2
 

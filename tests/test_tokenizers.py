@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.errors import TokenizerError
+from attnlab.core.errors import TokenizerError
 from attnlab.tokenizers import (
     BPETokenizer,
     CharTokenizer,

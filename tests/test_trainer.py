@@ -7,7 +7,7 @@ import signal
 import pytest
 import torch
 
-from attnlab.errors import CheckpointError, ConfigError
+from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.models.registry import from_pretrained
 from attnlab.runs import read_metrics
 from attnlab.training.checkpoint import latest_checkpoint, list_checkpoints, load_trainer_state

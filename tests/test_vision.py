@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from attnlab.cli import main
+from attnlab.core.errors import ConfigError, DataError
 from attnlab.data.images import (
     augment,
     load_fashion_mnist,
@@ -21,7 +22,6 @@ from attnlab.data.images import (
     read_image,
     split_indices,
 )
-from attnlab.errors import ConfigError, DataError
 from attnlab.inspect.rollout import attention_rollout
 from attnlab.models.cnn import CNN, match_width
 from attnlab.models.config import ModelConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.errors import TokenizerError
+from attnlab.core.errors import TokenizerError
 from attnlab.tokenizers import WordPieceTokenizer, load_tokenizer, train_tokenizer
 
 TEXT = "\n".join(["First Citizen: Before we proceed any further, hear me speak.", "All: Speak, speak.",

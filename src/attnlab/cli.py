@@ -57,7 +57,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
     args.config = str(run_dir / RUN_CONFIG)
     if not Path(args.config).is_file():
-        from attnlab.errors import ConfigError
+        from attnlab.core.errors import ConfigError
 
         raise ConfigError(f"{run_dir} is not a run folder (no {RUN_CONFIG})")
     args.overrides = [*args.overrides, "resume=true", f"name={run_dir.name}", f"out_dir={run_dir.parent}"]
@@ -67,7 +67,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from attnlab.errors import ConfigError
+    from attnlab.core.errors import ConfigError
     from attnlab.generation import SamplingConfig, stream
     from attnlab.runs import load_model_and_tokenizer
     from attnlab.training.distributed import resolve_device
@@ -122,7 +122,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     splits = tuple(args.splits or task.splits)
     unknown = [s for s in splits if s not in task.splits]
     if unknown:
-        from attnlab.errors import ConfigError
+        from attnlab.core.errors import ConfigError
 
         raise ConfigError(f"this run's data has no split '{unknown[0]}'; choose from {', '.join(task.splits)}")
     print(f"{run_dir}: {model.num_parameters() / 1e6:.2f}M parameters, data {cfg.data}")
@@ -140,7 +140,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     """Look inside a trained run on one input: --text (attention figures + a JSON dump of the
     probabilities) or --image (a ViT's [CLS] attention per layer/head and rollout, as a PNG)."""
-    from attnlab.errors import ConfigError
+    from attnlab.core.errors import ConfigError
 
     if (args.text is None) == (args.image is None):
         raise ConfigError("give one input to inspect: --text \"...\" or --image path.png")
@@ -190,7 +190,7 @@ def _cmd_import_hf(args: argparse.Namespace) -> int:
 
 
 def _load_encoder(run_dir: str):
-    from attnlab.errors import ConfigError
+    from attnlab.core.errors import ConfigError
     from attnlab.models.bert import Bert
     from attnlab.runs import load_model_and_tokenizer
 
@@ -220,9 +220,9 @@ def _cmd_embed(args: argparse.Namespace) -> int:
 def _cmd_probe(args: argparse.Namespace) -> int:
     import time
 
+    from attnlab.core.schema import apply_overrides, from_dict
     from attnlab.data.labelled import read_labelled
     from attnlab.encoders import embed_texts, linear_probe
-    from attnlab.schema import apply_overrides, from_dict
     from attnlab.training.config import ProbeOptions
 
     opts = from_dict(ProbeOptions, apply_overrides(ProbeOptions, {}, list(args.overrides)))  # validated
@@ -233,7 +233,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     t_embed = time.perf_counter() - t0
     numeric = data.numeric_labels() if opts.kind in ("auto", "ridge") else None
     if opts.kind == "ridge" and numeric is None:
-        from attnlab.errors import DataError
+        from attnlab.core.errors import DataError
 
         raise DataError(f"{opts.data}: kind=ridge needs numeric labels")
     r = linear_probe(features, data.labels, opts.test_fraction, opts.seed, numeric=numeric)
@@ -257,7 +257,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
-    from attnlab.errors import ConfigError
+    from attnlab.core.errors import ConfigError
     from attnlab.models.base import read_config
     from attnlab.models.registry import from_pretrained
     from attnlab.runs import load_train_config
@@ -309,8 +309,8 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 
 def _cmd_translate(args: argparse.Namespace) -> int:
     """Translate --text (or every line of --file) with a trained seq2seq run: greedy or beam search."""
+    from attnlab.core.errors import ConfigError
     from attnlab.data.pairs import PairEncoder
-    from attnlab.errors import ConfigError
     from attnlab.runs import load_model_and_tokenizer
     from attnlab.training.tasks.seq2seq import translate
 
@@ -343,8 +343,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _unknown_name(kind: str, name: str, options: list[str]):
     """A one-line error for a misspelt benchmark/experiment name, with the closest match."""
-    from attnlab.errors import ConfigError
-    from attnlab.schema import did_you_mean
+    from attnlab.core.errors import ConfigError
+    from attnlab.core.schema import did_you_mean
 
     hint = did_you_mean(name, options) or f"; choose one of {', '.join(options)}"
     return ConfigError(f"unknown {kind} '{name}'{hint}")
@@ -357,7 +357,7 @@ def _benchmarks_dir() -> Path:
     for root in (Path.cwd(), Path(attnlab.__file__).resolve().parents[2]):
         if (root / "benchmarks").is_dir():
             return root / "benchmarks"
-    from attnlab.errors import ConfigError
+    from attnlab.core.errors import ConfigError
 
     raise ConfigError("no benchmarks/ folder found: run attnlab bench from the attnlab checkout")
 
@@ -399,7 +399,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     if args.resume:
         import inspect
 
-        from attnlab.errors import ConfigError
+        from attnlab.core.errors import ConfigError
 
         if "resume" not in inspect.signature(module.run).parameters:
             raise ConfigError(f"experiment {args.name!r} cannot resume; run it again without --resume")
@@ -535,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or a usage error already printed on one line
         return int(e.code or 0)
-    from attnlab.errors import AttnlabError
+    from attnlab.core.errors import AttnlabError
 
     try:
         return args.func(args)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnlab.errors import ConfigError, DataError
+from attnlab.core.errors import ConfigError, DataError
 
 
 def _wordpiece(tokenizer):

@@ -32,7 +32,7 @@ class SamplingConfig:
     compile: bool = False  # torch.compile the cached one-token decode step (first call compiles)
 
     def validate(self) -> None:
-        from attnlab.errors import ConfigError
+        from attnlab.core.errors import ConfigError
 
         if self.max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")

@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
-from attnlab.errors import CheckpointError, ConfigError
-from attnlab.fileio import atomic_write_text
-from attnlab.schema import apply_overrides, from_dict, load_yaml
+from attnlab.core.errors import CheckpointError, ConfigError
+from attnlab.core.fileio import atomic_write_text
+from attnlab.core.schema import apply_overrides, from_dict, load_yaml
 
 RUN_CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"

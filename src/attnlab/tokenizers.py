@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from attnlab.errors import TokenizerError
-from attnlab.fileio import atomic_write_text
+from attnlab.core.errors import TokenizerError
+from attnlab.core.fileio import atomic_write_text
 
 TOKENIZER_FILE = "tokenizer.json"
 CHAR_FORMAT_VERSION = 1

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.errors import DataError
+from attnlab.core.errors import DataError
 
 GENERATED = ("generated:set-interaction", "generated:peaks")
 

@@ -11,8 +11,8 @@ import importlib.util
 import re
 from pathlib import Path
 
-from attnlab.errors import DataError
-from attnlab.fileio import atomic_write_text, default_cache_dir
+from attnlab.core.errors import DataError
+from attnlab.core.fileio import atomic_write_text, default_cache_dir
 
 BUILTIN_CORPORA = ("shakespeare",)
 

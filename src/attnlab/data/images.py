@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.errors import DataError
+from attnlab.core.errors import DataError
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlab.errors import DataError
+from attnlab.core.errors import DataError
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnlab.errors import DataError
+from attnlab.core.errors import DataError
 
 IGNORE_INDEX = -100
 

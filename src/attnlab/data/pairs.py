@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnlab.errors import DataError
+from attnlab.core.errors import DataError
 
 if TYPE_CHECKING:
     from attnlab.tokenizers import Tokenizer

@@ -19,9 +19,9 @@ from typing import IO, Protocol
 import numpy as np
 import torch
 
+from attnlab.core.errors import DataError
+from attnlab.core.fileio import CACHE_DIR_ENV, atomic_path, default_cache_dir
 from attnlab.data.corpora import BUILTIN_CORPORA, shakespeare_corpus
-from attnlab.errors import DataError
-from attnlab.fileio import CACHE_DIR_ENV, atomic_path, default_cache_dir
 
 TOKEN_CACHE_VERSION = b"attnlab-token-cache-v1"
 SPLITS = ("train", "val")

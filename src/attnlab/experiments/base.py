@@ -3,18 +3,16 @@ verdict) and its plots, all in one output folder."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import platform
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from attnlab import __version__
-from attnlab.fileio import atomic_write_text
+from attnlab.core.fileio import atomic_write_text
 
 
 def write_outputs(out: Path, name: str, claim: str, held: bool, results: dict[str, Any], report_body: str,
@@ -33,18 +31,6 @@ def write_outputs(out: Path, name: str, claim: str, held: bool, results: dict[st
               f"torch {torch.__version__}._\n")
     atomic_write_text(out / "report.md", report)
     return record
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run the block on ``n`` torch intra-op threads, then restore the previous number. Most experiments
-    train tiny models on one thread: they are dispatch-bound, and on a shared machine more threads only wait."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def pyplot():

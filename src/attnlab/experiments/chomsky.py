@@ -35,9 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.core import runtime
+from attnlab.core.errors import ConfigError
 from attnlab.data.formal import TASKS, FormalTask
-from attnlab.errors import ConfigError
-from attnlab.experiments.base import torch_threads, write_outputs
+from attnlab.experiments.base import write_outputs
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.positions import ALiBiPositions
 from attnlab.nn.recurrent import RecurrentModel
@@ -371,7 +372,7 @@ def run(out: Path, quick: bool = False, settings: dict[str, Any] | None = None, 
     s = settings or (QUICK if quick else FULL)
     done, done_s = finished_runs(out, s, quick) if resume else ({}, 0.0)
     runs: dict[str, dict[str, Any]] = {}
-    with torch_threads(1):  # the budget is for one thread; results do not depend on it
+    with runtime.settings(threads=1):  # the budget is for one thread; results do not depend on it
         for t in s["tasks"]:
             runs[t] = {}
             for m in s["models"]:

@@ -27,7 +27,7 @@ BATCH = 12
 def find_data() -> Path:
     """tinyshakespeare.txt: ../shared/data from the checkout (where the lectures' experiments run)."""
     from attnlab.cli import _benchmarks_dir
-    from attnlab.errors import DataError
+    from attnlab.core.errors import DataError
 
     for path in (DATA, _benchmarks_dir().parent.parent / "shared" / "data" / "tinyshakespeare.txt",
                  Path("/work/shared/data/tinyshakespeare.txt")):

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnlab.errors import DataError
-from attnlab.experiments.base import pyplot, save_figure, torch_threads, write_outputs
+from attnlab.core import runtime
+from attnlab.core.errors import DataError
+from attnlab.experiments.base import pyplot, save_figure, write_outputs
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
 
@@ -135,7 +136,7 @@ def fit_chinchilla(n: list[float], d: list[float], loss: list[float]) -> dict[st
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     """One thread: these small models are dispatch-bound, and on a loaded 2-core machine a second thread made
     each step ~50x slower (measured: 3.0 s vs 0.06 s per step at d_model 48)."""
-    with torch_threads(1):
+    with runtime.settings(threads=1):
         return _run(out, quick)
 
 

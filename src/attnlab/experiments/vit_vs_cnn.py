@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from attnlab.experiments.base import torch_threads, write_outputs
+from attnlab.core import runtime
+from attnlab.experiments.base import write_outputs
 from attnlab.models.config import ModelConfig
 
 NAME = "vit-vs-cnn"
@@ -109,7 +110,7 @@ def run(out: Path, quick: bool = False, settings: dict[str, Any] | None = None, 
     started = time.perf_counter()
     settings = settings or (QUICK if quick else FULL)
     # threads 1: on a shared machine, more threads only wait
-    with torch_threads(settings.get("threads", torch.get_num_threads())):
+    with runtime.settings(threads=settings.get("threads", torch.get_num_threads())):
         return _run(out, quick, settings, started, log)
 
 

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.errors import ConfigError
-from attnlab.experiments.base import pyplot, save_figure, torch_threads, write_outputs
+from attnlab.core import runtime
+from attnlab.core.errors import ConfigError
+from attnlab.experiments.base import pyplot, save_figure, write_outputs
 
 NAME = "word-vectors"
 CLAIM = ("Vector arithmetic on MiniLM's word vectors solves analogies (a - b + c ≈ d) far above chance, "
@@ -145,7 +146,7 @@ def within_across(states: Tensor, labels: list[int]) -> dict[str, float]:
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     """On one thread: tiny batches are dispatch-bound, and extra threads only contend on a shared machine."""
-    with torch_threads(1):
+    with runtime.settings(threads=1):
         return _run(out, quick)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import ConfigError, DataError
+from attnlab.core.errors import ConfigError, DataError
 from attnlab.inspect import plots
 from attnlab.inspect.heads import (
     THRESHOLDS,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
 from attnlab.inspect.rollout import attention_rollout
 
 

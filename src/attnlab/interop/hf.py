@@ -30,8 +30,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from attnlab.errors import CheckpointError, ConfigError
-from attnlab.fileio import atomic_path, atomic_write_text
+from attnlab.core.errors import CheckpointError, ConfigError
+from attnlab.core.fileio import atomic_path, atomic_write_text
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
 

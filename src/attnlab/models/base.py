@@ -12,10 +12,10 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from attnlab import __version__
-from attnlab.errors import CheckpointError, ConfigError
-from attnlab.fileio import atomic_path, atomic_write_text
+from attnlab.core.errors import CheckpointError, ConfigError
+from attnlab.core.fileio import atomic_path, atomic_write_text
+from attnlab.core.schema import from_dict
 from attnlab.models.config import CONFIG_VERSION, ModelConfig
-from attnlab.schema import from_dict
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 

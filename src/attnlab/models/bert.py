@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
 from attnlab.models.base import PretrainedModel, transformer_blocks
 from attnlab.models.config import ModelConfig
 from attnlab.nn.activations import activate

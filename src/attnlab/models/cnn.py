@@ -17,7 +17,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import ConfigError, DataError
+from attnlab.core.errors import ConfigError, DataError
 from attnlab.models.base import PretrainedModel
 from attnlab.models.config import ModelConfig
 from attnlab.models.vit import ImageClassifierOutput, classification_loss

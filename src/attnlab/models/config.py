@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
 
 CONFIG_VERSION = 1
 
@@ -79,8 +79,8 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Range checks that types alone cannot express; raises ConfigError (one line)."""
+        from attnlab.core.schema import did_you_mean
         from attnlab.models.registry import MODEL_FAMILIES, model_class
-        from attnlab.schema import did_you_mean
 
         if self.family not in MODEL_FAMILIES:
             hint = did_you_mean(self.family, MODEL_FAMILIES) or f"; choose one of {sorted(MODEL_FAMILIES)}"

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.errors import ConfigError, DataError
+from attnlab.core.errors import ConfigError, DataError
 from attnlab.models.base import PretrainedModel, transformer_blocks
 from attnlab.models.bert import mean_pool
 from attnlab.models.config import ModelConfig

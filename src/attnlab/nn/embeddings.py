@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import DataError
+from attnlab.core.errors import DataError
 
 
 class PatchEmbedding(nn.Module):

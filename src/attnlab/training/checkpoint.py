@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from attnlab.errors import CheckpointError
-from attnlab.fileio import atomic_path, atomic_write_text
+from attnlab.core.errors import CheckpointError
+from attnlab.core.fileio import atomic_path, atomic_write_text
 
 CHECKPOINTS = "checkpoints"
 STATE_NAME = "trainer_state.pt"

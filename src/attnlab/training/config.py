@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
 from attnlab.models.config import ModelConfig
 
 
@@ -171,7 +171,7 @@ class TrainConfig:
     deterministic: bool = False
     # CPU: treat subnormal floats (< 1.2e-38) as zero in every compute thread (FTZ/DAZ, for the whole
     # process): x86 handles them in microcode, and a peaky attention layer's gradients can slow the
-    # step 1.5-2.5x with them (training/denormals.py)
+    # step 1.5-2.5x with them (core/runtime.py)
     flush_denormal: bool = True
     # under torchrun: "ddp" = a full replica per process, gradients all-reduced; "fsdp" = fully
     # sharded (FSDP2): each process keeps 1/N of weights, gradients and optimiser state

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
 from attnlab.training.config import DEVICE_SPEC
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.fileio import atomic_write_text, default_cache_dir
+from attnlab.core.fileio import atomic_write_text, default_cache_dir
 
 
 def active_parameters(model: torch.nn.Module) -> int:

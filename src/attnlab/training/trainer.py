@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import signal
 import threading
 import time
@@ -25,7 +24,8 @@ from typing import Any
 
 import torch
 
-from attnlab.errors import AttnlabError, CheckpointError, ConfigError
+from attnlab.core import runtime
+from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.runs import append_metrics, read_metrics, save_train_config, truncate_metrics
 from attnlab.training import distributed
 from attnlab.training.checkpoint import (
@@ -36,7 +36,6 @@ from attnlab.training.checkpoint import (
     save_checkpoint,
 )
 from attnlab.training.config import TrainConfig
-from attnlab.training.denormals import flush_denormals
 from attnlab.training.mfu import mfu, peak_flops
 from attnlab.training.moe_log import MoELog
 from attnlab.training.optim import make_optimizer
@@ -121,18 +120,10 @@ class Trainer:
         self.dist = distributed.setup(self.device)  # rank 0 of 1 unless launched by torchrun
         self.cfg = cfg
         self.log = log if self.dist.is_main else (lambda *a, **k: None)
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
-        if cfg.deterministic:  # process-wide: it stays on for the rest of this process
-            # cuBLAS needs a fixed workspace to be deterministic; it is read when cuBLAS starts
-            if "CUBLAS_WORKSPACE_CONFIG" not in os.environ and torch.cuda.is_initialized():
-                self.log("note: deterministic=true after CUDA started in this process; if cuBLAS complains, "
-                         "set CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting Python")
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True)
-        flushed = flush_denormals() if cfg.flush_denormal and self.device.type == "cpu" else 0  # process-wide
-        if 0 < flushed < torch.get_num_threads():
-            self.log("note: subnormal floats are flushed in this thread only (torch's OpenMP pool not reached)")
+        # process-wide settings for the run (restored when train() returns)
+        wanted = runtime.RuntimeState(cfg.threads or torch.get_num_threads(), cfg.deterministic,
+                                      cfg.flush_denormal and self.device.type == "cpu")
+        self._runtime_before = runtime.apply(wanted, self.log)
         name = cfg.name or default_run_name(preset)
         self.run_dir = Path(cfg.out_dir) / name
         if cfg.resume:
@@ -304,8 +295,12 @@ class Trainer:
                 signal.signal(s, handler)
 
     def train(self) -> TrainResult:
-        with self._stop_on_signals():
-            return self._train()
+        """Train to max_iters; the process's thread count and kernel modes are restored afterwards."""
+        try:
+            with self._stop_on_signals():
+                return self._train()
+        finally:
+            runtime.apply(self._runtime_before, self.log)
 
     def _train(self) -> TrainResult:
         from tqdm import tqdm

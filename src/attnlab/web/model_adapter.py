@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
+from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError, DataError
 
 #: ceiling on tokens per request even for long-context models: the (L, H, T, T) maps go to the
 #: browser as JSON, and 128^2 * L * H numbers is already megabytes for a 6x6 model

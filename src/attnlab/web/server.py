@@ -47,7 +47,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from attnlab.errors import AttnlabError, ConfigError
+from attnlab.core.errors import AttnlabError, ConfigError
 from attnlab.web.model_adapter import MAX_UPLOAD_BYTES, ExplorerAdapter, load_adapter
 
 STATIC_DIR = Path(__file__).parent / "static"

@@ -11,7 +11,7 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from attnlab.training.config import TrainConfig
@@ -40,7 +40,7 @@ DEFAULT_TASK: dict[str, str] = {
 
 def task_name(cfg: TrainConfig) -> str:
     """The task a run trains on: ``cfg.task``, else the default of its model family."""
-    from attnlab.schema import did_you_mean
+    from attnlab.core.schema import did_you_mean
 
     name = cfg.task or DEFAULT_TASK.get(cfg.model.family)
     if name is None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlab.errors import CheckpointError, ConfigError
+from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.training.tasks.base import Batch, RowsTask
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class ClassifyTask(RowsTask):
                 "n": len(true)}
 
     def save(self, folder: Path) -> None:
-        from attnlab.fileio import atomic_write_text
+        from attnlab.core.fileio import atomic_write_text
 
         self.tokenizer.save(folder)
         atomic_write_text(folder / LABELS_FILE, json.dumps(self.classes, ensure_ascii=False, indent=1) + "\n")

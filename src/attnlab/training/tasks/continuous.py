@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.errors import CheckpointError, ConfigError, DataError
+from attnlab.core.errors import CheckpointError, ConfigError, DataError
 from attnlab.training.tasks.base import Batch, RowsTask
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class ContinuousTask(RowsTask):
         return saved
 
     def save(self, folder: Path) -> None:
-        from attnlab.fileio import atomic_write_text
+        from attnlab.core.fileio import atomic_write_text
 
         saved = {"element_names": self.element_names, "classes": self.classes,
                  "target_mean": self.mean.tolist() if self.regression else None,
@@ -163,7 +163,7 @@ class ContinuousTask(RowsTask):
 
     def eval_report(self, model: torch.nn.Module, run_dir: Path) -> list[Path]:
         """scores.json, and predicted-vs-true.png (regression) on the held-out rows."""
-        from attnlab.fileio import atomic_write_text
+        from attnlab.core.fileio import atomic_write_text
 
         s = self.scores(model, "val")
         out = [run_dir / "scores.json"]

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlab.errors import CheckpointError, DataError
-from attnlab.fileio import atomic_write_text
+from attnlab.core.errors import CheckpointError, DataError
+from attnlab.core.fileio import atomic_write_text
 from attnlab.training.tasks.base import Batch, Task, sample_rows
 
 if TYPE_CHECKING:

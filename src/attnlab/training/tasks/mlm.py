@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
 from attnlab.training.tasks.base import Batch, Task
 
 if TYPE_CHECKING:

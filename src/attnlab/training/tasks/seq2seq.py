@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from attnlab.core.errors import DataError
 from attnlab.data.pairs import SPECIALS, PairEncoder, load_pairs
-from attnlab.errors import DataError
 from attnlab.training.tasks.base import Batch, Task, sample_rows
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class Seq2SeqTask(Task):
     def eval_report(self, model: torch.nn.Module, run_dir: Path) -> list[Path]:
         """Decode the test split (held out); print and write exact match / chrF / BLEU, the translations
         and a cross-attention alignment figure."""
-        from attnlab.fileio import atomic_write_text
+        from attnlab.core.fileio import atomic_write_text
 
         report: dict[str, Any] = {"data": self.cfg.data}
         paths = []

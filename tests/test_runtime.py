@@ -7,7 +7,7 @@ import platform
 import pytest
 import torch
 
-from attnlab.training.denormals import _openmp_runtime, flush_denormals, flushed_here
+from attnlab.core.runtime import _openmp_runtime, flush_denormals, flushed_here
 from attnlab.training.trainer import Trainer
 from tests.helpers import tiny_config, write_corpus
 
@@ -63,3 +63,18 @@ def test_training_on_cpu_flushes_unless_told_not_to(tmp_path, flush):
     data = write_corpus(tmp_path / "c.txt", n_chars=3000)
     Trainer(tiny_config(data, tmp_path / "runs", flush_denormal=str(flush).lower(), max_iters=1), log=lambda *a: None)
     assert flushed_here() is flush
+
+
+def test_settings_are_restored_after_the_block_and_after_a_run(tmp_path):
+    from attnlab.core import runtime
+
+    before = runtime.current()
+    with runtime.settings(threads=before.threads + 1, deterministic=not before.deterministic) as inside:
+        assert runtime.current().threads == before.threads + 1 == inside.threads
+        assert torch.are_deterministic_algorithms_enabled() != before.deterministic
+    assert runtime.current() == before
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="r", deterministic=True, threads=3, max_iters=2))
+    assert runtime.current().threads == 3 and torch.are_deterministic_algorithms_enabled()
+    trainer.train()
+    assert runtime.current() == before

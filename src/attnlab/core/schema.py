@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
-from attnlab.errors import ConfigError
+from attnlab.core.errors import ConfigError
 
 C = TypeVar("C")
 

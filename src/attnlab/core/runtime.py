@@ -1,4 +1,7 @@
-"""Subnormal floats on the CPU: flushed to zero in every thread that computes.
+"""The process's settings: torch threads, deterministic kernels, subnormal floats. Set in one place
+(``apply`` / ``settings``), undone in one place (the state ``apply`` returns).
+
+Subnormal floats on the CPU: flushed to zero in every thread that computes.
 
 x86 CPUs handle subnormal numbers (0 < |x| < 1.2e-38 in fp32) in microcode, many times slower than
 normal ones. Training meets them when an attention layer turns peaky: probabilities underflow, the
@@ -18,10 +21,13 @@ covered: thread pools of other runtimes (a BLAS with its own pthreads or TBB, to
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
 import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -75,3 +81,55 @@ def flush_denormals(on: bool = True) -> int:
     callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(on_each_thread)
     runtime.GOMP_parallel(callback, None, ctypes.c_uint(team), ctypes.c_uint(0))  # once on each team thread
     return len(seen)
+
+
+# -- the process's settings: set in one place, undone in one place --------------------------------
+
+
+@dataclass(frozen=True)
+class RuntimeState:
+    """Process-wide settings a run changes: torch's intra-op threads, deterministic kernels, and
+    flushing of subnormal floats in the compute threads."""
+
+    threads: int
+    deterministic: bool
+    flush_denormal: bool
+
+
+def current() -> RuntimeState:
+    return RuntimeState(torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(), flushed_here())
+
+
+def apply(state: RuntimeState, log: Callable[[str], None] = print) -> RuntimeState:
+    """Put the process into ``state``; return the state it was in (for ``apply`` to restore later)."""
+    before = current()
+    if state.threads != before.threads:
+        torch.set_num_threads(state.threads)
+    if state.deterministic and not before.deterministic:
+        # cuBLAS needs a fixed workspace to be deterministic; it is read when cuBLAS starts
+        if "CUBLAS_WORKSPACE_CONFIG" not in os.environ and torch.cuda.is_initialized():
+            log("note: deterministic=true after CUDA started in this process; if cuBLAS complains, "
+                "set CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting Python")
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if state.deterministic != before.deterministic:
+        torch.use_deterministic_algorithms(state.deterministic)
+    if state.flush_denormal or before.flush_denormal:  # set every time: a pool thread may have missed it
+        flushed = flush_denormals(state.flush_denormal)
+        if state.flush_denormal and 0 < flushed < torch.get_num_threads():
+            log("note: subnormal floats are flushed in this thread only (torch's OpenMP pool not reached)")
+    return before
+
+
+@contextlib.contextmanager
+def settings(threads: int | None = None, deterministic: bool | None = None,
+             flush_denormal: bool | None = None) -> Iterator[RuntimeState]:
+    """Run the block with the given settings (None keeps the current one), then restore the previous ones."""
+    now = current()
+    wanted = RuntimeState(now.threads if threads is None else threads,
+                          now.deterministic if deterministic is None else deterministic,
+                          now.flush_denormal if flush_denormal is None else flush_denormal)
+    before = apply(wanted)
+    try:
+        yield wanted
+    finally:
+        apply(before)
