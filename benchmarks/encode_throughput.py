@@ -54,7 +54,7 @@ def main() -> None:
     import transformers
 
     from attnlab.interop.hf import import_hf
-    from attnlab.runs import load_model_and_tokenizer
+    from attnlab.training.runs import load_model_and_tokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sentences", type=int, default=512)

@@ -14,43 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
-VARIANTS = {
-    "dense": [],
-    "moe-4x-top1": ["moe_experts=4", "moe_top_k=1", "moe_capacity_factor=1.25"],
-    "moe-4x-top1-aux0.05": ["moe_experts=4", "moe_top_k=1", "moe_capacity_factor=1.25", "moe_aux_weight=0.05"],
-    "ssm": ["mixer=ssm", "positions=none"],
-    "hybrid": ["mixer=hybrid", "hybrid_attention_every=2", "positions=none"],
-}
-
-
-def run(name: str, extra: list[str], args) -> dict:
-    from attnlab.runs import load_train_config, read_metrics
-    from attnlab.training.trainer import Trainer
-
-    overrides = [f"data={args.data}", f"max_iters={args.steps}", f"lr_decay_iters={args.steps}",
-                 f"eval_interval={args.steps}", "eval_iters=100", "progress=false", "sample_tokens=200",
-                 f"out_dir={args.out_dir}", f"name={name}-{int(time.time())}", f"threads={args.threads}",
-                 "positions=learned", *extra]  # the recipe as measured (its preset now uses RoPE)
-    cfg = load_train_config(Path(__file__).parents[1] / "configs" / "shakespeare-char.yaml", overrides)
-    trainer = Trainer(cfg, log=lambda *a: None)
-    params = trainer.model.num_parameters()
-    result = trainer.train()
-    row = dict(variant=name, params=params, val_loss=result.val_loss, train_s=result.wall_time_s,
-               sample=result.sample, run_dir=str(result.run_dir))
-    loads = [r for r in read_metrics(result.run_dir) if "expert_load" in r]
-    if loads:
-        def worst(first_step: int) -> float:  # max over layers and log intervals of max/min expert share
-            return max(max(layer) / max(min(layer), 1e-9)
-                       for r in loads if r["step"] > first_step for layer in r["expert_load"])
-
-        row.update(expert_balance_max_over_min=worst(cfg.warmup_iters),
-                   expert_balance_after_quarter=worst(args.steps // 4),
-                   expert_balance_after_half=worst(args.steps // 2),
-                   dropped_fraction_last=loads[-1]["moe_dropped_fraction"], expert_load_last=loads[-1]["expert_load"])
-    return row
+from attnlab.bench.mixers import VARIANTS, run
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def train(preset: Path, overrides: list[str], out_dir: str, name: str):
-    from attnlab.runs import load_train_config
+    from attnlab.training.runs import load_train_config
     from attnlab.training.trainer import Trainer
 
     base = ["progress=false", "sample_tokens=0", f"out_dir={out_dir}", f"name={name}", "keep_checkpoints=1"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.runs import load_train_config
+from attnlab.training.runs import load_train_config
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards",
          "box", "and", "quartz", "glows"]

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from attnlab.models.registry import from_pretrained
-from attnlab.runs import read_metrics
 from attnlab.training.checkpoint import list_checkpoints, load_trainer_state
+from attnlab.training.runs import read_metrics
 from attnlab.training.trainer import Trainer
 
 from .helpers import tiny_config, tiny_overrides, write_corpus

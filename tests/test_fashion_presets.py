@@ -14,7 +14,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.models.registry import build_model
-from attnlab.runs import load_train_config
+from attnlab.training.runs import load_train_config
 from attnlab.training.tasks.images import ImageClassificationTask
 
 PRESETS = {"cnn": "configs/cnn-fashion.yaml", "vit": "configs/vit-fashion.yaml"}

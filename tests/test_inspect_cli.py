@@ -9,7 +9,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.inspect.record import record
-from attnlab.runs import load_model_and_tokenizer
+from attnlab.training.runs import load_model_and_tokenizer
 
 from .helpers import tiny_overrides, write_corpus
 

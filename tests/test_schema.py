@@ -3,8 +3,8 @@ import pytest
 from attnlab.core.errors import ConfigError
 from attnlab.core.schema import apply_overrides, from_dict, parse_override
 from attnlab.models.config import ModelConfig
-from attnlab.runs import load_train_config
 from attnlab.training.config import TrainConfig
+from attnlab.training.runs import load_train_config
 
 
 def test_parse_override_reads_yaml_scalars():

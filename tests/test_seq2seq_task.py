@@ -12,7 +12,7 @@ from attnlab.core.schema import from_dict
 from attnlab.data.pairs import PairEncoder
 from attnlab.generation import greedy_decode
 from attnlab.models import ModelConfig, build_model
-from attnlab.runs import load_train_config
+from attnlab.training.runs import load_train_config
 from attnlab.training.tasks import build_task
 from attnlab.training.tasks.seq2seq import build_pair_tokenizer, score_translations, token_labels
 

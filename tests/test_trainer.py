@@ -9,8 +9,8 @@ import torch
 
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.models.registry import from_pretrained
-from attnlab.runs import read_metrics
 from attnlab.training.checkpoint import latest_checkpoint, list_checkpoints, load_trainer_state
+from attnlab.training.runs import read_metrics
 from attnlab.training.schedule import lr_at
 from attnlab.training.trainer import Trainer, TrainingInterrupted, make_optimizer
 

@@ -326,7 +326,7 @@ def test_augmented_batches_have_the_standard_layout_and_train_a_small_cnn_on_one
 
     out = augment(torch.rand(5, 1, 8, 8), torch.Generator().manual_seed(0), shift=1)
     assert out.stride() == (64, 64, 8, 1)
-    code = ("import torch; from attnlab.runs import load_train_config; from attnlab.models.registry import "
+    code = ("import torch; from attnlab.training.runs import load_train_config; from attnlab.models.registry import "
             "build_model; from attnlab.training.tasks import build_task; "
             "cfg = load_train_config('configs/cnn-digits.yaml', ['model.cnn_width=4', 'model.cnn_stages=2', "
             "'model.cnn_blocks=1']); task = build_task(cfg); torch.set_num_threads(1); torch.manual_seed(0); "

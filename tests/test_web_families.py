@@ -15,7 +15,7 @@ from PIL import Image
 from attnlab.data.images import normalize
 from attnlab.inspect.saliency import saliency_maps
 from attnlab.models.registry import from_pretrained
-from attnlab.runs import load_model_and_tokenizer
+from attnlab.training.runs import load_model_and_tokenizer
 from attnlab.training.tasks.images import load_labels
 from attnlab.web.model_adapter import MAX_IMAGE_SIDE, MAX_UPLOAD_BYTES
 from attnlab.web.server import IMAGE_MAX_BODY_BYTES, create_app

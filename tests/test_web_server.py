@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from attnlab.cli import main
 from attnlab.core.errors import CheckpointError
-from attnlab.runs import load_model_and_tokenizer
+from attnlab.training.runs import load_model_and_tokenizer
 from attnlab.web import server as web_server
 from attnlab.web.model_adapter import GPTAdapter, load_adapter
 from attnlab.web.server import (

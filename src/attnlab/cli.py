@@ -13,8 +13,8 @@ from pathlib import Path
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from attnlab.runs import load_train_config
     from attnlab.training import distributed
+    from attnlab.training.runs import load_train_config
     from attnlab.training.trainer import Trainer, TrainingInterrupted
 
     overrides = [*args.overrides, *(["profile_steps=10"] if getattr(args, "profile", False) else [])]
@@ -53,7 +53,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
-    from attnlab.runs import RUN_CONFIG
+    from attnlab.training.runs import RUN_CONFIG
 
     args.config = str(run_dir / RUN_CONFIG)
     if not Path(args.config).is_file():
@@ -69,8 +69,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     from attnlab.core.errors import ConfigError
     from attnlab.generation import SamplingConfig, stream
-    from attnlab.runs import load_model_and_tokenizer
     from attnlab.training.distributed import resolve_device
+    from attnlab.training.runs import load_model_and_tokenizer
 
     device = resolve_device(args.device)
     model, tok = load_model_and_tokenizer(args.run_dir)
@@ -109,7 +109,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     import math
 
     from attnlab.models.registry import from_pretrained
-    from attnlab.runs import load_run_config
+    from attnlab.training.runs import load_run_config
     from attnlab.training.tasks import build_task
     from attnlab.training.trainer import evaluate_model
 
@@ -192,7 +192,7 @@ def _cmd_import_hf(args: argparse.Namespace) -> int:
 def _load_encoder(run_dir: str):
     from attnlab.core.errors import ConfigError
     from attnlab.models.bert import Bert
-    from attnlab.runs import load_model_and_tokenizer
+    from attnlab.training.runs import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(run_dir)
     if not isinstance(model, Bert):
@@ -203,7 +203,7 @@ def _load_encoder(run_dir: str):
 def _cmd_embed(args: argparse.Namespace) -> int:
     import json
 
-    from attnlab.encoders import embed_texts, nearest_neighbours
+    from attnlab.inspect.encoders import embed_texts, nearest_neighbours
 
     model, tokenizer = _load_encoder(args.run_dir)
     emb = embed_texts(model, tokenizer, args.text, max_len=args.max_len, pooling=args.pooling)
@@ -222,7 +222,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
     from attnlab.core.schema import apply_overrides, from_dict
     from attnlab.data.labelled import read_labelled
-    from attnlab.encoders import embed_texts, linear_probe
+    from attnlab.inspect.encoders import embed_texts, linear_probe
     from attnlab.training.config import ProbeOptions
 
     opts = from_dict(ProbeOptions, apply_overrides(ProbeOptions, {}, list(args.overrides)))  # validated
@@ -260,7 +260,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from attnlab.core.errors import ConfigError
     from attnlab.models.base import read_config
     from attnlab.models.registry import from_pretrained
-    from attnlab.runs import load_train_config
+    from attnlab.training.runs import load_train_config
     from attnlab.training.trainer import Trainer, TrainingInterrupted
 
     pretrained = Path(args.run_dir)
@@ -311,7 +311,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     """Translate --text (or every line of --file) with a trained seq2seq run: greedy or beam search."""
     from attnlab.core.errors import ConfigError
     from attnlab.data.pairs import PairEncoder
-    from attnlab.runs import load_model_and_tokenizer
+    from attnlab.training.runs import load_model_and_tokenizer
     from attnlab.training.tasks.seq2seq import translate
 
     model, tok = load_model_and_tokenizer(args.run_dir)
@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model from a YAML preset plus key=value overrides")
-    p.add_argument("config", help="YAML preset, e.g. configs/shakespeare-char.yaml")
+    p.add_argument("config", help="a preset name (e.g. shakespeare-char; see attnlab presets) or a YAML file")
     p.add_argument("overrides", nargs="*", help="key=value, e.g. data=path.txt max_iters=500 n_layer=6")
     p.add_argument("--profile", action="store_true", help="write a torch profiler trace of 10 steps to RUN/profile/")
     p.set_defaults(func=_cmd_train)

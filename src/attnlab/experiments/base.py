@@ -52,25 +52,6 @@ def save_figure(fig: Any, path: Path) -> None:
     plt.close(fig)
 
 
-def load_benchmark(name: str) -> Any:
-    """Import ``benchmarks/<name>.py`` of the checkout as a module, to reuse its measurement code."""
-    import importlib.util
-    import sys
-
-    from attnlab.cli import _benchmarks_dir
-
-    path = _benchmarks_dir() / f"{name}.py"
-    module_name = f"attnlab_benchmark_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def loglog_slope(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of log y against log x: the exponent p of y ~ x^p."""
     import math

@@ -3,7 +3,7 @@
 Eager attention materialises S = Q K^T and P = softmax(S), each (B, H, T, T), and keeps them for
 the backward pass: peak memory ~ T^2. Flash-style kernels (torch SDPA's fused CPU kernel,
 attnlab's ``tiled`` online-softmax kernel) stream over key blocks and keep only O(T D) plus one
-tile: peak memory ~ T. Measured with the code of ``benchmarks/attention.py`` (torch.profiler
+tile: peak memory ~ T. Measured with ``attnlab.bench.attention`` (torch.profiler
 allocation records over one forward + backward of causal attention, fp32), the slope of log(peak)
 against log(T) is fitted over the longer half of the lengths.
 """
@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnlab.experiments.base import load_benchmark, loglog_slope, pyplot, save_figure, write_outputs
+from attnlab.bench import attention as bench
+from attnlab.experiments.base import loglog_slope, pyplot, save_figure, write_outputs
 
 NAME = "flash-memory"
 CLAIM = ("Peak memory of attention (forward + backward) grows as T^2 for eager attention (log-log slope ~2) and "
@@ -24,7 +25,6 @@ CLAIM = ("Peak memory of attention (forward + backward) grows as T^2 for eager a
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
-    bench = load_benchmark("attention")
     B, H, D, block = 1, 4, 64, 128
     lengths = [256, 512, 1024, 2048] if quick else [256, 512, 1024, 2048, 4096]
     max_mib = 3 * 1024
@@ -56,7 +56,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     results = {"batch": B, "heads": H, "head_dim": D, "tiled_block": block, "dtype": "float32", "causal": True,
                "lengths": lengths, "skip_above_predicted_mib": max_mib, "cells": cells,
                "memory_loglog_slope": slopes, "time_loglog_slope": time_slopes, "checks": checks,
-               "measurement": "benchmarks/attention.py: measure() (profiler peak, median fwd+bwd ms)"}
+               "measurement": "attnlab.bench.attention.measure (profiler peak, median fwd+bwd ms)"}
     _plot(lengths, cells, slopes, out, bench.IMPLS)
     rows = []
     for T in lengths:

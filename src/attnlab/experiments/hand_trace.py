@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from attnlab.data.toy import TOKENS, Q, V
 from attnlab.experiments.base import write_outputs
 from attnlab.nn.attention import scaled_dot_product_attention
 
@@ -23,9 +24,6 @@ NAME = "hand-trace"
 CLAIM = ("softmax(QK^T/sqrt(d_k))V on the lecture's 4-token example: row A's weights are softmax(1,0,1,1) = "
          "(0.297, 0.109, 0.297, 0.297) and z_A = (5.3446, 1.6862) without the scale; the lecture's rounded "
          "(0.31, 0.11, 0.31, 0.31) does not sum to 1; the 1/sqrt(d_k) scale flattens every row.")
-TOKENS = ["A", "B", "C", "D"]
-Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, -1.0]]
-V = [[10.0, 0.0], [0.0, 10.0], [5.0, 5.0], [3.0, -3.0]]
 LECTURE_ROW_A = [0.31, 0.11, 0.31, 0.31]
 
 

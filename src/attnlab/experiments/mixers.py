@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
-from attnlab.experiments.base import load_benchmark, loglog_slope, pyplot, save_figure
+from attnlab.bench import mixers as bench
+from attnlab.bench.attention import quiet_stderr
+from attnlab.experiments.base import loglog_slope, pyplot, save_figure
 
 DATA = Path("../shared/data/tinyshakespeare.txt")
 BATCH = 12
@@ -26,11 +28,11 @@ BATCH = 12
 
 def find_data() -> Path:
     """tinyshakespeare.txt: ../shared/data from the checkout (where the lectures' experiments run)."""
-    from attnlab.cli import _benchmarks_dir
+    import attnlab
     from attnlab.core.errors import DataError
 
-    for path in (DATA, _benchmarks_dir().parent.parent / "shared" / "data" / "tinyshakespeare.txt",
-                 Path("/work/shared/data/tinyshakespeare.txt")):
+    beside_checkout = Path(attnlab.__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
+    for path in (DATA, beside_checkout):
         if path.is_file():
             return path
     raise DataError("tinyshakespeare.txt not found (looked in ../shared/data)")
@@ -40,7 +42,7 @@ def peak_memory_mib(step: Any) -> float:
     """Peak MiB allocated by torch while ``step()`` runs, from the profiler's allocation records."""
     from torch.profiler import ProfilerActivity, profile
 
-    quiet = load_benchmark("attention")._quiet_stderr  # kineto prints to fd 2 on every start/stop
+    quiet = quiet_stderr  # kineto prints to fd 2 on every start/stop
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
     with quiet():
         prof.start()
@@ -61,10 +63,9 @@ def peak_memory_mib(step: Any) -> float:
 def probe(extra: list[str], T: int, reps: int) -> dict[str, float]:
     """ms and peak MiB of one forward + backward (batch 12, context T) of the variant with overrides ``extra``."""
     from attnlab.models.registry import build_model
-    from attnlab.runs import load_train_config
+    from attnlab.training.runs import load_train_config
 
-    bench_dir = load_benchmark("mixers_training").__file__
-    cfg = load_train_config(Path(bench_dir).parents[1] / "configs" / "shakespeare-char.yaml",
+    cfg = load_train_config("shakespeare-char",
                             ["positions=learned", *extra, f"block_size={T}"])  # as measured
     cfg.model.vocab_size = 65
     torch.manual_seed(0)
@@ -89,7 +90,6 @@ def probe(extra: list[str], T: int, reps: int) -> dict[str, float]:
 def compare(variants: list[str], train_lengths: list[int], probe_lengths: list[int], steps: int,
             reps: int) -> dict[str, Any]:
     """Train every variant at every train length; probe time/memory at every probe length."""
-    bench = load_benchmark("mixers_training")
     data = find_data()
     trained: dict[str, dict[str, Any]] = {v: {} for v in variants}
     with tempfile.TemporaryDirectory() as tmp:

@@ -116,7 +116,7 @@ def by_category(answers: list[dict[str, Any]]) -> dict[str, float]:
 @torch.no_grad()
 def token_states(model, tok, sentences: list[str], word: str) -> tuple[Tensor, Tensor]:
     """For each sentence, the layer-0 (embedding output) and last-layer state of ``word``'s token: (N, C) each."""
-    from attnlab.encoders import encode_texts
+    from attnlab.inspect.encoders import encode_texts
 
     wid = tok.tokenizer.token_to_id(word)
     batch = encode_texts(tok, sentences, max_len=64)
@@ -152,7 +152,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
 
 def _run(out: Path, quick: bool) -> dict[str, Any]:
     started = time.perf_counter()
-    from attnlab.encoders import embed_texts
+    from attnlab.inspect.encoders import embed_texts
 
     model, tok = load_minilm()
     quads = analogies()

@@ -157,7 +157,7 @@ def layer_head_overview(matrix: Tensor, row_labels: Sequence[str], title: str, c
 def toy_example(scale: bool = True, causal: bool = False) -> Figure:
     """The lecture's 4-token hand trace: Q = K = A(1,0), B(0,1), C(1,1), D(1,-1); V = (10,0), (0,10),
     (5,5), (3,-3). Panels: scores Q K^T (/sqrt(2) if ``scale``), softmax weights, outputs Z = P V."""
-    from attnlab.experiments.hand_trace import TOKENS, Q, V
+    from attnlab.data.toy import TOKENS, Q, V
     from attnlab.nn.attention import causal_mask, scaled_dot_product_attention
 
     q, v = torch.tensor(Q, dtype=torch.float64), torch.tensor(V, dtype=torch.float64)

@@ -34,7 +34,7 @@ MAX_TEXT_TOKENS = 512  # the JSON dump and the figures grow as layers x heads x 
 
 
 def _load(run_dir: str | Path) -> tuple[nn.Module, object]:
-    from attnlab.runs import load_model_and_tokenizer
+    from attnlab.training.runs import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(run_dir)
     return model.eval(), tok

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from attnlab.core.errors import ConfigError
+from attnlab.data.pairs import Seq2SeqOptions
 from attnlab.models.config import ModelConfig
 
 
@@ -87,34 +88,6 @@ class ClassifyOptions:
 
 
 @dataclass
-class Seq2SeqOptions:
-    """Task "seq2seq": the generated tasks' sizes and lengths, the Bible's held-out book, decoding."""
-
-    n_train: int = 20000  # generated tasks: training pairs
-    n_eval: int = 1000  # generated tasks: val and test pairs (each)
-    min_len: int = 3  # reverse/sort: string lengths (addition: digits per operand) in train and val
-    max_len: int = 10
-    test_min_len: int | None = None  # None = max_len + 1: test strings longer than any in training
-    test_max_len: int | None = None  # None = 2 * max_len
-    test_book: int = 8  # bible: the held-out book (English numbering 1-66; 8 = Ruth)
-    beam_size: int = 4  # eval report and samples: beam search width (1 = greedy only)
-    length_penalty: float = 0.6  # GNMT alpha for beam search
-    n_decode: int = 1000  # eval report: at most this many pairs per split are decoded
-
-    def validate(self) -> None:
-        for key in ("n_train", "n_eval", "min_len", "max_len", "test_book", "beam_size", "n_decode"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"'seq2seq.{key}' must be >= 1, got {getattr(self, key)}")
-        if self.min_len > self.max_len:
-            raise ConfigError(f"need seq2seq.min_len <= seq2seq.max_len, got {self.min_len} > {self.max_len}")
-        lo, hi = self.test_min_len or self.max_len + 1, self.test_max_len or 2 * self.max_len
-        if not 1 <= lo <= hi:
-            raise ConfigError(f"need 1 <= seq2seq.test_min_len <= seq2seq.test_max_len, got {lo}, {hi}")
-        if self.length_penalty < 0:
-            raise ConfigError(f"'seq2seq.length_penalty' must be >= 0, got {self.length_penalty}")
-
-
-@dataclass
 class ContinuousOptions:
     """Task "continuous" (encoder family: feature sequences or sets): ``continuous.target=y ...``."""
 
@@ -137,7 +110,7 @@ DEVICE_SPEC = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 @dataclass
 class TrainConfig:
-    """A run: data, tokenizer, optimisation, evaluation, logging. YAML presets live in configs/."""
+    """A run: data, tokenizer, optimisation, evaluation, logging. YAML presets: attnlab/presets/."""
 
     name: str | None = None  # run folder name; default: preset name + timestamp
     out_dir: str = "runs"

@@ -26,7 +26,6 @@ import torch
 
 from attnlab.core import runtime
 from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
-from attnlab.runs import append_metrics, read_metrics, save_train_config, truncate_metrics
 from attnlab.training import distributed
 from attnlab.training.checkpoint import (
     latest_checkpoint,
@@ -40,6 +39,7 @@ from attnlab.training.mfu import mfu, peak_flops
 from attnlab.training.moe_log import MoELog
 from attnlab.training.optim import make_optimizer
 from attnlab.training.profiling import StepProfiler
+from attnlab.training.runs import append_metrics, read_metrics, save_train_config, truncate_metrics
 from attnlab.training.schedule import lr_at
 from attnlab.training.tasks.base import Task
 

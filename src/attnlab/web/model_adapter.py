@@ -124,7 +124,7 @@ class GPTAdapter(ExplorerAdapter):
     """Causal LM: attention maps of every layer/head and the next-token distribution."""
 
     def __init__(self, run_dir: Path, max_tokens: int = MAX_EXPLORER_TOKENS) -> None:
-        from attnlab.runs import load_model_and_tokenizer
+        from attnlab.training.runs import load_model_and_tokenizer
 
         self.model, self.tokenizer = load_model_and_tokenizer(run_dir)
         self.model.eval()
@@ -195,7 +195,7 @@ class BertAdapter(ExplorerAdapter):
     """Masked LM: [CLS] text [SEP], bidirectional maps, and the MLM head's top 10 at every [MASK]."""
 
     def __init__(self, run_dir: Path, max_tokens: int = MAX_EXPLORER_TOKENS) -> None:
-        from attnlab.runs import load_model_and_tokenizer
+        from attnlab.training.runs import load_model_and_tokenizer
 
         self.model, self.tokenizer = load_model_and_tokenizer(run_dir)
         self.model.eval()

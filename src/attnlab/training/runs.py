@@ -20,9 +20,10 @@ METRICS = "metrics.jsonl"
 
 def load_train_config(path: str | Path | None, overrides: list[str] = ()):
     """Read a YAML preset (or defaults when ``path`` is None), apply ``key=value`` overrides, validate."""
+    from attnlab import presets
     from attnlab.training.config import TrainConfig
 
-    data = load_yaml(path) if path is not None else {}
+    data = load_yaml(presets.resolve(path)) if path is not None else {}
     data = apply_overrides(TrainConfig, data, list(overrides))
     return from_dict(TrainConfig, data)
 
