@@ -163,7 +163,10 @@ def test_beam_never_scores_below_greedy_on_random_models():
         src, mask, _ = batch(seed=seed)
         g = greedy_decode(model, src, mask, BOS, EOS, max_len=8)
         b = beam_search(model, src, mask, BOS, EOS, max_len=8, beam_size=4)
-        assert all(bs >= gs - 1e-6 for bs, gs in zip(b.scores, g.scores))
+        # beam runs the decoder on B*K rows, greedy on B: other kernels, so each step's float32 log p may
+        # differ in its last bits (a few ulp); over max_len steps that is at most ~max_len * 2 * eps32 relative
+        tol = 8 * 2 * torch.finfo(torch.float32).eps
+        assert all(bs >= gs - tol * abs(gs) for bs, gs in zip(b.scores, g.scores))
 
 
 class PlantedModel:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.nn import roles
 from attnlab.nn.ssm import SelectiveSSM, SSMState, selective_scan, selective_scan_reference
 
 TOL = {torch.float64: 1e-6, torch.float32: 1e-4}
@@ -162,7 +163,8 @@ def test_mamba_initialisation():
     assert dt.min() >= dt_min * (1 - 1e-5) and dt.max() <= dt_max * (1 + 1e-5)
     assert dt.max() / dt.min() > 10  # spread log-uniformly over the range, not one value
     assert abs(ssm.out_proj.weight.std().item() - 0.02) < 0.003
-    assert ssm.A_log._no_weight_decay and ssm.D._no_weight_decay and ssm.dt_proj.bias._no_reinit
+    exempt = [name for name, _ in roles.with_role(ssm, roles.NO_WEIGHT_DECAY)]
+    assert exempt == ["A_log", "D"] and ssm.dt_proj.bias._no_reinit
     # a model-wide re-init (GPT's _init_weights) clobbers the dt bias; reset_parameters restores it
     torch.nn.init.zeros_(ssm.dt_proj.bias)
     ssm.reset_parameters()

@@ -240,7 +240,9 @@ def beam_search(
     memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, C): row b*K + k is beam k of source b
     mask = src_mask.repeat_interleave(K, dim=0) if src_mask is not None else None
     stepper = _Stepper(model, memory, mask, max_len, use_cache)
-    alive = torch.full((B, K), float("-inf"), device=device)
+    # prefix log-probabilities add up in float64, as greedy_decode's Python floats do, so one hypothesis
+    # gets one score whichever search found it
+    alive = torch.full((B, K), float("-inf"), dtype=torch.float64, device=device)
     alive[:, 0] = 0.0  # all beams start as the same empty prefix: keep only one of them
     seqs: list[list[int]] = [[] for _ in range(B * K)]
     finished: list[list[tuple[float, float, list[int]]]] = [[] for _ in range(B)]  # (score, log p, tokens)
@@ -249,9 +251,9 @@ def beam_search(
     for t in range(max_len):
         logp = stepper.step(tokens)  # (B*K, V)
         V = logp.size(-1)
-        cand = (alive.view(B * K, 1) + logp).view(B, K * V)  # (B, K*V) prefix log p + next token
+        cand = (alive.view(B * K, 1) + logp.double()).view(B, K * V)  # (B, K*V) prefix log p + next token
         top_lp, top_idx = cand.topk(min(2 * K, K * V), dim=-1)  # (B, 2K)
-        new_alive = torch.full((B, K), float("-inf"), device=device)
+        new_alive = torch.full((B, K), float("-inf"), dtype=torch.float64, device=device)
         rows = torch.arange(B * K, device=device)  # default: keep a row where it is (dead rows)
         next_tok = torch.full((B * K,), eos_id, dtype=torch.long, device=device)
         new_seqs: list[list[int]] = [[] for _ in range(B * K)]

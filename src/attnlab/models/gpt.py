@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from attnlab.models.base import PretrainedModel
 from attnlab.models.config import ModelConfig
+from attnlab.nn import roles
 from attnlab.nn.blocks import LayerCache, TransformerBlock, build_norm
 from attnlab.nn.moe import MoEFeedForward, MoEStats
 from attnlab.nn.positions import build_positions
@@ -81,17 +82,12 @@ class GPT(PretrainedModel):
             if isinstance(module, SelectiveSSM):
                 module.reset_parameters()
         # GPT-2: scale the init of projections that write into the residual stream by 1/sqrt(2L)
-        for name, p in self.named_parameters():
-            if name.endswith(("out_proj.weight", "fc_out.weight", "ffn.w_out")):
-                nn.init.normal_(p, mean=0.0, std=c.init_std / math.sqrt(2 * c.n_layer))
+        for _, p in roles.with_role(self, roles.RESIDUAL_OUT):
+            nn.init.normal_(p, mean=0.0, std=c.init_std / math.sqrt(2 * c.n_layer))
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, MoEFeedForward):  # experts are initialised like the dense FFN they replace
-            for name, p in module.named_parameters(recurse=False):
-                if name.startswith("w_"):
-                    nn.init.normal_(p, mean=0.0, std=self.config.init_std)
-                else:
-                    nn.init.zeros_(p)
+            module.init_like_dense(self.config.init_std)
         else:
             super()._init_weights(module)
 

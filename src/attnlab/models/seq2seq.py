@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from attnlab.core.errors import ConfigError
 from attnlab.models.base import PretrainedModel, transformer_blocks
 from attnlab.models.config import ModelConfig
+from attnlab.nn import roles
 from attnlab.nn.attention import KVCache, padding_mask
 from attnlab.nn.blocks import build_norm
 from attnlab.nn.positions import build_positions
@@ -96,9 +97,8 @@ class Seq2Seq(PretrainedModel):
         if c.tie_embeddings:
             self.lm_head.weight = self.tgt_emb.weight
         n_sublayers = 2 * c.n_layer + 3 * n_dec  # GPT-2's 1/sqrt(2L) on residual-writing projections
-        for name, p in self.named_parameters():
-            if name.endswith(("out_proj.weight", "fc_out.weight")):
-                nn.init.normal_(p, mean=0.0, std=c.init_std / math.sqrt(n_sublayers))
+        for _, p in roles.with_role(self, roles.RESIDUAL_OUT):
+            nn.init.normal_(p, mean=0.0, std=c.init_std / math.sqrt(n_sublayers))
 
     @classmethod
     def check_config(cls, config: ModelConfig) -> None:

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from attnlab.nn import roles
+
 Backend = Literal["eager", "sdpa", "tiled"]
 BACKENDS: tuple[str, ...] = ("eager", "sdpa", "tiled")
 # hook(module, q, k, mask, bias, is_causal, scale): the exact inputs of the softmax, see ScoresHooks
@@ -277,6 +279,7 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         else:
             self.qkv_proj = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)  # fused Q, K, V
         self.out_proj = nn.Linear(q_dim, d_model, bias=bias)
+        roles.declare(self, "out_proj.weight", roles.RESIDUAL_OUT)
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape

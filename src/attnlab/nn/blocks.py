@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn import roles
 from attnlab.nn.activations import activate, check_activation
 from attnlab.nn.attention import Backend, KVCache, MultiHeadAttention
 from attnlab.nn.latent_attention import LatentKVCache, MultiHeadLatentAttention
@@ -80,6 +81,7 @@ class FeedForward(nn.Module):
         n_in = 2 * d_ff if activation == "swiglu" else d_ff
         self.fc_in = nn.Linear(d_model, n_in, bias=bias)
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias)
+        roles.declare(self, "fc_out.weight", roles.RESIDUAL_OUT)
         self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:

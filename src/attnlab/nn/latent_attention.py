@@ -38,6 +38,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnlab.nn import roles
 from attnlab.nn.attention import (
     Backend,
     ScoresHooks,
@@ -168,6 +169,7 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
             self.w_q = nn.Linear(q_latent, H * D, bias=False)  # W_UQ
             self.w_qr = nn.Linear(q_latent, H * d_rope, bias=False)  # W_QR (reads c_q)
         self.w_o = nn.Linear(H * D, d_model, bias=bias)  # W_O
+        roles.declare(self, "w_o.weight", roles.RESIDUAL_OUT)
         self.rope = RotaryPositions(d_rope, max_len, theta=rope_theta)
 
     # ---------------------------------------------------------------------------------- helpers

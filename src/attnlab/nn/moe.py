@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn import roles
 from attnlab.nn.activations import activate, check_activation
 
 
@@ -123,7 +124,19 @@ class MoEFeedForward(nn.Module):
         self.w_out = nn.Parameter(torch.empty(n_experts, d_ff, d_model))
         self.b_in = nn.Parameter(torch.empty(n_experts, n_in)) if bias else None
         self.b_out = nn.Parameter(torch.empty(n_experts, d_model)) if bias else None
+        for name in ("w_in", "w_out", "b_in", "b_out"):
+            if getattr(self, name) is not None:
+                roles.declare(self, name, roles.EXPERT, *((roles.NO_WEIGHT_DECAY,) if name.startswith("b_") else ()))
+        roles.declare(self, "w_out", roles.RESIDUAL_OUT)
         self.reset_parameters()
+
+    def init_like_dense(self, std: float) -> None:
+        """Initialise every expert like the dense FFN it replaces: weights ~ N(0, std), biases 0."""
+        for p in (self.w_in, self.w_out):
+            nn.init.normal_(p, mean=0.0, std=std)
+        for p in (self.b_in, self.b_out):
+            if p is not None:
+                nn.init.zeros_(p)
 
     def reset_parameters(self) -> None:
         """nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases."""

@@ -21,6 +21,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnlab.nn import roles
+
 POSITIONS: tuple[str, ...] = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
 
 
@@ -84,6 +86,7 @@ class LearnedPositions(PositionalScheme):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(max_len, d_model))
         nn.init.normal_(self.weight, std=0.02)
+        roles.declare(self, "weight", roles.POSITION_TABLE)
 
     def embed(self, positions: Tensor) -> Tensor:
         return self.weight[positions]  # (T, C)

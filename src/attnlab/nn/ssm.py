@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn import roles
+
 # ------------------------------------------------------------------------------------- state
 
 
@@ -265,7 +267,7 @@ class SelectiveSSM(nn.Module):
     dt_proj bias set so softplus(bias) is log-uniform in [dt_min, dt_max], out_proj ~ N(0, 0.02).
     A model that re-initialises every ``nn.Linear`` (GPT's ``_init_weights``) overwrites the
     dt_proj bias: call ``reset_parameters()`` afterwards, or skip parameters flagged
-    ``_no_reinit`` (A_log and D are flagged ``_no_weight_decay`` as in the reference code).
+    ``_no_reinit`` (A_log and D have the NO_WEIGHT_DECAY role, as in the reference code).
 
     ``chunk_size`` defaults to 4: the chunked scan does chunk-times the arithmetic of the sequential
     loop, and on a 2-core CPU (B=8, T=256, d_model=128, forward+backward) it measured 331 ms at chunk 4
@@ -303,8 +305,9 @@ class SelectiveSSM(nn.Module):
         self.A_log = nn.Parameter(torch.empty(self.d_inner, d_state))
         self.D = nn.Parameter(torch.empty(self.d_inner))
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
-        self.A_log._no_weight_decay = True  # type: ignore[attr-defined]
-        self.D._no_weight_decay = True  # type: ignore[attr-defined]
+        roles.declare(self, "out_proj.weight", roles.RESIDUAL_OUT)
+        roles.declare(self, "A_log", roles.NO_WEIGHT_DECAY)
+        roles.declare(self, "D", roles.NO_WEIGHT_DECAY)
         self.dt_proj.bias._no_reinit = True  # type: ignore[attr-defined]
         self.reset_parameters()
 

@@ -146,14 +146,10 @@ def shard_model(model: torch.nn.Module, block_types: tuple[type, ...], device: t
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    flags = {name for name, p in model.named_parameters() if getattr(p, "_no_weight_decay", False)}
     for module in model.modules():
         if isinstance(module, block_types):
             fully_shard(module, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    for name, p in model.named_parameters():  # sharding makes new Parameter objects: re-flag them
-        if name in flags:
-            p._no_weight_decay = True
+    fully_shard(model, mesh=mesh)  # new Parameter objects; their roles stay on the modules (nn/roles.py)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

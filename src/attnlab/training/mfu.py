@@ -32,20 +32,17 @@ from attnlab.core.fileio import atomic_write_text, default_cache_dir
 
 def active_parameters(model: torch.nn.Module) -> int:
     """Parameters one token's forward pass multiplies by: no position table, top-k/E of experts."""
-    from attnlab.nn.moe import MoEFeedForward
+    from attnlab.nn import roles
 
-    seen: set[int] = set()
+    experts = {id(p) for _, p in roles.with_role(model, roles.EXPERT)}
+    tables = {id(p) for _, p in roles.with_role(model, roles.POSITION_TABLE)}
+    seen: set[int] = set()  # tied weights counted once
     total = 0.0
     for module in model.modules():
-        fraction = module.top_k / module.n_experts if isinstance(module, MoEFeedForward) else 1.0
-        for name, p in module.named_parameters(recurse=False):
-            if id(p) in seen:
-                continue
+        for p in module.parameters(recurse=False):
+            if id(p) not in seen and id(p) not in tables:  # an expert's owner says how many a token visits
+                total += p.numel() * (module.top_k / module.n_experts if id(p) in experts else 1.0)
             seen.add(id(p))
-            if isinstance(module, MoEFeedForward) and name.startswith(("w_", "b_")):
-                total += p.numel() * fraction
-            elif not (name == "weight" and type(module).__name__ == "LearnedPositions"):
-                total += p.numel()
     return int(total)
 
 

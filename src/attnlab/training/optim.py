@@ -2,23 +2,25 @@
 
     theta <- theta - lr * (m_hat / (sqrt(v_hat) + eps) + wd * theta)      (Loshchilov & Hutter 2019)
 
-Biases, norm gains and parameters flagged ``_no_weight_decay`` (an SSM's A_log, D) are not decayed.
+Biases, norm gains and parameters with the NO_WEIGHT_DECAY role (an SSM's A_log, D) are not decayed.
 """
 
 from __future__ import annotations
 
 import torch
 
+from attnlab.nn import roles
 from attnlab.training.config import TrainConfig
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = True) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices (dim >= 2) only: not on biases, norms' gains, nor on
-    parameters flagged ``_no_weight_decay`` (an SSM's A_log). ``fused``: one kernel for all
-    parameters (the foreach path is used for FSDP's sharded DTensor parameters)."""
+    parameters whose module gives them the NO_WEIGHT_DECAY role (an SSM's A_log, experts' biases).
+    ``fused``: one kernel for all parameters (the foreach path is used for FSDP's sharded DTensor parameters)."""
+    exempt = {id(p) for _, p in roles.with_role(model, roles.NO_WEIGHT_DECAY)}
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)]
-    no_decay = [p for p in params if p.dim() < 2 or getattr(p, "_no_weight_decay", False)]
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in exempt]
+    no_decay = [p for p in params if p.dim() < 2 or id(p) in exempt]
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
