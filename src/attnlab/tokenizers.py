@@ -317,8 +317,9 @@ class WordPieceTokenizer(Tokenizer):
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIAL_TOKENS),
                                             show_progress=False)
         tokenizer.train_from_iterator(_as_iterator(text_or_iterator), trainer=trainer)
-        vocab = tokenizer.get_vocab()
-        return cls._with_template(HFTokenizer(models.WordPiece(canonical_order(vocab), unk_token="[UNK]")), lowercase)
+        canonical = HFTokenizer(models.WordPiece(canonical_order(tokenizer.get_vocab()), unk_token="[UNK]"))
+        canonical.add_special_tokens(list(WORDPIECE_SPECIAL_TOKENS))  # "[MASK]" in a text is the token, as before
+        return cls._with_template(canonical, lowercase)
 
     @classmethod
     def from_vocab(cls, file: str | Path, lowercase: bool = True) -> WordPieceTokenizer:
