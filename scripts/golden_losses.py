@@ -35,14 +35,6 @@ PRESETS: dict[str, list[str]] = {
 COMMON = ["log_interval=1", "eval_iters=2", "threads=1", "progress=false", "mfu=false", "sample_tokens=0"]
 
 
-def preset_path(name: str) -> str:
-    """The preset's YAML: the package's presets folder when it exists, else configs/ (before the move)."""
-    for folder in (ROOT / "src" / "attnlab" / "presets", ROOT / "configs"):
-        if (folder / f"{name}.yaml").is_file():
-            return str(folder / f"{name}.yaml")
-    raise SystemExit(f"no preset named {name}")
-
-
 def tensor_hashes(weights: Path) -> dict[str, str]:
     from safetensors.numpy import load_file
 
@@ -52,7 +44,7 @@ def tensor_hashes(weights: Path) -> dict[str, str]:
 def run_preset(name: str, steps: int) -> dict:
     attnlab = Path(sys.executable).with_name("attnlab")
     with tempfile.TemporaryDirectory() as out:
-        cmd = [str(attnlab), "train", preset_path(name), f"max_iters={steps}", f"eval_interval={steps}",
+        cmd = [str(attnlab), "train", name, f"max_iters={steps}", f"eval_interval={steps}",
                *COMMON, *PRESETS[name], f"out_dir={out}", "name=golden"]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.nn import roles
-from attnlab.nn.ssm import SelectiveSSM, SSMState, selective_scan, selective_scan_reference
+from attnlab.nn.selective_scan import selective_scan, selective_scan_reference
+from attnlab.nn.ssm import SelectiveSSM, SSMState
 
 TOL = {torch.float64: 1e-6, torch.float32: 1e-4}
 

@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model from a YAML preset plus key=value overrides")
-    p.add_argument("config", help="a preset name (e.g. shakespeare-char; see attnlab presets) or a YAML file")
+    p.add_argument("config", help="a preset name (e.g. shakespeare-char) or a YAML file")
     p.add_argument("overrides", nargs="*", help="key=value, e.g. data=path.txt max_iters=500 n_layer=6")
     p.add_argument("--profile", action="store_true", help="write a torch profiler trace of 10 steps to RUN/profile/")
     p.set_defaults(func=_cmd_train)

@@ -260,7 +260,7 @@ def canonical_order(vocab: dict[str, int]) -> dict[str, int]:
     keep ids 0..4, the alphabet (characters and ``##`` + character) follows sorted by string, then
     the merged pieces sorted by string.
     """
-    specials = [t for t in sorted(vocab, key=vocab.get) if t in WORDPIECE_SPECIAL_TOKENS]
+    specials = [t for t in WORDPIECE_SPECIAL_TOKENS if t in vocab]
     rest = sorted((t for t in vocab if t not in specials), key=lambda t: (len(t.removeprefix("##")) > 1, t))
     return {t: i for i, t in enumerate([*specials, *rest])}
 

@@ -42,14 +42,13 @@ def peak_memory_mib(step: Any) -> float:
     """Peak MiB allocated by torch while ``step()`` runs, from the profiler's allocation records."""
     from torch.profiler import ProfilerActivity, profile
 
-    quiet = quiet_stderr  # kineto prints to fd 2 on every start/stop
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with quiet():
+    with quiet_stderr():  # kineto prints to fd 2 on every start/stop
         prof.start()
     try:
         step()
     finally:
-        with quiet():
+        with quiet_stderr():
             prof.stop()
     records = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                      key=lambda e: e.start_ns())

@@ -13,7 +13,8 @@ from attnlab.nn.latent_attention import LatentKVCache, MultiHeadLatentAttention
 from attnlab.nn.moe import MoEFeedForward, MoEStats
 from attnlab.nn.positions import alibi_slopes, apply_rotary, build_positions, rotate_half
 from attnlab.nn.residual import ResidualScheme, build_residual
-from attnlab.nn.ssm import SelectiveSSM, SSMState, selective_scan
+from attnlab.nn.selective_scan import selective_scan
+from attnlab.nn.ssm import SelectiveSSM, SSMState
 from attnlab.nn.tiled import tiled_attention
 
 __all__ = [

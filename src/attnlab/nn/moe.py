@@ -124,10 +124,11 @@ class MoEFeedForward(nn.Module):
         self.w_out = nn.Parameter(torch.empty(n_experts, d_ff, d_model))
         self.b_in = nn.Parameter(torch.empty(n_experts, n_in)) if bias else None
         self.b_out = nn.Parameter(torch.empty(n_experts, d_model)) if bias else None
-        for name in ("w_in", "w_out", "b_in", "b_out"):
-            if getattr(self, name) is not None:
-                roles.declare(self, name, roles.EXPERT, *((roles.NO_WEIGHT_DECAY,) if name.startswith("b_") else ()))
-        roles.declare(self, "w_out", roles.RESIDUAL_OUT)
+        roles.declare(self, "w_in", roles.EXPERT)
+        roles.declare(self, "w_out", roles.EXPERT, roles.RESIDUAL_OUT)
+        if bias:  # (n_experts, n) biases are 2-D: without the role they would be weight-decayed
+            roles.declare(self, "b_in", roles.EXPERT, roles.NO_WEIGHT_DECAY)
+            roles.declare(self, "b_out", roles.EXPERT, roles.NO_WEIGHT_DECAY)
         self.reset_parameters()
 
     def init_like_dense(self, std: float) -> None:

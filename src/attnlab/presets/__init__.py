@@ -27,10 +27,10 @@ def resolve(spec: str | Path) -> Path:
     path = Path(spec)
     if path.is_file():
         return path
-    name = path.name.removesuffix(".yaml") if str(spec).endswith(".yaml") else str(spec)
-    if "/" not in str(spec) or str(spec).startswith("configs/"):
-        if (FOLDER / f"{name}.yaml").is_file():
-            return FOLDER / f"{name}.yaml"
+    if path.parent not in (Path("."), Path("configs")):  # a path elsewhere names a file, not a preset
+        raise ConfigError(f"config file not found: {spec}")
+    name = path.stem if path.suffix == ".yaml" else path.name  # "configs/x.yaml" as in the docs, or "x"
+    if not (FOLDER / f"{name}.yaml").is_file():
         hint = did_you_mean(name, names()) or f"; presets: {', '.join(names())}"
         raise ConfigError(f"no config file or preset named '{spec}'{hint}")
-    raise ConfigError(f"config file not found: {spec}")
+    return FOLDER / f"{name}.yaml"
