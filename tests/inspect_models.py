@@ -1,5 +1,5 @@
 """Small models for the inspect tests: GPTs, and hand-assembled encoder / encoder-decoder stacks
-of TransformerBlocks standing in for the BERT and seq2seq families."""
+of attention blocks standing in for the BERT and seq2seq families."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from torch import Tensor, nn
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
 from attnlab.nn.attention import padding_mask
-from attnlab.nn.blocks import TransformerBlock
+from attnlab.nn.blocks import attention_block
+from attnlab.nn.mixing import BlockContext
 
 
 def tiny_gpt(backend: str = "eager", positions: str = "learned", n_kv_head: int | None = None, seed: int = 0,
@@ -28,14 +29,14 @@ class Encoder(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
         self.pos = nn.Parameter(torch.randn(32, d) * 0.5)
-        self.blocks = nn.ModuleList(TransformerBlock(d, n_head, n_kv_heads=n_kv_head, norm_position="post",
-                                                     backend=backend) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(attention_block(d, n_head, n_kv_heads=n_kv_head, norm_position="post",
+                                                    backend=backend) for _ in range(n_layer))
 
     def forward(self, idx: Tensor, lengths: Tensor) -> Tensor:
         x = self.emb(idx) + self.pos[: idx.size(1)]  # (B, T, C)
         mask = padding_mask(lengths, idx.size(1))  # (B, 1, 1, T)
         for block in self.blocks:
-            x, _ = block(x, mask=mask)
+            x = block(x, BlockContext(mask=mask))
         return x
 
 
@@ -48,8 +49,8 @@ class EncoderDecoder(nn.Module):
         self.encoder = Encoder(backend, vocab, d, n_head, n_layer, n_kv_head)
         self.emb = nn.Embedding(vocab, d)
         self.pos = nn.Parameter(torch.randn(32, d) * 0.5)
-        self.blocks = nn.ModuleList(TransformerBlock(d, n_head, n_kv_heads=n_kv_head, cross_attention=True,
-                                                     backend=backend) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(attention_block(d, n_head, n_kv_heads=n_kv_head, cross_attention=True,
+                                                    backend=backend) for _ in range(n_layer))
         self.head = nn.Linear(d, vocab)
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt: Tensor) -> Tensor:
@@ -57,7 +58,7 @@ class EncoderDecoder(nn.Module):
         x = self.emb(tgt) + self.pos[: tgt.size(1)]  # (B, T, C)
         memory_mask = padding_mask(src_lengths, src.size(1))  # (B, 1, 1, S)
         for block in self.blocks:
-            x, _ = block(x, is_causal=True, memory=memory, memory_mask=memory_mask)
+            x = block(x, BlockContext(is_causal=True, memory=memory, memory_mask=memory_mask))
         return self.head(x)
 
 

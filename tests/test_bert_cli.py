@@ -132,17 +132,20 @@ def test_mlm_run_resumes_exactly(tmp_path):
 
     from safetensors.torch import load_file
 
+    # one run against itself: a second run would train its own WordPiece vocabulary, and the tokenizers
+    # library's trainer breaks ties between equally frequent merges in hash order (tokenizers#1794)
     corpus = write_corpus(tmp_path / "c.txt", n_chars=15_000)
     common = _args(data=corpus, out_dir=tmp_path, max_iters=12, eval_interval=6, **{"mlm.nsp": "true"}, **EXACT)
-    assert main(["train", "configs/bert-mlm.yaml", *common, "name=full"]) == 0
     assert main(["train", "configs/bert-mlm.yaml", *common, "name=cut"]) == 0
-    shutil.rmtree(tmp_path / "cut" / "checkpoints" / "step-0000012")  # as if it died after step 6
-    assert main(["resume", str(tmp_path / "cut")]) == 0
+    run = tmp_path / "cut"
 
-    def losses(run):
+    def losses():
         return [(r["step"], r.get("train_loss"), r.get("val_loss"))
                 for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
 
-    assert losses(tmp_path / "cut") == losses(tmp_path / "full")
-    a, b = load_file(tmp_path / "cut" / "model.safetensors"), load_file(tmp_path / "full" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    full_losses, full_weights = losses(), load_file(run / "model.safetensors")
+    shutil.rmtree(run / "checkpoints" / "step-0000012")  # as if it died after step 6
+    assert main(["resume", str(run)]) == 0
+    assert losses() == full_losses and [s for s, _, _ in full_losses] == [6, 10, 12, 12]
+    resumed = load_file(run / "model.safetensors")
+    assert resumed.keys() == full_weights.keys() and all(torch.equal(resumed[k], full_weights[k]) for k in resumed)

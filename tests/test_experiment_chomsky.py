@@ -11,21 +11,23 @@ import torch
 from attnlab.cli import main
 from attnlab.data.formal import TASKS
 from attnlab.experiments import chomsky as c
+from attnlab.experiments import chomsky_protocol as p
+from attnlab.nn.blocks import PostNormBlock
 
 
 def test_test_lengths_span_41_to_n():
-    assert c.test_lengths(500, 10) == [41, 92, 143, 194, 245, 296, 347, 398, 449, 500]
-    assert c.test_lengths(60, 3) == [41, 50, 60]
+    assert p.test_lengths(500, 10) == [41, 92, 143, 194, 245, 296, 347, 398, 449, 500]
+    assert p.test_lengths(60, 3) == [41, 50, 60]
 
 
 def test_models_read_the_input_then_answer_at_blanks():
     task = TASKS["duplicate_string"]
-    s = {**c.QUICK, "hidden": 16, "d_model": 16}
+    s = {**p.QUICK, "hidden": 16, "d_model": 16}
     g = torch.Generator().manual_seed(0)
     x, y = task.sample(3, 5, g)
-    for model in c.MODELS:
-        net = c.build(model, task, s, max_len=c.total_length(task, 60))
-        logits = c.output_logits(net, model, x, y.size(1), c.total_length(task, 60), g)
+    for model in p.MODELS:
+        net = c.build(model, task, s, max_len=p.total_length(task, 60))
+        logits = c.output_logits(net, model, x, y.size(1), p.total_length(task, 60), g)
         assert logits.shape == (3, 10, task.n_classes)  # one prediction per output token (2 x 5)
     # learned positions: a row for every position of the longest test string
     assert c.build("tf-learned", task, s, max_len=180).positions.weight.shape[0] == 180
@@ -37,7 +39,7 @@ def test_models_read_the_input_then_answer_at_blanks():
 
 def test_randomized_positions_are_sorted_subsets():
     g = torch.Generator().manual_seed(0)
-    for model in c.ADDITIONS:
+    for model in p.ADDITIONS:
         pos = c.position_ids(model, 50, 400, g)
         assert pos.shape == (50,) and (pos[1:] > pos[:-1]).all() and int(pos.min()) >= 0 and int(pos.max()) < 400
     assert c.position_ids("tf-rope", 50, 400, g) is None and c.position_ids("tf-relative", 50, 400, g) is None
@@ -47,19 +49,19 @@ def test_relative_models_use_the_transformer_xl_scheme():
     from attnlab.nn.positions import RelativePositions
 
     task = TASKS["even_pairs"]
-    for model in ("tf-relative", c.RANDOMIZED_RELATIVE):
-        assert isinstance(c.build(model, task, c.QUICK, 64).positions, RelativePositions)
+    for model in ("tf-relative", p.RANDOMIZED_RELATIVE):
+        assert isinstance(c.build(model, task, p.QUICK, 64).positions, RelativePositions)
 
 
 def test_from_end_positions_give_the_blanks_the_same_codes_at_every_length():
     """The paper's sin/cos counts positions down to the last token, so the last blank is always 0."""
     g = torch.Generator().manual_seed(0)
-    assert c.position_ids(c.FROM_END, 5, 400, g).tolist() == [4, 3, 2, 1, 0]
+    assert c.position_ids(p.FROM_END, 5, 400, g).tolist() == [4, 3, 2, 1, 0]
     task = c.TASKS["even_pairs"]
-    net = c.build(c.FROM_END, task, c.QUICK, 64)
+    net = c.build(p.FROM_END, task, p.QUICK, 64)
     assert net.positions.embed(torch.tensor([0])) is not None  # a sinusoidal encoder, not the 'from-end' name
     x = torch.randint(0, task.input_vocab, (2, 9))
-    assert c.output_logits(net, c.FROM_END, x, 1, 64, g).shape == (2, 1, task.n_classes)
+    assert c.output_logits(net, p.FROM_END, x, 1, 64, g).shape == (2, 1, task.n_classes)
 
 
 def test_string_counts_stop_at_terminator():
@@ -71,24 +73,24 @@ def test_string_counts_stop_at_terminator():
 
 
 def test_score_error_of_a_mean():
-    assert abs(c.score_error([0.02, 0.02, 0.02, 0.02]) - 0.01) < 1e-12  # sqrt(4 * 0.02^2) / 4
+    assert abs(p.score_error([0.02, 0.02, 0.02, 0.02]) - 0.01) < 1e-12  # sqrt(4 * 0.02^2) / 4
 
 
 def test_verdict_rule():
     scores = {t: {"lstm": 1.0, "tf-none": 0.5, "tf-rope": p / 100 + 0.01}
-              for t, p in c.PAPER_TABLE2["transformer"].items()}
-    v = c.verdict(scores)
+              for t, p in p.PAPER_TABLE2["transformer"].items()}
+    v = p.verdict(scores)
     assert v["held"] and v["n_matched"] == 9
     scores["parity_check"]["lstm"] = 0.99  # the LSTM must reach 99.5% on parity and even pairs
-    assert not c.verdict(scores)["held"]
-    low = {t: {"lstm": 1.0, "tf-rope": p / 100 - 0.01} for t, p in c.PAPER_TABLE2["transformer"].items()}
+    assert not p.verdict(scores)["held"]
+    low = {t: {"lstm": 1.0, "tf-rope": p / 100 - 0.01} for t, p in p.PAPER_TABLE2["transformer"].items()}
     low["bucket_sort"]["tf-alibi"] = 0.95  # the best transformer per task counts
-    v = c.verdict(low)
+    v = p.verdict(low)
     assert v["tasks_matched"] == ["bucket_sort"] and not v["held"] and not v["claim_held"]
     # the claim counts every attnlab scheme (the randomized additions too); "held" is the paper's schemes only
     for t in ("even_pairs", "reverse_string", "stack_manipulation", "cycle_navigation"):
-        low[t][c.RANDOMIZED] = 0.99
-    v = c.verdict(low)
+        low[t][p.RANDOMIZED] = 0.99
+    v = p.verdict(low)
     assert v["claim_held"] and v["with_randomized"]["n_matched"] == 5 and not v["held"] and v["n_matched"] == 1
 
 
@@ -108,7 +110,7 @@ def test_quick_run_is_consistent(tmp_path):
     assert r["paper_table2"]["transformer"]["bucket_sort"] == 91.9
     assert r["paper_table2"]["lstm"]["parity_check"] == 100.0
     # the verdict follows from the numbers
-    assert r["verdict"] == c.verdict(r["scores"], r["score_stderr"])
+    assert r["verdict"] == p.verdict(r["scores"], r["score_stderr"])
     for task, cmp in r["verdict"]["transformer_vs_paper"].items():
         assert cmp["above_chance"] == (cmp["best_score"] - 2 * cmp["best_stderr"] > 100 * TASKS[task].chance)
     assert record["claim_held"] == r["verdict"]["held"]
@@ -130,11 +132,11 @@ def test_quick_run_is_consistent(tmp_path):
 
 def test_majority_baseline():
     lengths = [41, 500]
-    base = c.majority_baseline("reverse_string", lengths, 512)
+    base = p.majority_baseline("reverse_string", lengths, 512)
     # E[max(k, n - k)] / n for k ~ Binomial(n, 1/2) is about 1/2 + 1 / sqrt(2 pi n)
     expected = sum(0.5 + (2 * 3.141592653589793 * n) ** -0.5 for n in lengths) / 2
     assert abs(base - expected) < 0.01
-    assert c.majority_baseline("parity_check", lengths, 8) is None
+    assert p.majority_baseline("parity_check", lengths, 8) is None
 
 
 def test_tiny_encoder_position_ids():
@@ -171,7 +173,7 @@ def test_tiny_encoder_embedding_scale_and_block_options():
     paper = TinyEncoder(5, 3, d_model=16, n_head=2, pooling="none", scale_embeddings=True,
                         block={"norm_position": "post", "activation": "relu", "dropout": 0.1})
     assert paper.emb_scale == 4.0 and plain.emb_scale == 1.0
-    assert all(b.norm_position == "post" and b.dropout == 0.1 for b in paper.blocks)
+    assert all(isinstance(b, PostNormBlock) and b.dropout == 0.1 for b in paper.blocks)
     x = torch.randint(5, (2, 7))
     assert torch.equal(plain.features(x)[0], plain.encode(plain.tok_emb(x))[0])
     assert torch.allclose(paper.eval().features(x)[0], paper.encode(4.0 * paper.tok_emb(x))[0])
@@ -191,13 +193,13 @@ def _fake_runs(monkeypatch, scores: dict[int, float]) -> list[int]:
 
 def test_best_of_seeds_keeps_the_best_run_and_reuses_finished_seeds(monkeypatch):
     trained = _fake_runs(monkeypatch, {0: 0.5, 1: 0.7, 2: 0.6})
-    s = {**c.FULL, "seeds": 3}
+    s = {**p.FULL, "seeds": 3}
     r = c.best_of_seeds("even_pairs", "tf-rope", s)
     assert trained == [0, 1, 2]
     assert r["score"] == 0.7 and r["seed"] == 1 and r["seed_marker"] == 1
     assert r["seed_scores"] == {"0": 0.5, "1": 0.7, "2": 0.6} and r["all_seeds_s"] == 4.5
     # one seed for models and tasks outside the paper's Transformer column
-    assert c.n_seeds("even_pairs", "lstm", s) == 1 and c.n_seeds("binary_addition", "tf-rope", s) == 1
+    assert p.n_seeds("even_pairs", "lstm", s) == 1 and p.n_seeds("binary_addition", "tf-rope", s) == 1
     # resuming: an older record of seed 0 only (no seed_scores) gets seeds 1 and 2 added, nothing re-run
     trained.clear()
     old = {"score": 0.5, "train_s": 2.0, "eval_s": 1.0}
@@ -212,16 +214,16 @@ def test_resume_checks_the_settings(tmp_path, monkeypatch, capsys):
 
     from attnlab.core.errors import ConfigError
 
-    assert c.finished_runs(tmp_path, c.FULL) == ({}, 0.0)
+    assert c.finished_runs(tmp_path, p.FULL) == ({}, 0.0)
     record = {"quick": False, "wall_time_s": 12.5,
-              "results": {"settings": {**c.FULL, "seeds": 1, "tasks": ["parity_check"]}, "runs": {"parity_check": {}}}}
+              "results": {"settings": {**p.FULL, "seeds": 1, "tasks": ["parity_check"]}, "runs": {"parity_check": {}}}}
     (tmp_path / "results.json").write_text(json.dumps(record))
-    assert c.finished_runs(tmp_path, c.FULL) == ({"parity_check": {}}, 12.5)  # tasks, models, seeds may differ
+    assert c.finished_runs(tmp_path, p.FULL) == ({"parity_check": {}}, 12.5)  # tasks, models, seeds may differ
     with pytest.raises(ConfigError, match="other settings"):
-        c.finished_runs(tmp_path, {**c.FULL, "lr": 3e-4})
+        c.finished_runs(tmp_path, {**p.FULL, "lr": 3e-4})
     (tmp_path / "results.json").write_text("{not json")
     with pytest.raises(ConfigError, match=r"not a chomsky results\.json"):
-        c.finished_runs(tmp_path, c.FULL)
+        c.finished_runs(tmp_path, p.FULL)
     # an experiment without resume support says so in one line
     assert main(["experiment", "hand-trace", "--resume", "--out", str(tmp_path / "h")]) == 2
     assert "cannot resume" in capsys.readouterr().err
@@ -237,19 +239,19 @@ def test_paper_alibi_tells_left_from_right():
     assert torch.allclose(sym, sym.transpose(-1, -2))
     assert torch.allclose(left[:, 2, 1], -m * 0.5) and torch.allclose(left[:, 1, 2], -m * 1.0)  # left key, right key
     assert torch.allclose(left.diagonal(dim1=-2, dim2=-1), torch.zeros(2, 4))
-    net = c.build(c.ALIBI_LEFT, c.TASKS["reverse_string"], c.FULL, 64)
+    net = c.build(p.ALIBI_LEFT, c.TASKS["reverse_string"], p.FULL, 64)
     assert net.positions.left_bonus == 0.5
-    assert c.build("tf-alibi", c.TASKS["reverse_string"], c.FULL, 64).positions.left_bonus == 0
+    assert c.build("tf-alibi", c.TASKS["reverse_string"], p.FULL, 64).positions.left_bonus == 0
 
 
 def test_long_cells_train_longer_and_are_retrained_on_resume(tmp_path, monkeypatch):
-    s = {**c.FULL, "tasks": ("reverse_string",), "models": ("tf-alibi-left", "tf-rope"),
+    s = {**p.FULL, "tasks": ("reverse_string",), "models": ("tf-alibi-left", "tf-rope"),
          "long": {"steps": 24000, "cells": [["reverse_string", "tf-alibi-left"]]}}
-    assert c.steps_for("reverse_string", "tf-alibi-left", s) == 24000
-    assert c.steps_for("reverse_string", "tf-rope", s) == s["steps"]["transformer"]
-    assert c.steps_for("parity_check", "tf-alibi-left", s) == s["steps"]["transformer"]
-    assert c.steps_for("reverse_string", "lstm", s) == s["steps"]["lstm"]
-    assert c.QUICK["long"]["cells"] == []  # the quick run trains every cell alike
+    assert p.steps_for("reverse_string", "tf-alibi-left", s) == 24000
+    assert p.steps_for("reverse_string", "tf-rope", s) == s["steps"]["transformer"]
+    assert p.steps_for("parity_check", "tf-alibi-left", s) == s["steps"]["transformer"]
+    assert p.steps_for("reverse_string", "lstm", s) == s["steps"]["lstm"]
+    assert p.QUICK["long"]["cells"] == []  # the quick run trains every cell alike
     # resuming: a finished cell trained for other steps is trained again, the others are kept
     old = {"reverse_string": {m: {"steps": 1500, "score": 0.5} for m in s["models"]}}
     monkeypatch.setattr(c, "finished_runs", lambda out, s, quick: (old, 1.0))
@@ -270,13 +272,13 @@ def test_reverse_string_ceiling():
     from attnlab.experiments.chomsky_report import reverse_ceiling
 
     assert reverse_ceiling([40]) == 1.0 and reverse_ceiling([80]) == 0.75
-    assert abs(reverse_ceiling(c.test_lengths(500, 10)) - 0.629) < 1e-3
+    assert abs(reverse_ceiling(p.test_lengths(500, 10)) - 0.629) < 1e-3
 
 
 def test_report_without_a_paper_scheme_on_reverse_string(tmp_path):
     """The reverse-string note needs a transformer of the paper's schemes; without one the report still renders."""
-    s = {**c.QUICK, "tasks": ("reverse_string",), "models": ("lstm",)}
-    lengths = c.test_lengths(s["max_test_length"], s["n_test_lengths"])
+    s = {**p.QUICK, "tasks": ("reverse_string",), "models": ("lstm",)}
+    lengths = p.test_lengths(s["max_test_length"], s["n_test_lengths"])
     run = {"score": 0.6, "score_stderr": 0.01, "train_range_accuracy": 0.9, "per_length": [0.6] * len(lengths),
            "test_lengths": lengths, "train_s": 1.0, "eval_s": 0.5, "steps": 250, "seed": 0, "seed_scores": {"0": 0.6}}
     c.summarise(tmp_path, {"reverse_string": {"lstm": run}}, s, 0.0, quick=True)

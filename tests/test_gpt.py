@@ -144,15 +144,15 @@ def test_untied_head_is_independent():
 def test_residual_projection_init_scaled(n_layer):
     model = make_gpt(n_layer=n_layer, d_model=64, n_head=4, init_std=0.02)
     target = 0.02 / math.sqrt(2 * n_layer)
-    out_w = torch.cat([b.self_attn.out_proj.weight.flatten() for b in model.blocks])
+    out_w = torch.cat([b.mixer.out_proj.weight.flatten() for b in model.blocks])
     fc_w = torch.cat([b.ffn.fc_out.weight.flatten() for b in model.blocks])
     assert out_w.std().item() == pytest.approx(target, rel=0.1)
     assert fc_w.std().item() == pytest.approx(target, rel=0.1)
-    qkv = torch.cat([b.self_attn.qkv_proj.weight.flatten() for b in model.blocks])
+    qkv = torch.cat([b.mixer.qkv_proj.weight.flatten() for b in model.blocks])
     assert qkv.std().item() == pytest.approx(0.02, rel=0.1)
     assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.1)
     for b in model.blocks:
-        assert torch.equal(b.self_attn.qkv_proj.bias, torch.zeros_like(b.self_attn.qkv_proj.bias))
+        assert torch.equal(b.mixer.qkv_proj.bias, torch.zeros_like(b.mixer.qkv_proj.bias))
 
 
 def test_init_std_config_is_honoured():

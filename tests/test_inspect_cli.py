@@ -33,11 +33,11 @@ def test_inspect_text_writes_figures_and_json(trained_run, tmp_path, capsys):
         assert {f"{stem}.png", f"{stem}.svg"} <= names
     dump = json.loads((tmp_path / "attention.json").read_text())
     assert "".join(dump["tokens"]) == text
-    probs = torch.tensor(dump["modules"]["blocks.1.self_attn"]["probs"])  # (H, T, T)
+    probs = torch.tensor(dump["modules"]["blocks.1.mixer"]["probs"])  # (H, T, T)
     model, tok = load_model_and_tokenizer(run)
     with record(model) as rec:
         model(torch.tensor([tok.encode(text)]))
-    torch.testing.assert_close(probs, rec.probs["blocks.1.self_attn"][0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(probs, rec.probs["blocks.1.mixer"][0], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -63,7 +63,7 @@ def test_heads_writes_table_and_plot(trained_run, tmp_path, capsys):
     assert code == 0
     assert "previous-token heads" in out and "induction heads" in out
     rows = json.loads((tmp_path / "heads.json").read_text())
-    assert len(rows) == 2 * 2 and {r["module"] for r in rows} == {"blocks.0.self_attn", "blocks.1.self_attn"}
+    assert len(rows) == 2 * 2 and {r["module"] for r in rows} == {"blocks.0.mixer", "blocks.1.mixer"}
     assert all(0 <= r["previous_token"] <= 1 and 0 <= r["uniform"] <= 1 + 1e-9 for r in rows)
     assert {"heads.csv", "heads.md", "heads.png", "heads.svg"} <= {p.name for p in tmp_path.iterdir()}
     code = main(["heads", str(run), "--data", str(tmp_path / "missing.txt"), "--out", str(tmp_path)])

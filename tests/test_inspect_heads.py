@@ -40,12 +40,12 @@ def planted_gpt(c: float = 10.0) -> GPT:
             if "norm" in name:
                 p.fill_(1.0)  # LayerNorm gains
         model.positions.weight[:, :T] = torch.eye(T)  # position t -> e_t
-        w0 = model.blocks[0].self_attn.qkv_proj.weight  # (3 * 48, 48)
+        w0 = model.blocks[0].mixer.qkv_proj.weight  # (3 * 48, 48)
         for j in range(T - 1):
             w0[j, j + 1] = c  # q_t[j] = c LN(x_t)[j + 1]: large at j = t - 1
         for j in range(T):
             w0[48 + j, j] = 1.0  # k_s[j] = LN(x_s)[j]: large at j = s
-        w1 = model.blocks[1].self_attn.qkv_proj.weight
+        w1 = model.blocks[1].mixer.qkv_proj.weight
         w1[0, T:] = -c  # q[0] = -c * sum of the (negative, equal) non-position dims of LN(x): a positive constant
         w1[48, 0] = 1.0  # k[0] = LN(x)[0]: large only at position 0
     return model
@@ -112,7 +112,7 @@ def test_padding_rows_and_keys_are_excluded():
 def test_tables(tmp_path):
     stats = HeadStats()
     probs = torch.softmax(torch.randn(2, 3, 5, 5), -1)
-    stats.add("blocks.0.self_attn", 0, row_statistics(probs))
+    stats.add("blocks.0.mixer", 0, row_statistics(probs))
     paths = write_head_table(stats.rows(), tmp_path)
     rows = json.loads(paths[0].read_text())
     assert len(rows) == 3 and math.isnan(rows[0]["induction"])  # not measured

@@ -13,7 +13,7 @@ def texts(fig) -> set[str]:
 
 def test_heatmap_png_and_svg(tmp_path):
     probs = torch.softmax(torch.randn(5, 5), -1)
-    fig = plots.heatmap(probs, list("ab cd"), title="blocks.0.self_attn head 1")
+    fig = plots.heatmap(probs, list("ab cd"), title="blocks.0.mixer head 1")
     assert {"a", "␣", "d"} <= texts(fig)
     paths = plots.save(fig, tmp_path / "head")
     assert [p.name for p in paths] == ["head.png", "head.svg"]

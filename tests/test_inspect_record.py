@@ -15,7 +15,7 @@ BACKENDS = ("eager", "sdpa", "tiled")
 
 def eager_probs_gpt(model, idx) -> dict[str, torch.Tensor]:
     out = with_backend(model, "eager")(idx, need_weights=True)
-    return {f"blocks.{i}.self_attn": a["self"] for i, a in enumerate(out.attentions)}
+    return {f"blocks.{i}.mixer": a["self"] for i, a in enumerate(out.attentions)}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -54,7 +54,7 @@ def test_encoder_padding_mask(backend, n_kv_head):
         assert torch.equal(model(idx, lengths), plain)
     with record(eager) as ref:
         eager(idx, lengths)
-    for name in ("blocks.0.self_attn", "blocks.1.self_attn"):
+    for name in ("blocks.0.mixer", "blocks.1.mixer"):
         torch.testing.assert_close(rec.probs[name], ref.probs[name], atol=1e-5, rtol=0)
         # padded keys get no attention; every row sums to 1
         assert rec.probs[name][1, :, :, 5:].abs().max() == 0
@@ -73,13 +73,13 @@ def test_encoder_decoder_cross_attention(backend):
     with record(model, what=("probs", "residual", "sublayers")) as rec:
         assert torch.equal(model(src, lengths, tgt), plain)
     assert rec.select("cross") == ["blocks.0.cross_attn", "blocks.1.cross_attn"]
-    assert rec.select("self", "encoder.") == ["encoder.blocks.0.self_attn", "encoder.blocks.1.self_attn"]
+    assert rec.select("self", "encoder.") == ["encoder.blocks.0.mixer", "encoder.blocks.1.mixer"]
     cross = rec.probs["blocks.1.cross_attn"]
     assert cross.shape == (2, 4, 5, 7)  # target x source
     assert cross[1, :, :, 4:].abs().max() == 0
     # cross-attention probabilities by hand from the block's own projections
     block = eager.blocks[1]
-    h = block.norm_cross(rec.residual_in["blocks.1"] + rec.sublayers["blocks.1.self_attn"])
+    h = block.norm_cross(rec.residual_in["blocks.1"] + rec.sublayers["blocks.1.mixer"])
     memory = rec.residual["encoder.blocks.1"]
     q = block.cross_attn.q_proj(h).view(2, 5, 4, 8).transpose(1, 2)
     k, _ = block.cross_attn.kv_proj(memory).view(2, 7, 4, 8).transpose(1, 2).split(2, dim=1)
@@ -88,7 +88,7 @@ def test_encoder_decoder_cross_attention(backend):
     s = s.masked_fill(~(torch.arange(7) < lengths[:, None])[:, None, None, :], float("-inf"))
     torch.testing.assert_close(cross, torch.softmax(s, -1), atol=1e-5, rtol=0)
     # decoder self-attention is causal
-    assert rec.probs["blocks.0.self_attn"].triu(1).abs().max() == 0
+    assert rec.probs["blocks.0.mixer"].triu(1).abs().max() == 0
 
 
 def test_select_layers_and_heads_keeps_only_those():
@@ -96,12 +96,12 @@ def test_select_layers_and_heads_keeps_only_those():
     idx = torch.randint(0, 17, (1, 6))
     with record(model, layers=[2], heads=[3, 1]) as rec:
         model(idx)
-    assert rec.names == ["blocks.2.self_attn"] and rec.heads["blocks.2.self_attn"] == [3, 1]
-    ref = eager_probs_gpt(model, idx)["blocks.2.self_attn"]
-    torch.testing.assert_close(rec.probs["blocks.2.self_attn"], ref[:, [3, 1]], atol=1e-5, rtol=0)
+    assert rec.names == ["blocks.2.mixer"] and rec.heads["blocks.2.mixer"] == [3, 1]
+    ref = eager_probs_gpt(model, idx)["blocks.2.mixer"]
+    torch.testing.assert_close(rec.probs["blocks.2.mixer"], ref[:, [3, 1]], atol=1e-5, rtol=0)
     with record(model, modules="blocks.1.*") as rec:
         model(idx)
-    assert rec.names == ["blocks.1.self_attn"]
+    assert rec.names == ["blocks.1.mixer"]
 
 
 def test_kv_cache_decoding_records_the_last_step():
@@ -111,8 +111,8 @@ def test_kv_cache_decoding_records_the_last_step():
     model(idx[:, :7], cache=cache)
     with record(model, layers=0) as rec:
         model(idx[:, 7:], cache=cache)
-    full = eager_probs_gpt(model, idx)["blocks.0.self_attn"]
-    torch.testing.assert_close(rec.probs["blocks.0.self_attn"], full[:, :, 7:], atol=1e-5, rtol=0)
+    full = eager_probs_gpt(model, idx)["blocks.0.mixer"]
+    torch.testing.assert_close(rec.probs["blocks.0.mixer"], full[:, :, 7:], atol=1e-5, rtol=0)
 
 
 def test_static_cross_cache():
@@ -167,7 +167,7 @@ def test_latent_attention_plain_absorbed_and_decoding(backend):
                       positions="none", attn_backend=backend, init_std=0.2)
     model = GPT(cfg).eval()  # multi-head latent attention: its own decoupled RoPE
     names = [n for n, m in model.named_modules() if hasattr(m, "register_scores_hook")]
-    assert names == ["blocks.0.self_attn"]
+    assert names == ["blocks.0.mixer"]
     idx = torch.randint(0, 17, (2, 9))
     plain = model(idx).logits
     with record(model) as rec:
@@ -192,6 +192,6 @@ def test_autocast_bf16_records_float32_probabilities():
     idx = torch.randint(0, 17, (1, 7))
     with torch.autocast("cpu", dtype=torch.bfloat16), record(model, dtype=None) as rec:
         model(idx)
-    probs = rec.probs["blocks.0.self_attn"]
+    probs = rec.probs["blocks.0.mixer"]
     assert probs.dtype == torch.float32
-    torch.testing.assert_close(probs, eager_probs_gpt(model, idx)["blocks.0.self_attn"], atol=0.05, rtol=0)
+    torch.testing.assert_close(probs, eager_probs_gpt(model, idx)["blocks.0.mixer"], atol=0.05, rtol=0)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, causal_mask, combine_masks, padding_mask
-from attnlab.nn.blocks import TransformerBlock
+from attnlab.nn.blocks import attention_block
 from attnlab.nn.latent_attention import LatentKVCache, MultiHeadLatentAttention
+from attnlab.nn.mixing import BlockContext
 from attnlab.nn.positions import RotaryPositions
 
 ATOL = 1e-5
@@ -51,12 +52,13 @@ def test_rotary_argument_is_ignored_and_block_accepts_mla():
     x = randn(2, 5, C)
     cos, sin = RotaryPositions(8, 16).rotary(torch.arange(5))
     assert torch.equal(m(x, is_causal=True)[0], m(x, rotary=(cos, sin), is_causal=True)[0])
-    # drop-in: a transformer block calls it exactly as it calls MultiHeadAttention
+    # drop-in: a transformer block calls it through the same mixer protocol as MultiHeadAttention
     torch.manual_seed(0)
-    block = TransformerBlock(C, H).eval()
-    block.self_attn = m
-    y, weights = block(x, rotary=(cos, sin), is_causal=True, cache=m.new_cache(2, 8), need_weights=True)
-    assert y.shape == (2, 5, C) and weights["self"].shape == (2, H, 5, 5)
+    block = attention_block(C, H).eval()
+    block.mixer = m
+    ctx = BlockContext(rotary=(cos, sin), is_causal=True, cache=m.new_cache(2, 8), need_weights=True)
+    y = block(x, ctx)
+    assert y.shape == (2, 5, C) and ctx.attentions["self"].shape == (2, H, 5, 5)
 
 
 # -------------------------------------------------------------------------------- causality

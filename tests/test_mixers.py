@@ -26,11 +26,11 @@ def _model(mixer: str, positions: str, **extra):
 
 def test_layer_kinds_and_caches():
     m = _model("hybrid", "rope", hybrid_attention_every=2)
-    kinds = [type(b.self_attn or b.ssm) for b in m.blocks]
+    kinds = [type(b.mixer) for b in m.blocks]
     assert kinds == [SelectiveSSM, MultiHeadAttention, SelectiveSSM, MultiHeadAttention]
     assert [type(c) for c in m.new_cache(2)] == [SSMState, KVCache, SSMState, KVCache]
     latent = _model("latent", "none", d_latent=16, d_rope=4)
-    assert all(isinstance(b.self_attn, MultiHeadLatentAttention) for b in latent.blocks)
+    assert all(isinstance(b.mixer, MultiHeadLatentAttention) for b in latent.blocks)
     cache = latent.new_cache(2)
     assert all(isinstance(c, LatentKVCache) and c.num_elements() == 16 + 4 for c in cache)
 
@@ -69,7 +69,7 @@ def test_causal_and_save_load(mixer, positions, tmp_path):
 
 def test_ssm_keeps_its_own_init_inside_the_gpt():
     m = _model("ssm", "none")
-    ssm = m.blocks[0].ssm
+    ssm = m.blocks[0].mixer
     torch.testing.assert_close(ssm.A[0], -torch.arange(1, ssm.d_state + 1, dtype=torch.float32))
     assert torch.all(ssm.D == 1)
     dt = torch.nn.functional.softplus(ssm.dt_proj.bias)
@@ -83,8 +83,8 @@ def test_ssm_parameters_flagged_are_not_weight_decayed():
     m = _model("ssm", "none")
     opt = make_optimizer(m, TrainConfig())
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
-    assert id(m.blocks[0].ssm.A_log) not in decayed
-    assert id(m.blocks[0].ssm.in_proj.weight) in decayed
+    assert id(m.blocks[0].mixer.A_log) not in decayed
+    assert id(m.blocks[0].mixer.in_proj.weight) in decayed
 
 
 @pytest.mark.parametrize(
@@ -119,3 +119,12 @@ def test_trainer_runs_every_mixer(mixer, positions, tmp_path):
     uniform = math.log(trainer.tokenizer.vocab_size)
     result = trainer.train()
     assert result.val_loss < uniform - 0.5, (result.val_loss, uniform)  # well below guessing
+
+
+def test_latent_attention_with_the_tiled_backend_is_refused_not_substituted():
+
+    cfg = ModelConfig(vocab_size=20, d_model=32, n_head=4, mixer="latent", positions="none", attn_backend="tiled")
+    with pytest.raises(ConfigError, match="mixer=latent has no tiled kernel"):
+        cfg.validate()
+    with pytest.raises(ValueError, match="unknown attention backend 'tiled'"):
+        MultiHeadLatentAttention(32, 4, d_latent=16, backend="tiled")

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn.blocks import FeedForward
+from attnlab.nn.ffn import FeedForward
 from attnlab.nn.moe import MoEFeedForward, MoEStats
 
 ACTIVATIONS = ["relu", "gelu", "swiglu"]
@@ -412,7 +412,7 @@ def test_gpt_with_experts_adds_weighted_aux_losses_to_the_objective():
 
 
 def test_moe_every_alternates_dense_and_expert_layers():
-    from attnlab.nn.blocks import FeedForward
+    from attnlab.nn.ffn import FeedForward
 
     model = _moe_gpt(n_layer=4, moe_every=2)
     kinds = [type(b.ffn) for b in model.blocks]

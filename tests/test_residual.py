@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn.attention_residuals import AttentionResiduals, DepthHistory
-from attnlab.nn.blocks import LayerNorm
 from attnlab.nn.hyper_connections import HyperConnections, ManifoldHyperConnections, sinkhorn
+from attnlab.nn.norms import LayerNorm
 from attnlab.nn.residual import RESIDUALS, ResidualScheme, StandardResidual, build_residual
 
 B, T, C, N_STREAMS = 2, 5, 16, 4

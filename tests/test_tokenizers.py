@@ -134,7 +134,7 @@ def test_bpe_long_text_encoding_matches_one_sequential_call(
 ) -> None:
     import random
 
-    import attnlab.tokenizers as tokenizers_module
+    import attnlab.tokenizers.bpe as tokenizers_module
 
     monkeypatch.setattr(tokenizers_module, "PARALLEL_ENCODE_MIN_CHARS", 10)
     rng = random.Random(0)

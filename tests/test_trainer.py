@@ -10,6 +10,7 @@ import torch
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.models.registry import from_pretrained
 from attnlab.training.checkpoint import latest_checkpoint, list_checkpoints, load_trainer_state
+from attnlab.training.loop import train_step
 from attnlab.training.runs import read_metrics
 from attnlab.training.schedule import lr_at
 from attnlab.training.trainer import Trainer, TrainingInterrupted, make_optimizer
@@ -133,23 +134,37 @@ def test_bf16_autocast_and_bpe_tokenizer_train(corpus, tmp_path):
     # mfu=false: measuring the bf16 matmul peak takes minutes on a CPU without bf16 units (AVX2)
     cfg = tiny_config(corpus, tmp_path / "runs", name="bf", dtype="bfloat16", tokenizer="bpe",
                       bpe_vocab_size=300, max_iters=10, mfu=False)
-    result = Trainer(cfg).train()
-    assert cfg.model.vocab_size == 300 or cfg.model.vocab_size <= 300
-    assert math.isfinite(result.val_loss)
+    trainer = Trainer(cfg)
+    dtypes: list[torch.dtype] = []
+    trainer.model.lm_head.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    result = trainer.train()
+    # the model's vocabulary is the trained BPE's: 256 byte symbols + the end-of-text token + merges
+    assert 257 < cfg.model.vocab_size == trainer.tokenizer.vocab_size <= 300
+    assert dtypes[: cfg.max_iters] == [torch.bfloat16] * cfg.max_iters  # every training forward under autocast
+    assert math.isfinite(result.val_loss) and result.val_loss < math.log(cfg.model.vocab_size)
 
 
 def test_gradient_accumulation_matches_a_bigger_batch(corpus, tmp_path):
-    """A*B micro-batches accumulated == one batch of A*B rows (same data, no dropout)."""
-    big = Trainer(tiny_config(corpus, tmp_path / "runs", name="big", batch_size=8))
-    acc = Trainer(tiny_config(corpus, tmp_path / "runs", name="acc", batch_size=4, grad_accum=2))
+    """One step of the Trainer's loop (training.loop.train_step) on A=2 micro-batches of 4 rows equals
+    one step on the batch of 8 rows (same data, no dropout): same loss, gradient norm and update."""
+    big = Trainer(tiny_config(corpus, tmp_path / "runs", name="big", batch_size=8, grad_clip=0.5))
+    acc = Trainer(tiny_config(corpus, tmp_path / "runs", name="acc", batch_size=4, grad_accum=2, grad_clip=0.5))
     acc.model.load_state_dict(big.model.state_dict())
     gen = torch.Generator().manual_seed(0)
     x, y = (t.to(big.device) for t in acc.task.data.get_batch("train", 8, 16, gen))
-    big.model(x, y).loss.backward()
-    for i in range(2):
-        (acc.model(x[4 * i : 4 * i + 4], y[4 * i : 4 * i + 4]).loss / 2).backward()
-    for (n, p), q in zip(big.model.named_parameters(), acc.model.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=n)
+    one = train_step(big.model, big.optimizer, [dict(idx=x, targets=y)], lr=1e-2, grad_clip=0.5)
+    halves = [dict(idx=x[4 * i : 4 * i + 4], targets=y[4 * i : 4 * i + 4]) for i in range(2)]
+    two = train_step(acc.model, acc.optimizer, iter(halves), accum=2, lr=1e-2, grad_clip=0.5)
+    assert one.applied and two.applied
+    torch.testing.assert_close(two.loss, one.loss, rtol=1e-5, atol=0)
+    torch.testing.assert_close(two.grad_norm, one.grad_norm, rtol=1e-4, atol=0)
+    assert one.grad_norm > 0.5  # the clip was active, so the clipped gradients were compared too
+    for (n, p), q in zip(big.model.named_parameters(), acc.model.parameters(), strict=True):
+        assert p.grad is None and q.grad is None  # the step leaves no gradients behind
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=n)
+    moved = max((p - q).abs().max().item() for p, q in zip(big.model.parameters(), Trainer(
+        tiny_config(corpus, tmp_path / "runs", name="fresh", batch_size=8)).model.parameters(), strict=True))
+    assert moved > 1e-3  # and the update was a real one
 
 
 def test_device_option_is_resolved_or_refused_in_one_line(corpus, tmp_path, monkeypatch):

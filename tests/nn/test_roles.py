@@ -12,7 +12,7 @@ import torch
 from attnlab.models import ModelConfig, build_model
 from attnlab.nn import roles
 from attnlab.nn.attention import MultiHeadAttention
-from attnlab.nn.blocks import FeedForward
+from attnlab.nn.ffn import FeedForward
 from attnlab.nn.latent_attention import MultiHeadLatentAttention
 from attnlab.nn.moe import MoEFeedForward
 from attnlab.nn.ssm import SelectiveSSM
@@ -59,7 +59,7 @@ def test_every_residual_writing_projection_has_the_scaled_init(mixer, ffn, resid
 def test_latent_attention_output_projection_is_scaled():
     """The bug that started this: with mixer=latent, W_O kept std 0.02 instead of 0.02/sqrt(2L)."""
     model = _gpt("latent", "dense", "standard", n_layer=8)
-    w_o = model.blocks[0].self_attn.w_o.weight
+    w_o = model.blocks[0].mixer.w_o.weight
     assert abs(w_o.std().item() - 0.02 / 4) < 0.001
 
 

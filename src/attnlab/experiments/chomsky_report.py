@@ -8,7 +8,7 @@ from typing import Any
 
 from attnlab.data.formal import TASKS
 from attnlab.experiments.base import pyplot, save_figure
-from attnlab.experiments.chomsky import (
+from attnlab.experiments.chomsky_protocol import (
     ADDITIONS,
     ALIBI_LEFT,
     FROM_END,

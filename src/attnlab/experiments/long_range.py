@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from attnlab.experiments.base import pyplot, save_figure, write_outputs
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.recurrent import RecurrentModel
+from attnlab.training.loop import fit
 
 NAME = "long-range"
 CLAIM = ("An RNN's gradient from the answer to the token k steps back vanishes exponentially in k and its "
@@ -66,7 +67,7 @@ def gradient_to_first_input(model: str, k: int, seed: int = 0, batch: int = 16) 
     net = build(model, k).double()
     if isinstance(net, TinyEncoder):
         for block in net.blocks:  # the eager path in float64 (the fused kernel is float32-tuned)
-            block.self_attn.backend = "eager"
+            block.mixer.backend = "eager"
     idx, y = recall_batch(batch, k, torch.Generator().manual_seed(seed))
     x = net.tok_emb(idx).detach().requires_grad_(True)  # (B, T, C)
     F.cross_entropy(last_logits(net, x), y, reduction="sum").backward()
@@ -78,20 +79,19 @@ def train(model: str, k: int, steps: int, seed: int = 0, batch: int = 32) -> dic
     net = build(model, k)
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(seed + 1)
-    step_times = []
-    for _ in range(steps):
-        idx, y = recall_batch(batch, k, g)
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(last_logits(net, net.tok_emb(idx)), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        step_times.append(time.perf_counter() - t0)
+    step_times, started = [], [0.0]
+
+    def draw(step: int) -> tuple[Tensor, Tensor]:
+        idx_y = recall_batch(batch, k, g)
+        started[0] = time.perf_counter()  # time the step, not the batch
+        return idx_y
+
+    trained = fit(net, opt, draw, lambda b: F.cross_entropy(last_logits(net, net.tok_emb(b[0])), b[1]), steps,
+                  grad_clip=1.0, after_step=lambda step, r: step_times.append(time.perf_counter() - started[0]))
     idx, y = recall_batch(1000, k, torch.Generator().manual_seed(777))
     with torch.no_grad():
         acc = (last_logits(net, net.tok_emb(idx)).argmax(-1) == y).float().mean().item()
-    return {"accuracy": acc, "final_loss": loss.item(), "step_ms_median": 1000 * statistics.median(step_times)}
+    return {"accuracy": acc, "final_loss": trained.final_loss, "step_ms_median": 1000 * statistics.median(step_times)}
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:

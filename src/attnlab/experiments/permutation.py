@@ -28,6 +28,7 @@ from torch import Tensor
 from attnlab.experiments.base import pyplot, save_figure, write_outputs
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.attention import BACKENDS, MultiHeadAttention
+from attnlab.training.loop import fit
 
 NAME = "permutation"
 CLAIM = ("Attention without positions is permutation-equivariant (error ~1e-7 after shuffling tokens, every "
@@ -82,14 +83,8 @@ def train_sorted(scheme: str, steps: int, T: int = 8, vocab: int = 10, seed: int
     model = TinyEncoder(vocab, 2, d_model=64, n_layer=2, n_head=4, positions=scheme, max_len=T)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed + 1)
-    curve = []
-    for _ in range(steps):
-        x, y = sorted_batch(128, T, vocab, g)
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        curve.append(loss.item())
+    curve = fit(model, opt, lambda step: sorted_batch(128, T, vocab, g),
+                lambda b: F.cross_entropy(model(b[0]), b[1]), steps).losses  # b = (x, y)
     x, y = sorted_batch(4000, T, vocab, torch.Generator().manual_seed(999))
     with torch.no_grad():
         acc = (model(x).argmax(-1) == y).float().mean().item()

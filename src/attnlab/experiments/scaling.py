@@ -27,6 +27,7 @@ from attnlab.core.errors import DataError
 from attnlab.experiments.base import pyplot, save_figure, write_outputs
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
+from attnlab.training.loop import fit, train_step
 
 NAME = "scaling"
 CLAIM = ("Validation loss falls as a power law in non-embedding parameters N and training tokens D: "
@@ -67,19 +68,20 @@ def train_size(data: dict[str, torch.Tensor], vocab: int, n_layer: int, d_model:
     val_starts = torch.randint(len(val) - T - 1, (8 * batch,), generator=g_val)  # fixed validation windows
     losses: dict[int, float] = {}
     t0 = time.perf_counter()
-    for step in range(1, max(eval_steps) + 1):
-        for group in opt.param_groups:
-            group["lr"] = lr * min(1.0, step / 20)
+
+    def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         starts = torch.randint(len(train) - T - 1, (batch,), generator=g)
         x = torch.stack([train[s:s + T] for s in starts])  # (B, T)
         y = torch.stack([train[s + 1:s + T + 1] for s in starts])  # (B, T)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model(x, targets=y).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        return x, y
+
+    def after_step(step: int, result: object) -> None:
         if step in eval_steps:
             losses[step] = evaluate(model, val, val_starts, T, batch)
+
+    fit(model, opt, draw, lambda b: model(b[0], targets=b[1]), max(eval_steps) + 1, start=1,
+        lr=lambda step: lr * min(1.0, step / 20), after_step=after_step,
+        autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16))
     return {"n_layer": n_layer, "d_model": d_model, "N": non_embedding_params(model),
             "val_loss": {str(s): losses[s] for s in eval_steps}, "train_time_s": round(time.perf_counter() - t0, 1)}
 
@@ -240,11 +242,8 @@ def time_bf16(data: dict[str, torch.Tensor], vocab: int, T: int, batch: int, d_m
         times = []
         for _ in range(6):
             t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = model(x, targets=x).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            train_step(model, opt, [x], lambda x, model=model: model(x, targets=x),
+                       autocast=lambda bf16=bf16: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16))
             times.append(time.perf_counter() - t0)
         timing[f"{label}_s_per_step"] = sorted(times)[len(times) // 2]
     return timing

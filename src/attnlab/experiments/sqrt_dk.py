@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from attnlab.experiments.base import pyplot, save_figure, write_outputs
 from attnlab.nn.attention import scaled_dot_product_attention
+from attnlab.training.loop import fit
 
 NAME = "sqrt-dk"
 CLAIM = ("Without the 1/sqrt(d_k) scale Var(q·k) = d_k, softmax saturates and the gradient reaching q "
@@ -108,14 +109,8 @@ def train_retrieval(scale_on: bool, d_k: int, steps: int, seed: int = 0) -> dict
     model = RetrievalAttention(n_keys, n_values, d_k, 1 / math.sqrt(d_k) if scale_on else 1.0)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(seed + 1)
-    losses = []
-    for _ in range(steps):
-        keys, values, target = retrieval_batch(batch, n_pairs, n_keys, n_values, g)
-        loss = F.cross_entropy(model(keys, values), target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = fit(model, opt, lambda step: retrieval_batch(batch, n_pairs, n_keys, n_values, g),
+                 lambda b: F.cross_entropy(model(b[0], b[1]), b[2]), steps).losses  # b = (keys, values, target)
     g_val = torch.Generator().manual_seed(12345)
     with torch.no_grad():
         keys, values, target = retrieval_batch(2048, n_pairs, n_keys, n_values, g_val)

@@ -37,6 +37,7 @@ from torch import Tensor
 from attnlab.experiments.base import pyplot, save_figure, write_outputs
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
+from attnlab.training.loop import fit
 
 NAME = "structure-discovery"
 CLAIM = ("A small GPT learns grammars of known entropy: on the regular and the nested (centre-embedded) grammar "
@@ -150,16 +151,8 @@ def train_gpt(grammar: str, steps: int, T: int, n_tokens: int, seed: int = 0) ->
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.05,
                                                 final_div_factor=30)
     g = torch.Generator().manual_seed(seed + 2)
-    curve = []
-    for _ in range(steps):
-        x, y, _, _ = windows(train, 32, T, g)
-        loss = model(x, targets=y).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        curve.append(loss.item())
+    curve = fit(model, opt, lambda step: windows(train, 32, T, g)[:2], lambda b: model(b[0], targets=b[1]),
+                steps, grad_clip=1.0, after_step=lambda step, r: sched.step()).losses  # b = (x, y)
     return model, {"curve": curve}
 
 

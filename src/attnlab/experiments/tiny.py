@@ -7,7 +7,7 @@
 Positions come from ``attnlab.nn.positions`` (none, sinusoidal, learned, RoPE, ALiBi), so one module
 serves the permutation, long-range and other experiments; it is bidirectional unless ``causal``.
 The embedding scale s is 1, or sqrt(d_model) with ``scale_embeddings`` (Vaswani et al.); ``block``
-passes options to every TransformerBlock (e.g. post-norm, ReLU, dropout).
+passes options to every ``attention_block`` (e.g. post-norm, ReLU, dropout).
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.nn.attention import Backend
-from attnlab.nn.blocks import LayerNorm, TransformerBlock
+from attnlab.nn.blocks import attention_block
+from attnlab.nn.mixing import BlockContext
+from attnlab.nn.norms import LayerNorm
 from attnlab.nn.positions import PositionalScheme, build_positions
 
 
 class TinyEncoder(nn.Module):
-    """Token embedding + positional scheme + ``n_layer`` pre-norm TransformerBlocks + linear head."""
+    """Token embedding + positional scheme + ``n_layer`` pre-norm attention blocks + linear head."""
 
     def __init__(self, vocab_size: int, n_out: int, d_model: int = 64, n_layer: int = 2, n_head: int = 4,
                  positions: str | PositionalScheme = "none", max_len: int = 512,
@@ -35,7 +37,7 @@ class TinyEncoder(nn.Module):
         # a scheme's name, or a scheme built with options of its own (e.g. ALiBiPositions(H, left_bonus=0.5))
         self.positions = (positions if isinstance(positions, PositionalScheme)
                           else build_positions(positions, d_model, n_head, max_len))
-        self.blocks = nn.ModuleList(TransformerBlock(d_model, n_head, backend=backend, **(block or {}))
+        self.blocks = nn.ModuleList(attention_block(d_model, n_head, backend=backend, **(block or {}))
                                     for _ in range(n_layer))
         self.norm = LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_out)
@@ -60,9 +62,10 @@ class TinyEncoder(nn.Module):
         rotary, bias = self.positions.rotary(pos), self.positions.attn_bias(pos, pos)
         maps = []
         for block in self.blocks:
-            x, extras = block(x, attn_bias=bias, rotary=rotary, is_causal=self.causal, need_weights=need_weights)
-            if need_weights and extras is not None:
-                maps.append(extras["self"])
+            ctx = BlockContext(bias=bias, rotary=rotary, is_causal=self.causal, need_weights=need_weights)
+            x = block(x, ctx)  # (B, T, C)
+            if need_weights:
+                maps.append(ctx.attentions["self"])
         return self.norm(x), maps  # (B, T, C)
 
     def forward(self, idx: Tensor, positions: Tensor | None = None) -> Tensor:

@@ -21,6 +21,7 @@ import torch
 from attnlab.core import runtime
 from attnlab.experiments.base import write_outputs
 from attnlab.models.config import ModelConfig
+from attnlab.training.loop import fit
 
 NAME = "vit-vs-cnn"
 CLAIM = ("With little data a CNN beats a Vision Transformer of the same size; with more data the ViT "
@@ -74,20 +75,13 @@ def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: f
     optimizer = make_optimizer(model, cfg)
     gen = torch.Generator().manual_seed(seed)
     started = time.perf_counter()
-    model.train()
-    for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, lr, lr / 20, steps // 10, steps)
-        batch = task.batch("train", cfg.batch_size, gen)
-        loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+    trained = fit(model, optimizer, lambda step: task.batch("train", cfg.batch_size, gen),
+                  lambda batch: model(**batch), steps, lr=lambda step: lr_at(step, lr, lr / 20, steps // 10, steps),
+                  grad_clip=1.0)
     pred, true = task.predict(model, "test")
     return {"family": model_cfg.family, "fraction": fraction, "seed": seed, "n_train": len(task.data["train"]),
             "test_accuracy": (pred == true).float().mean().item(), "n_test": len(true),
-            "final_train_loss": loss.item(), "train_s": round(time.perf_counter() - started, 1)}
+            "final_train_loss": trained.final_loss, "train_s": round(time.perf_counter() - started, 1)}
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

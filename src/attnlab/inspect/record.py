@@ -2,7 +2,7 @@
 
     with record(model, layers=[0, 2], heads=[1], what=("probs", "scores")) as rec:
         model(idx)
-    rec.probs["blocks.2.self_attn"]      # (B, 1, T, S): head 1 of layer 2
+    rec.probs["blocks.2.mixer"]      # (B, 1, T, S): head 1 of layer 2
 
 Every ``MultiHeadAttention`` (self- or cross-attention, in any family) and every
 ``MultiHeadLatentAttention`` (MLA) reports the exact inputs of
@@ -15,7 +15,7 @@ recomputes, for the kept layers and heads only,
 
 with the eager reference (``scaled_dot_product_attention``) — so the probabilities are the same
 whatever backend (eager, sdpa, tiled) runs the model, and the model's own computation is never
-touched: its outputs stay bit-identical. Names are the modules' own (``blocks.2.self_attn``,
+touched: its outputs stay bit-identical. Names are the modules' own (``blocks.2.mixer``,
 ``decoder.blocks.0.cross_attn``).
 
 Memory: only the selected layers (``layers``: indices of transformer blocks; or ``modules``:
@@ -36,10 +36,10 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.nn.attention import ScoresHooks, causal_mask, combine_masks, scaled_dot_product_attention
-from attnlab.nn.blocks import TransformerBlock
+from attnlab.nn.blocks import Block
 
 WHAT: tuple[str, ...] = ("probs", "scores", "residual", "sublayers")
-SUBLAYERS: tuple[str, ...] = ("self_attn", "cross_attn", "ffn", "ssm")
+SUBLAYERS: tuple[str, ...] = ("mixer", "cross_attn", "ffn")
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Recording:
 
     probs, scores: attention module -> (B, h, T, S) for the kept heads ``heads[name]``.
     residual_in, residual: transformer block -> the stream entering / leaving it (B, T, C).
-    sublayers: sub-layer module (``blocks.0.self_attn``, ``blocks.0.ffn``, ...) -> its output (B, T, C).
+    sublayers: sub-layer module (``blocks.0.mixer``, ``blocks.0.ffn``, ...) -> its output (B, T, C).
     layer: attention module -> index of its block; kind: "self" or "cross"; heads: kept head indices.
     """
 
@@ -191,12 +191,12 @@ def record(
                     rec.scores[name] = store(scores)
 
             handles.append(module.register_scores_hook(on_scores))
-        elif isinstance(module, TransformerBlock) and wanted(name, by_pattern=False):
+        elif isinstance(module, Block) and wanted(name, by_pattern=False):
             if "residual" in what:
                 def on_block(mod, args, kwargs, output, name=name):
                     x = args[0] if args else kwargs["x"]
                     rec.residual_in[name] = store(x)
-                    rec.residual[name] = store(output[0])
+                    rec.residual[name] = store(output)
 
                 handles.append(module.register_forward_hook(on_block, with_kwargs=True))
             if "sublayers" in what:

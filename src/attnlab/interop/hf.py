@@ -7,9 +7,9 @@ the weight transposed, (in, out) instead of ``nn.Linear``'s (out, in):
 
     transformer.wte.weight             <-> tok_emb.weight
     transformer.wpe.weight             <-> positions.weight
-    transformer.h.{i}.ln_1.{weight,bias}  <-> blocks.{i}.norm_self.{weight,bias}
-    transformer.h.{i}.attn.c_attn.weight  <-> blocks.{i}.self_attn.qkv_proj.weight^T   (Q, K, V fused)
-    transformer.h.{i}.attn.c_proj.weight  <-> blocks.{i}.self_attn.out_proj.weight^T
+    transformer.h.{i}.ln_1.{weight,bias}  <-> blocks.{i}.norm_mixer.{weight,bias}
+    transformer.h.{i}.attn.c_attn.weight  <-> blocks.{i}.mixer.qkv_proj.weight^T   (Q, K, V fused)
+    transformer.h.{i}.attn.c_proj.weight  <-> blocks.{i}.mixer.out_proj.weight^T
     transformer.h.{i}.ln_2.*              <-> blocks.{i}.norm_ffn.*
     transformer.h.{i}.mlp.c_fc.weight     <-> blocks.{i}.ffn.fc_in.weight^T
     transformer.h.{i}.mlp.c_proj.weight   <-> blocks.{i}.ffn.fc_out.weight^T
@@ -49,7 +49,7 @@ def _names(n_layer: int) -> list[tuple[str, str]]:
     """(attnlab name, GPT-2 name) for every tensor."""
     pairs = [("tok_emb.weight", "transformer.wte.weight"), ("positions.weight", "transformer.wpe.weight"),
              ("norm_f.weight", "transformer.ln_f.weight"), ("norm_f.bias", "transformer.ln_f.bias")]
-    per_layer = [("norm_self", "ln_1"), ("self_attn.qkv_proj", "attn.c_attn"), ("self_attn.out_proj", "attn.c_proj"),
+    per_layer = [("norm_mixer", "ln_1"), ("mixer.qkv_proj", "attn.c_attn"), ("mixer.out_proj", "attn.c_proj"),
                  ("norm_ffn", "ln_2"), ("ffn.fc_in", "mlp.c_fc"), ("ffn.fc_out", "mlp.c_proj")]
     return pairs + _layer_names(n_layer, per_layer, "transformer.h")
 
@@ -144,9 +144,9 @@ def load_gpt2(directory: str | Path) -> GPT:
 #   [bert.]embeddings.position_embeddings    <-> embeddings.positions
 #   [bert.]embeddings.token_type_embeddings  <-> embeddings.seg_emb
 #   [bert.]embeddings.LayerNorm              <-> embeddings.norm
-#   [bert.]encoder.layer.{i}.attention.self.{query,key,value}  <-> blocks.{i}.self_attn.qkv_proj (rows Q;K;V)
-#   [bert.]encoder.layer.{i}.attention.output.dense            <-> blocks.{i}.self_attn.out_proj
-#   [bert.]encoder.layer.{i}.attention.output.LayerNorm        <-> blocks.{i}.norm_self      (post-norm)
+#   [bert.]encoder.layer.{i}.attention.self.{query,key,value}  <-> blocks.{i}.mixer.qkv_proj (rows Q;K;V)
+#   [bert.]encoder.layer.{i}.attention.output.dense            <-> blocks.{i}.mixer.out_proj
+#   [bert.]encoder.layer.{i}.attention.output.LayerNorm        <-> blocks.{i}.norm_mixer      (post-norm)
 #   [bert.]encoder.layer.{i}.intermediate.dense / output.dense <-> blocks.{i}.ffn.fc_in / fc_out
 #   [bert.]encoder.layer.{i}.output.LayerNorm                  <-> blocks.{i}.norm_ffn
 #   [bert.]pooler.dense                      <-> pooler
@@ -176,7 +176,7 @@ def _bert_names(n_layer: int) -> list[tuple[str, str]]:
              ("mlm_norm.bias", "cls.predictions.transform.LayerNorm.bias"),
              ("mlm_bias", "cls.predictions.bias"),
              ("nsp_head.weight", "cls.seq_relationship.weight"), ("nsp_head.bias", "cls.seq_relationship.bias")]
-    per_layer = [("self_attn.out_proj", "attention.output.dense"), ("norm_self", "attention.output.LayerNorm"),
+    per_layer = [("mixer.out_proj", "attention.output.dense"), ("norm_mixer", "attention.output.LayerNorm"),
                  ("ffn.fc_in", "intermediate.dense"), ("ffn.fc_out", "output.dense"), ("norm_ffn", "output.LayerNorm")]
     return pairs + _layer_names(n_layer, per_layer, "encoder.layer")
 
@@ -212,7 +212,7 @@ def to_bert_state_dict(model) -> dict[str, torch.Tensor]:
         out[_hf_bert_key(theirs)] = ours[mine].contiguous().clone()
     for i in range(c.n_layer):
         for p in ("weight", "bias"):
-            q, k, v = ours[f"blocks.{i}.self_attn.qkv_proj.{p}"].chunk(3, dim=0)
+            q, k, v = ours[f"blocks.{i}.mixer.qkv_proj.{p}"].chunk(3, dim=0)
             for name, t in (("query", q), ("key", k), ("value", v)):
                 out[f"bert.encoder.layer.{i}.attention.self.{name}.{p}"] = t.contiguous().clone()
     decoder = ours["embeddings.tok_emb.weight"] if c.tie_embeddings else ours["mlm_decoder.weight"]
@@ -350,7 +350,7 @@ def load_bert(directory: str | Path) -> tuple:
             absent = [n for n in names if n not in renamed]
             if absent:
                 raise CheckpointError(f"{directory}: the weights have no tensor {absent[0]}")
-            put(f"blocks.{i}.self_attn.qkv_proj.{p}", torch.cat([renamed[n] for n in names], dim=0), names[0])
+            put(f"blocks.{i}.mixer.qkv_proj.{p}", torch.cat([renamed[n] for n in names], dim=0), names[0])
     if not config.tie_embeddings:
         if "cls.predictions.decoder.weight" in renamed:
             put("mlm_decoder.weight", renamed["cls.predictions.decoder.weight"], "cls.predictions.decoder.weight")

@@ -111,17 +111,3 @@ class PretrainedModel(nn.Module):
             total += p.numel()
         return total
 
-
-def transformer_blocks(c: ModelConfig, n_layer: int | None = None, cross_attention: bool = False) -> nn.ModuleList:
-    """``n_layer`` (default ``c.n_layer``) attention + feed-forward blocks as ``c`` describes them:
-    the stack every family but GPT (which adds per-layer mixers and experts) is built from."""
-    from attnlab.nn.blocks import TransformerBlock
-
-    return nn.ModuleList(
-        TransformerBlock(
-            c.d_model, c.n_head, n_kv_heads=c.n_kv_head, d_ff=c.d_ff, activation=c.activation, norm=c.norm,
-            norm_position=c.norm_position, norm_eps=c.norm_eps, dropout=c.dropout, attn_dropout=c.dropout,
-            bias=c.bias, backend=c.attn_backend, cross_attention=cross_attention,
-        )
-        for _ in range(c.n_layer if n_layer is None else n_layer)
-    )

@@ -21,11 +21,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError
-from attnlab.models.base import PretrainedModel, transformer_blocks
+from attnlab.models.base import PretrainedModel
 from attnlab.models.config import ModelConfig
+from attnlab.models.layers import transformer_blocks
 from attnlab.nn.activations import activate
 from attnlab.nn.attention import padding_mask
-from attnlab.nn.blocks import build_norm
+from attnlab.nn.mixing import BlockContext
+from attnlab.nn.norms import build_norm
 from attnlab.nn.positions import build_positions
 
 IGNORE_INDEX = -100  # label of positions that carry no loss (unselected tokens, padding)
@@ -144,9 +146,10 @@ class Bert(PretrainedModel):
         bias = self.embeddings.positions.attn_bias(pos, pos)
         attentions = [] if need_weights else None
         for block in self.blocks:
-            x, extras = block(x, mask=mask, attn_bias=bias, rotary=rotary, need_weights=need_weights)
+            ctx = BlockContext(mask=mask, bias=bias, rotary=rotary, need_weights=need_weights)
+            x = block(x, ctx)  # (B, T, C)
             if attentions is not None:
-                attentions.append(extras)
+                attentions.append(ctx.attentions)
         return self.norm_f(x), attentions  # (B, T, C)
 
     def mlm_head(self, h: Tensor) -> Tensor:

@@ -104,6 +104,8 @@ class ModelConfig:
         if self.mixer == "latent" and self.positions in ("rope", "relative"):
             raise ConfigError(f"mixer=latent applies its own decoupled RoPE and takes no positions={self.positions}; "
                               "set positions to none, learned, sinusoidal or alibi")
+        if self.mixer == "latent" and self.attn_backend == "tiled":
+            raise ConfigError("mixer=latent has no tiled kernel; set model.attn_backend to eager or sdpa")
         if self.mixer == "ssm" and self.positions in ("rope", "alibi", "relative"):
             raise ConfigError(f"positions={self.positions} acts inside attention, and mixer=ssm has none; "
                               "use positions=none (the SSM is causal and order-aware by itself)")

@@ -20,12 +20,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError, DataError
-from attnlab.models.base import PretrainedModel, transformer_blocks
+from attnlab.models.base import PretrainedModel
 from attnlab.models.bert import mean_pool
 from attnlab.models.config import ModelConfig
+from attnlab.models.layers import transformer_blocks
 from attnlab.nn.attention import padding_mask
-from attnlab.nn.blocks import build_norm
 from attnlab.nn.embeddings import FeatureEmbedding, SetEmbedding
+from attnlab.nn.mixing import BlockContext
+from attnlab.nn.norms import build_norm
 from attnlab.nn.positions import build_positions
 
 
@@ -150,9 +152,10 @@ class Encoder(PretrainedModel):
         attn_mask = padding_mask(keep) if keep is not None else None  # (B, 1, 1, T')
         attentions: list[dict[str, Tensor]] | None = [] if need_weights else None
         for block in self.blocks:
-            x, extras = block(x, mask=attn_mask, attn_bias=bias, rotary=rotary, need_weights=need_weights)
+            ctx = BlockContext(mask=attn_mask, bias=bias, rotary=rotary, need_weights=need_weights)
+            x = block(x, ctx)  # (B, T', D)
             if attentions is not None:
-                attentions.append({"self": extras["self"]})  # (B, H, T', T')
+                attentions.append(ctx.attentions)  # {"self": (B, H, T', T')}
         x = self.norm_f(x)  # (B, T', D)
         pooled = x[:, 0] if self.cls_token is not None else mean_pool(x, keep)  # (B, D)
         pred = self.head(pooled)  # (B, n_outputs) or (B, n_classes)

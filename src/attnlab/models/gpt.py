@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +19,12 @@ from torch import Tensor, nn
 
 from attnlab.models.base import PretrainedModel
 from attnlab.models.config import ModelConfig
+from attnlab.models.layers import build_block
 from attnlab.nn import roles
-from attnlab.nn.blocks import LayerCache, TransformerBlock, build_norm
+from attnlab.nn.blocks import LayerCache
+from attnlab.nn.mixing import BlockContext
 from attnlab.nn.moe import MoEFeedForward, MoEStats
+from attnlab.nn.norms import build_norm
 from attnlab.nn.positions import build_positions
 from attnlab.nn.residual import ResidualScheme, build_residual
 from attnlab.nn.ssm import SelectiveSSM
@@ -55,17 +59,7 @@ class GPT(PretrainedModel):
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.positions = build_positions(c.positions, c.d_model, c.n_head, c.block_size, c.rope_theta)
         self.blocks = nn.ModuleList(
-            TransformerBlock(
-                c.d_model, c.n_head, n_kv_heads=c.n_kv_head, d_ff=c.d_ff, activation=c.activation,
-                norm=c.norm, norm_position=c.norm_position, norm_eps=c.norm_eps, dropout=c.dropout,
-                attn_dropout=c.dropout, bias=c.bias, backend=c.attn_backend,
-                moe_experts=c.moe_experts if c.is_moe_layer(i) else 0, moe_top_k=c.moe_top_k,
-                moe_capacity_factor=c.moe_capacity_factor, mixer=c.layer_mixer(i),
-                latent=dict(d_latent=c.d_latent or 4 * c.head_dim, d_rope=c.d_rope, q_latent=c.q_latent,
-                            rope_theta=c.rope_theta, max_len=c.block_size),
-                ssm=dict(d_state=c.ssm_d_state, d_conv=c.ssm_d_conv, expand=c.ssm_expand),
-            )
-            for i in range(c.n_layer)
+            build_block(c, mixer=c.layer_mixer(i), moe=c.is_moe_layer(i)) for i in range(c.n_layer)
         )
         self.residual: ResidualScheme | None = None  # None: the plain x + f(norm(x)) (fastest path)
         if c.residual != "standard":
@@ -128,22 +122,16 @@ class GPT(PretrainedModel):
             x = F.dropout(x, self.config.dropout, self.training)
         rotary = self.positions.rotary(pos)
         bias = self.positions.attn_bias(pos, torch.arange(start + T, device=idx.device))  # (H, T, S)
-        attentions = [] if need_weights else None
-        moe_stats: list[MoEStats] = []
-        state = x if self.residual is None else self.residual.expand(x)  # (B, T, C) or the scheme's state
-        sublayer = 0
-        for i, block in enumerate(self.blocks):
-            state, extras = block(
-                state, attn_bias=bias, rotary=rotary, is_causal=True,
-                cache=cache[i] if cache else None, need_weights=need_weights,
-                residual=self.residual, sublayer_index=sublayer,
-            )
-            sublayer += block.n_sublayers
-            if attentions is not None:
-                attentions.append({k: v for k, v in extras.items() if k != "moe"})
-            if extras is not None and "moe" in extras:
-                moe_stats.append(extras["moe"])
-        x = state if self.residual is None else self.residual.collapse(state)  # (B, T, C)
+        ctxs = [BlockContext(bias=bias, rotary=rotary, is_causal=True, cache=cache[i] if cache else None,
+                             need_weights=need_weights) for i in range(len(self.blocks))]
+        if self.residual is None:  # x = x + f(norm(x)), inside each block
+            for block, ctx in zip(self.blocks, ctxs, strict=True):
+                x = block(x, ctx)  # (B, T, C)
+        else:  # a model-level scheme drives every block's sub-layers
+            x = self.residual(x, [partial(f, ctx=ctx) for block, ctx in zip(self.blocks, ctxs, strict=True)
+                                  for f in block.sublayers])
+        attentions = [ctx.attentions for ctx in ctxs] if need_weights else None
+        moe_stats = [ctx.moe for ctx in ctxs if ctx.moe is not None]
         x = self.norm_f(x)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)

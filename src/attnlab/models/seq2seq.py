@@ -21,11 +21,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError
-from attnlab.models.base import PretrainedModel, transformer_blocks
+from attnlab.models.base import PretrainedModel
 from attnlab.models.config import ModelConfig
+from attnlab.models.layers import transformer_blocks
 from attnlab.nn import roles
 from attnlab.nn.attention import KVCache, padding_mask
-from attnlab.nn.blocks import build_norm
+from attnlab.nn.mixing import BlockContext
+from attnlab.nn.norms import build_norm
 from attnlab.nn.positions import build_positions
 
 
@@ -135,9 +137,10 @@ class Seq2Seq(PretrainedModel):
         mask = padding_mask(src_mask) if src_mask is not None else None  # (B, 1, 1, S)
         probs: list[Tensor] | None = [] if need_weights else None
         for block in self.encoder:
-            x, extras = block(x, mask=mask, rotary=rotary, need_weights=need_weights)
+            ctx = BlockContext(mask=mask, rotary=rotary, need_weights=need_weights)
+            x = block(x, ctx)  # (B, S, C)
             if probs is not None:
-                probs.append(extras["self"])
+                probs.append(ctx.attentions["self"])
         return self.enc_norm(x), probs
 
     def decode(
@@ -159,14 +162,15 @@ class Seq2Seq(PretrainedModel):
         self_probs: list[Tensor] | None = [] if need_weights else None
         cross_probs: list[Tensor] | None = [] if need_weights else None
         for i, block in enumerate(self.decoder):
-            x, extras = block(
-                x, rotary=rotary, is_causal=True, memory=memory, memory_mask=mem_mask,
+            ctx = BlockContext(
+                rotary=rotary, is_causal=True, memory=memory, memory_mask=mem_mask,
                 cache=state.self_caches[i] if state is not None else None,
                 cross_cache=state.cross_caches[i] if state is not None else None, need_weights=need_weights,
             )
+            x = block(x, ctx)  # (B, T, C)
             if self_probs is not None and cross_probs is not None:
-                self_probs.append(extras["self"])
-                cross_probs.append(extras["cross"])
+                self_probs.append(ctx.attentions["self"])
+                cross_probs.append(ctx.attentions["cross"])
         return self.lm_head(self.dec_norm(x)), self_probs, cross_probs  # (B, T, V)
 
     def forward(
@@ -193,10 +197,9 @@ class Seq2Seq(PretrainedModel):
         N, dtype, device = memory.size(0), memory.dtype, memory.device
         self_caches, cross_caches = [], []
         for block in self.decoder:
-            attn = block.self_attn
-            self_caches.append(KVCache(N, attn.n_kv_heads, max_len, attn.head_dim, dtype=dtype, device=device))
+            self_caches.append(block.mixer.new_cache(N, max_len, dtype, device))
             # empty; the first step stores this layer's keys/values of the memory (KVCache.set_static)
-            cross_caches.append(KVCache(N, attn.n_kv_heads, 0, attn.head_dim, dtype=dtype, device=device))
+            cross_caches.append(block.cross_attn.new_cache(N, 0, dtype, device))
         return DecoderState(memory, memory_mask, self_caches, cross_caches)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:

@@ -17,10 +17,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError
-from attnlab.models.base import PretrainedModel, transformer_blocks
+from attnlab.models.base import PretrainedModel
 from attnlab.models.config import ModelConfig
-from attnlab.nn.blocks import build_norm
+from attnlab.models.layers import transformer_blocks
 from attnlab.nn.embeddings import PatchEmbedding, interpolate_grid
+from attnlab.nn.mixing import BlockContext
+from attnlab.nn.norms import build_norm
 
 
 @dataclass
@@ -106,9 +108,10 @@ class ViT(PretrainedModel):
             x = F.dropout(x, self.config.dropout, self.training)
         attentions: list[dict[str, Tensor]] | None = [] if need_weights else None
         for block in self.blocks:
-            x, extras = block(x, is_causal=False, need_weights=need_weights)  # (B, 1 + N, D)
+            ctx = BlockContext(need_weights=need_weights)
+            x = block(x, ctx)  # (B, 1 + N, D)
             if attentions is not None:
-                attentions.append({"self": extras["self"]})  # (B, H, 1 + N, 1 + N)
+                attentions.append(ctx.attentions)  # {"self": (B, H, 1 + N, 1 + N)}
         x = self.norm_f(x)
         pooled = x[:, 0] if self.config.pooling == "cls" else x[:, 1:].mean(dim=1)  # (B, D)
         logits = self.head(pooled)  # (B, n_classes)

@@ -8,9 +8,19 @@ from attnlab.nn.attention import (
     padding_mask,
     scaled_dot_product_attention,
 )
-from attnlab.nn.blocks import FeedForward, LayerNorm, RMSNorm, TransformerBlock
+from attnlab.nn.blocks import (
+    Block,
+    DecoderBlock,
+    PostNormBlock,
+    PostNormDecoderBlock,
+    PreNormBlock,
+    attention_block,
+)
+from attnlab.nn.ffn import FeedForward
 from attnlab.nn.latent_attention import LatentKVCache, MultiHeadLatentAttention
+from attnlab.nn.mixing import BlockContext
 from attnlab.nn.moe import MoEFeedForward, MoEStats
+from attnlab.nn.norms import LayerNorm, RMSNorm
 from attnlab.nn.positions import alibi_slopes, apply_rotary, build_positions, rotate_half
 from attnlab.nn.residual import ResidualScheme, build_residual
 from attnlab.nn.selective_scan import selective_scan
@@ -18,6 +28,9 @@ from attnlab.nn.ssm import SelectiveSSM, SSMState
 from attnlab.nn.tiled import tiled_attention
 
 __all__ = [
+    "Block",
+    "BlockContext",
+    "DecoderBlock",
     "FeedForward",
     "KVCache",
     "LatentKVCache",
@@ -26,13 +39,16 @@ __all__ = [
     "MoEStats",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
+    "PostNormBlock",
+    "PostNormDecoderBlock",
+    "PreNormBlock",
     "RMSNorm",
     "ResidualScheme",
     "SSMState",
     "SelectiveSSM",
-    "TransformerBlock",
     "alibi_slopes",
     "apply_rotary",
+    "attention_block",
     "build_positions",
     "build_residual",
     "causal_mask",

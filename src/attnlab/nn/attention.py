@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from attnlab.nn import roles
+from attnlab.nn.mixing import BlockContext
 
 Backend = Literal["eager", "sdpa", "tiled"]
 BACKENDS: tuple[str, ...] = ("eager", "sdpa", "tiled")
@@ -280,6 +281,20 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
             self.qkv_proj = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)  # fused Q, K, V
         self.out_proj = nn.Linear(q_dim, d_model, bias=bias)
         roles.declare(self, "out_proj.weight", roles.RESIDUAL_OUT)
+
+    def new_cache(
+        self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device | str | None = None
+    ) -> KVCache:
+        """An empty KVCache of this layer's n_kv_heads x head_dim for up to ``max_len`` positions."""
+        return KVCache(batch_size, self.n_kv_heads, max_len, self.head_dim, dtype=dtype, device=device)
+
+    def mix(self, x: Tensor, ctx: BlockContext) -> Tensor:
+        """The token-mixer protocol (``nn/mixing.py``): self-attention of x (B, T, C) under ``ctx``."""
+        y, probs = self(x, mask=ctx.mask, bias=ctx.bias, rotary=ctx.rotary, cache=ctx.cache,
+                        is_causal=ctx.is_causal, need_weights=ctx.need_weights)
+        if ctx.need_weights:
+            ctx.attentions["self"] = probs
+        return y
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape

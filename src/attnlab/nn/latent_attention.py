@@ -47,6 +47,7 @@ from attnlab.nn.attention import (
     scaled_dot_product_attention,
     sdpa_attention,
 )
+from attnlab.nn.mixing import BlockContext
 from attnlab.nn.positions import RotaryPositions, apply_rotary
 
 MLA_BACKENDS: tuple[str, ...] = ("eager", "sdpa")
@@ -185,6 +186,15 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
         param = self.w_dkv.weight
         return LatentKVCache(batch_size, max_len or self.max_len, self.d_latent, self.d_rope,
                              dtype=dtype or param.dtype, device=device or param.device)
+
+    def mix(self, x: Tensor, ctx: BlockContext) -> Tensor:
+        """The token-mixer protocol (``nn/mixing.py``). Rotary positions are the layer's own (the
+        decoupled d_rope part), so ``ctx.rotary`` is not read."""
+        y, probs = self(x, mask=ctx.mask, bias=ctx.bias, cache=ctx.cache, is_causal=ctx.is_causal,
+                        need_weights=ctx.need_weights)
+        if ctx.need_weights:
+            ctx.attentions["self"] = probs
+        return y
 
     def latent_projections(self, x: Tensor, start: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The per-token quantities of x (B, T, C) at positions start .. start+T-1, before attention.

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn import roles
+from attnlab.nn.mixing import BlockContext
 from attnlab.nn.selective_scan import compute_dtype, selective_scan
 
 # ------------------------------------------------------------------------------------- state
@@ -163,6 +164,17 @@ class SelectiveSSM(nn.Module):
         param = self.A_log
         return SSMState(batch_size, self.d_inner, self.d_state, self.d_conv,
                         dtype=dtype or compute_dtype(param.dtype), device=device or param.device)
+
+    def new_cache(
+        self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device | str | None = None
+    ) -> SSMState:
+        """The token-mixer protocol's cache: the recurrent state (its size does not grow with max_len)."""
+        return self.new_state(batch_size, dtype=dtype, device=device)
+
+    def mix(self, x: Tensor, ctx: BlockContext) -> Tensor:
+        """The token-mixer protocol (``nn/mixing.py``): causal by construction, so no mask, positions or
+        attention weights (a model refuses a padding mask or positions for an SSM layer)."""
+        return self(x, state=ctx.cache)
 
     def _select(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Input-dependent (Δ, B, C) from the conv output x (..., d_inner)."""

@@ -1,10 +1,8 @@
-"""The training loop: AdamW, warmup + cosine, clipping, accumulation, autocast, eval, checkpoints.
+"""The run around the training loop: folder, checkpoints, logging, resume, distribution, MFU.
 
-One optimisation step t:
-
-    g = (1/A) sum_{a=1..A} grad L(batch_a)         gradient accumulation over A micro-batches
-    g = g * min(1, clip / ||g||)                     global-norm clipping
-    theta = AdamW(theta, g, lr(t))                   weight decay on 2-D weights only
+Each step is ``training.loop.train_step`` (accumulation, clipping, the skipped non-finite step) with
+AdamW (weight decay on 2-D weights only, ``training/optim.py``) at the warmup + cosine rate lr(t)
+(``training/schedule.py``); evaluation is ``training.loop.evaluate_model``.
 
 Everything random (batch windows, dropout) is drawn from generators whose states are saved in
 each checkpoint, so a run resumed from step k logs exactly what the uninterrupted run logged.
@@ -14,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,13 +31,14 @@ from attnlab.training.checkpoint import (
     save_checkpoint,
 )
 from attnlab.training.config import TrainConfig
+from attnlab.training.loop import evaluate_model, train_step
 from attnlab.training.mfu import mfu, peak_flops
 from attnlab.training.moe_log import MoELog
 from attnlab.training.optim import make_optimizer
 from attnlab.training.profiling import StepProfiler
 from attnlab.training.runs import append_metrics, read_metrics, save_train_config, truncate_metrics
 from attnlab.training.schedule import lr_at
-from attnlab.training.tasks.base import Task
+from attnlab.training.signals import StopRequest
 
 
 class TrainingInterrupted(Exception):
@@ -65,41 +62,6 @@ class TrainResult:
     wall_time_s: float
     sample: str | None
     train_time_s: float = 0.0  # wall time minus evaluations and checkpoint writes
-
-
-@torch.no_grad()
-def evaluate_model(
-    model: torch.nn.Module, task: Task, splits: tuple[str, ...], batch_size: int, n_batches: int, seed: int,
-    device: torch.device | str = "cpu", autocast=contextlib.nullcontext, dist: distributed.DistInfo | None = None,
-) -> dict[str, float]:
-    """Mean of the task's reported loss (key ``split``) and metrics (key ``split_metric``) per split.
-
-    Split i uses the batches of ``task.eval_batches(split, ..., seed + 1 + i)``, so every evaluation
-    of a run sees the same ones; with N processes each evaluates every N-th batch and they average.
-    """
-    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
-    was_training = model.training
-    model.eval()
-    out: dict[str, float] = {}
-    for i, split in enumerate(splits):
-        sums: dict[str, torch.Tensor] = {}
-        n = 0
-        for j, batch in enumerate(task.eval_batches(split, batch_size, n_batches, seed + 1 + i)):
-            n += 1
-            if j % world != rank:
-                continue
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            with autocast():
-                result = model(**batch)
-            values = {split: task.reported_loss(result)}
-            values.update({f"{split}_{k}": v for k, v in task.metrics(result, batch).items()})
-            for key, value in values.items():
-                sums[key] = sums.get(key, torch.zeros((), device=device)) + value.detach().float()
-        for key, total in sums.items():
-            total = distributed.mean(total, dist) * world if dist is not None else total
-            out[key] = (total / max(n, 1)).item()
-    model.train(was_training)
-    return out
 
 
 def default_run_name(preset: str | None) -> str:
@@ -150,9 +112,9 @@ class Trainer:
         self.ddp: torch.nn.Module | None = None
         self.sharded = self.dist.enabled and cfg.parallel == "fsdp"
         if self.sharded:  # each process keeps 1/N of the weights, gradients and moments
-            from attnlab.nn.blocks import TransformerBlock
+            from attnlab.nn.blocks import Block
 
-            distributed.shard_model(self.model, (TransformerBlock,), self.device)
+            distributed.shard_model(self.model, (Block,), self.device)
         elif self.dist.enabled:  # full replicas; gradients are all-reduced during backward
             from torch.nn.parallel import DistributedDataParallel
 
@@ -265,6 +227,18 @@ class Trainer:
         batch = self.task.batch(split, self.cfg.batch_size, generator, shard)
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
+    def _train_batches(self, drawn: list):
+        """Training batches drawn one at a time as the step asks for them (each kept in ``drawn``)."""
+        while True:
+            drawn.append(self.batch("train", self.batch_gen))
+            yield drawn[-1]
+
+    def _micro_sync(self, last: bool):
+        """All-reduce gradients only on the last micro-batch of a step (DDP's no_sync; FSDP's flag)."""
+        if self.sharded:
+            self.model.set_requires_gradient_sync(last)
+        return self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
+
     def evaluate(self, splits: tuple[str, ...] | None = None) -> dict[str, float]:
         """Loss and task metrics per split on the same batches at every evaluation (see evaluate_model)."""
         # under FSDP every rank runs every batch (each forward gathers weights collectively)
@@ -274,30 +248,10 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _stop_on_signals(self):
-        """SIGINT/SIGTERM ask the loop to stop after the current step (a second SIGINT aborts)."""
-        self._stop_requested = None
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def request_stop(signum, frame):
-            if self._stop_requested is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt  # asked twice: stop now, keep the last checkpoint
-            self._stop_requested = signal.Signals(signum).name
-
-        old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, handler in old.items():
-                signal.signal(s, handler)
-
     def train(self) -> TrainResult:
         """Train to max_iters; the process's thread count and kernel modes are restored afterwards."""
         try:
-            with self._stop_on_signals():
+            with StopRequest() as self._stop:
                 return self._train()
         finally:
             runtime.apply(self._runtime_before, self.log)
@@ -323,38 +277,22 @@ class Trainer:
         try:
             while self.step < cfg.max_iters:
                 lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, decay_iters)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                loss_sum = torch.zeros((), device=self.device)  # next-token cross-entropy
-                objective_sum = torch.zeros((), device=self.device)  # + mixture-of-experts losses
-                for micro in range(cfg.grad_accum):
-                    batch = self.batch("train", self.batch_gen)
-                    units_since_log += self.task.count(batch) * self.dist.world_size
-                    # with DDP, all-reduce the gradients only on the last micro-batch of the step
-                    last = micro == cfg.grad_accum - 1
-                    sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
-                    if self.sharded:
-                        self.model.set_requires_gradient_sync(last)
-                    with sync:
-                        with self.autocast():
-                            out = self.forward(**batch)
-                        (out.loss / cfg.grad_accum).backward()
-                    loss_sum += self.task.reported_loss(out).detach() / cfg.grad_accum
-                    objective_sum += out.loss.detach() / cfg.grad_accum
-                    if getattr(out, "moe_stats", None):
-                        moe_log.add(out.moe_stats)
-                # the global gradient norm (clipped to grad_clip if set) doubles as the finiteness check
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or float("inf"))
-                if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
-                    grad_norm = grad_norm.full_tensor()
-                bad = not (torch.isfinite(objective_sum) and torch.isfinite(grad_norm))
-                if not distributed.any_true(bad, self.device, self.dist):  # every replica decides alike
-                    self.optimizer.step()
+                drawn: list[dict[str, torch.Tensor]] = []
+                result = train_step(
+                    self.model, self.optimizer, self._train_batches(drawn), lambda batch: self.forward(**batch),
+                    accum=cfg.grad_accum, lr=lr, grad_clip=cfg.grad_clip, autocast=self.autocast,
+                    reported_loss=self.task.reported_loss, micro_sync=self._micro_sync,
+                    agree=lambda bad: distributed.any_true(bad, self.device, self.dist),  # every replica alike
+                )
+                units_since_log += sum(self.task.count(b) for b in drawn) * self.dist.world_size
+                for stats in result.moe_stats:
+                    moe_log.add(stats)
+                loss_sum = result.loss
+                if result.applied:
                     bad_steps = 0
                 else:
                     bad_steps += 1
-                    self._skip_step(objective_sum, grad_norm, bad_steps, say)
-                self.optimizer.zero_grad(set_to_none=True)
+                    self._skip_step(result.objective, result.grad_norm, bad_steps, say)
                 self.step += 1
                 if profiler is not None:
                     profiler.step()
@@ -389,7 +327,7 @@ class Trainer:
                     say(f"step {self.step}: {train_part}val loss {last_val:.4f}{shown}")
                     pause_time += time.perf_counter() - t_eval
                     pause_total += time.perf_counter() - t_eval
-                stop = distributed.any_true(self._stop_requested is not None, self.device, self.dist)
+                stop = distributed.any_true(self._stop.requested is not None, self.device, self.dist)
                 if self.step % ckpt_every == 0 or done or stop:
                     t_save = time.perf_counter()
                     self.save(is_best=improved)

@@ -9,14 +9,24 @@ import torch.nn.functional as F
 
 from attnlab.nn.attention import causal_mask, padding_mask
 from attnlab.nn.blocks import (
-    FeedForward,
-    LayerNorm,
-    RMSNorm,
-    TransformerBlock,
-    build_norm,
-    default_d_ff,
+    DecoderBlock,
+    PostNormBlock,
+    PostNormDecoderBlock,
+    PreNormBlock,
+    attention_block,
+    upgrade_key,
 )
+from attnlab.nn.ffn import FeedForward, default_d_ff
+from attnlab.nn.mixing import BlockContext
+from attnlab.nn.norms import LayerNorm, RMSNorm, build_norm
 from attnlab.nn.positions import build_positions
+
+
+def call(block, x, **kw):
+    """One block call the way a model makes it: (output, the attention maps it reported or None)."""
+    ctx = BlockContext(**kw)
+    return block(x, ctx), (ctx.attentions or None)
+
 
 # ------------------------------------------------------------------------------------- norms
 
@@ -135,9 +145,9 @@ def test_default_d_ff(d_model, activation, expected):
 
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
 def test_block_uses_default_d_ff(activation):
-    block = TransformerBlock(32, 4, activation=activation)
+    block = attention_block(32, 4, activation=activation)
     assert block.ffn.fc_out.in_features == default_d_ff(32, activation)
-    assert TransformerBlock(32, 4, d_ff=20, activation=activation).ffn.fc_out.in_features == 20
+    assert attention_block(32, 4, d_ff=20, activation=activation).ffn.fc_out.in_features == 20
 
 
 # ----------------------------------------------------------------------------- the block
@@ -146,110 +156,110 @@ def test_block_uses_default_d_ff(activation):
 @pytest.mark.parametrize("causal", [False, True])
 def test_post_norm_output_rows_are_normalised(causal):
     torch.manual_seed(0)
-    block = TransformerBlock(32, 4, norm_position="post").eval()
+    block = attention_block(32, 4, norm_position="post").eval()
     x = torch.randn(2, 6, 32) * 5 + 3
-    y, _ = block(x, is_causal=causal)
+    y, _ = call(block, x, is_causal=causal)
     assert torch.allclose(y.mean(-1), torch.zeros(2, 6), atol=1e-5)
     assert torch.allclose(y.var(-1, unbiased=False), torch.ones(2, 6), atol=1e-3)
 
 
 def test_post_norm_block_equals_formula():
     torch.manual_seed(0)
-    block = TransformerBlock(32, 4, norm_position="post").double().eval()
+    block = attention_block(32, 4, norm_position="post").double().eval()
     x = torch.randn(2, 5, 32, dtype=torch.float64)
-    h = block.norm_self(x + block.self_attn(x, is_causal=True)[0])
+    h = block.norm_mixer(x + block.mixer(x, is_causal=True)[0])
     expected = block.norm_ffn(h + block.ffn(h))
-    assert torch.allclose(block(x, is_causal=True)[0], expected, atol=1e-12)
+    assert torch.allclose(call(block, x, is_causal=True)[0], expected, atol=1e-12)
 
 
 def test_pre_norm_output_is_not_normalised():
     torch.manual_seed(0)
-    block = TransformerBlock(32, 4, norm_position="pre").eval()
+    block = attention_block(32, 4, norm_position="pre").eval()
     x = torch.randn(2, 6, 32) * 5 + 3
-    y, _ = block(x)
+    y, _ = call(block, x)
     assert y.mean(-1).abs().max() > 1.0  # the residual stream keeps its offset
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
 def test_pre_norm_with_zeroed_ffn_is_x_plus_attention(norm):
     torch.manual_seed(0)
-    block = TransformerBlock(32, 4, norm=norm, norm_position="pre").double().eval()
+    block = attention_block(32, 4, norm=norm, norm_position="pre").double().eval()
     with torch.no_grad():
         for p in block.ffn.parameters():
             p.zero_()
     x = torch.randn(2, 5, 32, dtype=torch.float64)
     mask = padding_mask(torch.tensor([5, 3]))
     # manual: x + W_o concat_h softmax(q k^T / sqrt(d) ) v on the normalised input
-    h = block.norm_self(x)
-    mha = block.self_attn
+    h = block.norm_mixer(x)
+    mha = block.mixer
     q, k, v = mha.qkv_proj(h).split(32, dim=-1)
     q, k, v = (t.view(2, 5, 4, 8).transpose(1, 2) for t in (q, k, v))
     scores = q @ k.transpose(-1, -2) / 8**0.5
     scores = scores.masked_fill(~(mask & causal_mask(5)), float("-inf"))
     attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 32)
     expected = x + mha.out_proj(attn)
-    y, _ = block(x, mask=mask, is_causal=True)
+    y, _ = call(block, x, mask=mask, is_causal=True)
     assert torch.allclose(y, expected, atol=1e-12)
 
 
 def test_block_rejects_bad_norm_position():
     with pytest.raises(ValueError, match="norm_position"):
-        TransformerBlock(32, 4, norm_position="sandwich")
+        attention_block(32, 4, norm_position="sandwich")
 
 
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 def test_cross_attention_block_uses_memory(norm_position):
     torch.manual_seed(0)
-    block = TransformerBlock(32, 4, cross_attention=True, norm_position=norm_position).eval()
+    block = attention_block(32, 4, cross_attention=True, norm_position=norm_position).eval()
     x = torch.randn(2, 4, 32)
     mem1, mem2 = torch.randn(2, 6, 32), torch.randn(2, 6, 32)
-    y1, _ = block(x, memory=mem1, is_causal=True)
-    y2, _ = block(x, memory=mem2, is_causal=True)
+    y1, _ = call(block, x, memory=mem1, is_causal=True)
+    y2, _ = call(block, x, memory=mem2, is_causal=True)
     assert not torch.allclose(y1, y2, atol=1e-3)
-    y1b, _ = block(x, memory=mem1, is_causal=True)
+    y1b, _ = call(block, x, memory=mem1, is_causal=True)
     assert torch.equal(y1, y1b)
     # a memory padding mask hides the masked memory positions
     mmask = padding_mask(torch.tensor([3, 6]), S=6)
     mem3 = mem1.clone()
     mem3[0, 3:] = torch.randn(3, 32)
-    a, _ = block(x, memory=mem1, memory_mask=mmask)
-    b, _ = block(x, memory=mem3, memory_mask=mmask)
+    a, _ = call(block, x, memory=mem1, memory_mask=mmask)
+    b, _ = call(block, x, memory=mem3, memory_mask=mmask)
     assert torch.allclose(a, b, atol=1e-6)
 
 
 def test_cross_attention_block_with_different_memory_width():
     torch.manual_seed(0)
-    block = TransformerBlock(32, 4, cross_attention=True, d_memory=20)
-    y, w = block(torch.randn(2, 4, 32), memory=torch.randn(2, 7, 20), need_weights=True)
+    block = attention_block(32, 4, cross_attention=True, d_memory=20)
+    y, w = call(block, torch.randn(2, 4, 32), memory=torch.randn(2, 7, 20), need_weights=True)
     assert y.shape == (2, 4, 32)
     assert w["cross"].shape == (2, 4, 4, 7)
 
 
 def test_memory_is_ignored_without_cross_attention():
     torch.manual_seed(0)
-    block = TransformerBlock(32, 4).eval()
+    block = attention_block(32, 4).eval()
     assert block.cross_attn is None
     x = torch.randn(2, 4, 32)
-    y0, _ = block(x)
-    y1, _ = block(x, memory=torch.randn(2, 6, 32))
+    y0, _ = call(block, x)
+    y1, _ = call(block, x, memory=torch.randn(2, 6, 32))
     assert torch.equal(y0, y1)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_need_weights_returns_self_and_cross(backend):
     torch.manual_seed(0)
-    block = TransformerBlock(32, 4, cross_attention=True, backend=backend).eval()
+    block = attention_block(32, 4, cross_attention=True, backend=backend).eval()
     x, mem = torch.randn(2, 5, 32), torch.randn(2, 3, 32)
-    y, w = block(x, memory=mem, is_causal=True, need_weights=True)
+    y, w = call(block, x, memory=mem, is_causal=True, need_weights=True)
     assert set(w) == {"self", "cross"}
     assert w["self"].shape == (2, 4, 5, 5) and w["cross"].shape == (2, 4, 5, 3)
     assert (w["self"][..., ~causal_mask(5)] == 0).all()
     assert torch.allclose(w["cross"].sum(-1), torch.ones(2, 4, 5), atol=1e-6)
-    y_plain, none = block(x, memory=mem, is_causal=True)
+    y_plain, none = call(block, x, memory=mem, is_causal=True)
     assert none is None
     assert torch.allclose(y, y_plain, atol=1e-5)
-    plain = TransformerBlock(32, 4).eval()
-    _, w2 = plain(x, need_weights=True)
+    plain = attention_block(32, 4).eval()
+    _, w2 = call(plain, x, need_weights=True)
     assert set(w2) == {"self"}
 
 
@@ -258,14 +268,14 @@ def test_need_weights_returns_self_and_cross(backend):
 def test_block_eager_and_sdpa_agree(norm_position, activation):
     torch.manual_seed(0)
     kw = dict(n_kv_heads=2, activation=activation, norm_position=norm_position)
-    a = TransformerBlock(32, 4, backend="eager", **kw)
-    b = TransformerBlock(32, 4, backend="sdpa", **kw)
+    a = attention_block(32, 4, backend="eager", **kw)
+    b = attention_block(32, 4, backend="sdpa", **kw)
     b.load_state_dict(a.state_dict())
     x0 = torch.randn(2, 6, 32)
     outs = []
     for blk in (a, b):
         x = x0.clone().requires_grad_(True)
-        y, _ = blk(x, is_causal=True)
+        y, _ = call(blk, x, is_causal=True)
         y.square().sum().backward()
         outs.append((y.detach(), x.grad))
     assert torch.allclose(outs[0][0], outs[1][0], atol=1e-5)
@@ -279,7 +289,7 @@ D_MODEL, N_HEADS, T = 32, 4, 8
 
 def _stack(seed=0):
     torch.manual_seed(seed)
-    return torch.nn.ModuleList(TransformerBlock(D_MODEL, N_HEADS) for _ in range(2)).double().eval()
+    return torch.nn.ModuleList(attention_block(D_MODEL, N_HEADS) for _ in range(2)).double().eval()
 
 
 def _run(blocks, x, kind):
@@ -293,7 +303,7 @@ def _run(blocks, x, kind):
     rotary = pos_scheme.rotary(pos)
     bias = pos_scheme.attn_bias(pos, pos)
     for blk in blocks:
-        x, _ = blk(x, attn_bias=bias, rotary=rotary, is_causal=False)
+        x, _ = call(blk, x, bias=bias, rotary=rotary, is_causal=False)
     return x
 
 
@@ -308,7 +318,7 @@ def test_no_positions_stack_is_permutation_equivariant(perm_seed):
     assert (y_perm - y[:, perm]).abs().max() < 1e-5
     # a bare stack (no scheme at all) is the same thing
     for blk in blocks:
-        x, _ = blk(x)
+        x, _ = call(blk, x)
     assert torch.allclose(x, y, atol=1e-12)
 
 
@@ -329,6 +339,61 @@ def test_causal_mask_breaks_permutation_equivariance():
     y = x
     yp = x[:, perm]
     for blk in blocks:
-        y, _ = blk(y, is_causal=True)
-        yp, _ = blk(yp, is_causal=True)
+        y, _ = call(blk, y, is_causal=True)
+        yp, _ = call(blk, yp, is_causal=True)
     assert (yp - y[:, perm]).abs().max() > 1e-3
+
+
+# ------------------------------------------------------------------ composition, old checkpoints
+
+
+@pytest.mark.parametrize(("norm_position", "cross", "cls"), [
+    ("pre", False, PreNormBlock), ("post", False, PostNormBlock),
+    ("pre", True, DecoderBlock), ("post", True, PostNormDecoderBlock),
+])
+def test_the_wiring_is_the_class(norm_position, cross, cls):
+    block = attention_block(16, 2, norm_position=norm_position, cross_attention=cross)
+    assert type(block) is cls
+    assert block.n_sublayers == (3 if cross else 2)
+
+
+def test_pre_norm_sublayers_compose_to_the_block():
+    """The functions a model-level residual scheme drives are exactly the block's sub-layers."""
+    torch.manual_seed(0)
+    for block in (attention_block(16, 2).double(), attention_block(16, 2, cross_attention=True).double()):
+        x, mem = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 3, 16, dtype=torch.float64)
+        ctx = BlockContext(is_causal=True, memory=mem)
+        h = x
+        for f in block.sublayers:
+            h = h + f(h, ctx)
+        assert torch.equal(h, block(x, ctx))
+    with pytest.raises(TypeError, match="post-norm"):
+        _ = attention_block(16, 2, norm_position="post", cross_attention=True).sublayers
+
+
+def test_a_mixer_is_any_module_that_speaks_the_protocol():
+    class Shift(torch.nn.Module):  # y_t = x_{t-1}: a causal mixer with no attention at all
+        def mix(self, x, ctx):
+            return F.pad(x, (0, 0, 1, 0))[:, :-1]
+
+    block = PreNormBlock(Shift(), FeedForward(8, 16), lambda: torch.nn.Identity())
+    with torch.no_grad():
+        block.ffn.fc_out.weight.zero_()
+        block.ffn.fc_out.bias.zero_()
+    x = torch.randn(1, 4, 8)
+    assert torch.equal(block(x, BlockContext()), x + F.pad(x, (0, 0, 1, 0))[:, :-1])
+
+
+def test_checkpoints_of_the_universal_block_still_load():
+    """Keys written before the redesign (self_attn / ssm / norm_self) load under today's names."""
+    torch.manual_seed(0)
+    block = attention_block(16, 2, cross_attention=True)
+    before = {"mixer": "self_attn", "norm_mixer": "norm_self"}
+    old = {".".join(before.get(part, part) for part in k.split(".")): v.clone() for k, v in block.state_dict().items()}
+    assert any(k.startswith("self_attn.") for k in old) and not any("mixer" in k for k in old)
+    fresh = attention_block(16, 2, cross_attention=True)
+    fresh.load_state_dict(old)  # strict: every key matched after the rename
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in block.state_dict().items())
+    assert upgrade_key("blocks.3.ssm.A_log") == "blocks.3.mixer.A_log"
+    assert upgrade_key("decoder.blocks.0.norm_self.weight") == "decoder.blocks.0.norm_mixer.weight"
+    assert upgrade_key("blocks.0.cross_attn.q_proj.weight") == "blocks.0.cross_attn.q_proj.weight"

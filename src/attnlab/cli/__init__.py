@@ -1,0 +1,39 @@
+"""The command line: ``attnlab train | resume | sample | eval | inspect | heads | explore | bench |
+experiment | import-hf | embed | probe | finetune | translate``.
+
+Every user error (bad config, missing file, unknown character, corrupt checkpoint) ends with one
+line on stderr and exit status 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: sys.argv[1:]), run the command, and map errors to exit statuses:
+    0 done, 2 a user error (one line), 130 interrupted, 1 an unexpected error (one line + its type)."""
+    from attnlab.cli.parser import build_parser
+    from attnlab.core.errors import AttnlabError
+
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error already printed on one line
+        return int(e.code or 0)
+    try:
+        return args.func(args)
+    except AttnlabError as e:
+        if args.debug:
+            raise
+        print(f"attnlab: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnlab: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if args.debug:
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"attnlab: error: {type(e).__name__}: {msg} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1

@@ -1,0 +1,100 @@
+"""``attnlab import-hf | embed | probe``: encoders from Hugging Face, sentence embeddings, linear probes."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the import-hf, embed, probe commands to the parser."""
+    p = sub.add_parser("import-hf", help="convert a Hugging Face BERT/GPT-2 folder into an attnlab model folder")
+    p.add_argument("directory", help="folder with config.json + model.safetensors (or pytorch_model.bin)")
+    p.add_argument("--out", required=True, help="attnlab folder to write (config.json, model.safetensors, "
+                   "tokenizer.json)")
+    p.set_defaults(func=_cmd_import_hf)
+
+    p = sub.add_parser("embed", help="sentence embeddings of an encoder (nearest neighbours among the texts)")
+    p.add_argument("run_dir")
+    p.add_argument("--text", action="append", required=True, help="a sentence; repeat for several")
+    p.add_argument("--pooling", choices=("mean", "cls"), default="mean")
+    p.add_argument("--max-len", type=int, default=None, help="tokens per sentence (default: the model's context)")
+    p.add_argument("--vectors", action="store_true", help="print the embeddings as JSON lines")
+    p.set_defaults(func=_cmd_embed)
+
+    p = sub.add_parser("probe", help="linear probe on a frozen encoder: data=file.csv|jsonl (text,label)")
+    p.add_argument("run_dir")
+    p.add_argument("overrides", nargs="*", help="data=FILE (required), pooling=mean|cls, test_fraction=0.2, "
+                   "seed=0, max_len=128, kind=auto|logistic|ridge")
+    p.set_defaults(func=_cmd_probe)
+
+
+def _cmd_import_hf(args: argparse.Namespace) -> int:
+    from attnlab.interop.hf import import_hf
+
+    model, missing, has_tokenizer = import_hf(args.directory, args.out)
+    c = model.config
+    print(f"imported {args.directory} -> {args.out}: {c.family}, {c.n_layer} layers, d_model {c.d_model}, "
+          f"vocab {c.vocab_size}, {model.num_parameters() / 1e6:.2f}M parameters"
+          + ("" if has_tokenizer else " (no tokenizer.json/vocab.txt found: none written)"))
+    if missing:
+        print(f"note: the source has no {', '.join(sorted({m.split('.')[0] for m in missing}))} weights; "
+              "those heads keep a fresh init")
+    return 0
+
+def _load_encoder(run_dir: str):
+    from attnlab.core.errors import ConfigError
+    from attnlab.models.bert import Bert
+    from attnlab.training.runs import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(run_dir)
+    if not isinstance(model, Bert):
+        raise ConfigError(f"{run_dir} holds a {model.config.family} model; this command needs a bert encoder")
+    return model, tokenizer
+
+def _cmd_embed(args: argparse.Namespace) -> int:
+    import json
+
+    from attnlab.inspect.encoders import embed_texts, nearest_neighbours
+
+    model, tokenizer = _load_encoder(args.run_dir)
+    emb = embed_texts(model, tokenizer, args.text, max_len=args.max_len, pooling=args.pooling)
+    if args.vectors or len(args.text) == 1:
+        for text, e in zip(args.text, emb, strict=True):
+            print(json.dumps({"text": text, "embedding": [round(float(x), 6) for x in e]}))
+        return 0
+    print(f"{len(args.text)} sentences, {emb.size(1)}-d {args.pooling}-pooled, L2-normalised; nearest neighbour:")
+    for i, (j, sim) in enumerate(nearest_neighbours(emb)):
+        print(f"  [{i}] {args.text[i][:60]!r}\n      -> [{j}] {args.text[j][:60]!r}  cosine {sim:.4f}")
+    return 0
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    import time
+
+    from attnlab.core.schema import apply_overrides, from_dict
+    from attnlab.data.labelled import read_labelled
+    from attnlab.inspect.encoders import embed_texts, linear_probe
+    from attnlab.training.config import ProbeOptions
+
+    opts = from_dict(ProbeOptions, apply_overrides(ProbeOptions, {}, list(args.overrides)))  # validated
+    model, tokenizer = _load_encoder(args.run_dir)
+    data = read_labelled(opts.data)
+    t0 = time.perf_counter()
+    features = embed_texts(model, tokenizer, data.texts, max_len=opts.max_len, pooling=opts.pooling)
+    t_embed = time.perf_counter() - t0
+    numeric = data.numeric_labels() if opts.kind in ("auto", "ridge") else None
+    if opts.kind == "ridge" and numeric is None:
+        from attnlab.core.errors import DataError
+
+        raise DataError(f"{opts.data}: kind=ridge needs numeric labels")
+    r = linear_probe(features, data.labels, opts.test_fraction, opts.seed, numeric=numeric)
+    print(f"frozen {args.run_dir}: {len(data)} rows -> {features.size(1)}-d {opts.pooling}-pooled features "
+          f"({t_embed:.1f} s); {r.kind} probe, {r.n_train} train / {r.n_test} held-out")
+    if r.metric == "accuracy":
+        print(f"held-out accuracy {r.score:.4f}  macro-F1 {r.macro_f1:.4f}  (train {r.train_score:.4f}, "
+              f"majority-class baseline {r.majority_baseline:.4f}, {len(data.classes)} classes)")
+    else:
+        print(f"held-out R^2 {r.score:.4f}  (train {r.train_score:.4f})")
+    return 0
+
+
+# fine-tuning defaults (a few hundred steps at a small learning rate); any key=value overrides them

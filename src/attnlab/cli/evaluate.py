@@ -1,0 +1,51 @@
+"""``attnlab eval``: loss, perplexity or accuracy of a run on its data (``training.loop.evaluate_model``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the eval command to the parser."""
+    p = sub.add_parser("eval", help="loss, perplexity or accuracy of a run on its data (or --data)")
+    p.add_argument("run_dir")
+    p.add_argument("--data", default=None)
+    p.add_argument("--eval-iters", type=int, default=100, help="batches per split (tasks with a small "
+                   "finite split evaluate all of it)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--splits", nargs="+", default=None, help="default: the task's, e.g. train val")
+    p.set_defaults(func=_cmd_eval)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    """Loss (and the task's metrics, e.g. accuracy) of a trained run on its data or on --data."""
+    import math
+
+    from attnlab.models.registry import from_pretrained
+    from attnlab.training.loop import evaluate_model
+    from attnlab.training.runs import load_run_config
+    from attnlab.training.tasks import build_task
+
+    run_dir = Path(args.run_dir)
+    cfg = load_run_config(run_dir)
+    if args.data:
+        cfg.data = args.data
+    model = from_pretrained(run_dir)
+    task = build_task(cfg, assets=run_dir)  # the run's tokenizer / class names
+    splits = tuple(args.splits or task.splits)
+    unknown = [s for s in splits if s not in task.splits]
+    if unknown:
+        from attnlab.core.errors import ConfigError
+
+        raise ConfigError(f"this run's data has no split '{unknown[0]}'; choose from {', '.join(task.splits)}")
+    print(f"{run_dir}: {model.num_parameters() / 1e6:.2f}M parameters, data {cfg.data}")
+    results = evaluate_model(model, task, splits, args.batch_size, args.eval_iters, cfg.seed)
+    for split in splits:
+        loss = results[split]
+        extra = "".join(f"  {k[len(split) + 1:]} {v:.4f}" for k, v in results.items() if k.startswith(split + "_"))
+        ppl = f"  perplexity {math.exp(min(loss, 50)):.2f}" if task.unit == "tokens" else ""
+        print(f"{split:>5} loss {loss:.4f}{ppl}{extra}")
+    for path in task.eval_report(model, run_dir):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,46 @@
+"""``attnlab experiment``: run one of the studies in ``attnlab.experiments``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnlab.cli.errors import unknown_name
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the experiment command to the parser."""
+    p = sub.add_parser("experiment", help="run an experiment that tests one of the course's claims")
+    p.add_argument("name", nargs="?", help="see --list")
+    p.add_argument("--list", action="store_true", help="list the experiments and their claims")
+    p.add_argument("--quick", action="store_true", help="a small version (minutes on 2 cores)")
+    p.add_argument("--out", default=None, help="output folder (default runs/experiments/NAME)")
+    p.add_argument("--resume", action="store_true", help="keep the finished runs in OUT/results.json and "
+                   "run only what is missing (chomsky)")
+    p.set_defaults(func=_cmd_experiment)
+
+
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from attnlab.experiments import EXPERIMENTS, load
+
+    if args.list or not args.name:
+        for name in EXPERIMENTS:
+            print(f"{name:<20} {load(name).CLAIM}")
+        return 0
+    if args.name not in EXPERIMENTS:
+        raise unknown_name("experiment", args.name, list(EXPERIMENTS))
+    out = Path(args.out) if args.out else Path("runs") / "experiments" / args.name
+    module = load(args.name)
+    if args.resume:
+        import inspect
+
+        from attnlab.core.errors import ConfigError
+
+        if "resume" not in inspect.signature(module.run).parameters:
+            raise ConfigError(f"experiment {args.name!r} cannot resume; run it again without --resume")
+        record = module.run(out, quick=args.quick, resume=True)
+    else:
+        record = module.run(out, quick=args.quick)
+    verdict = "held" if record["claim_held"] else "did NOT hold"
+    print(f"{args.name}: the claim {verdict} ({record['wall_time_s']} s); report, results.json and plots in {out}")
+    return 0

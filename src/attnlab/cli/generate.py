@@ -1,0 +1,100 @@
+"""``attnlab sample | translate``: text from a trained run (``attnlab.generation``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the sample, translate commands to the parser."""
+    p = sub.add_parser("sample", help="generate text from a trained run (streams tokens)")
+    p.add_argument("run_dir")
+    p.add_argument("--prompt", default="\n")
+    p.add_argument("--max-new-tokens", type=int, default=300)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--no-cache", action="store_true", help="re-run the whole context every step")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step (faster after a "
+                   "one-off compilation of some seconds)")
+    p.add_argument("--device", default="auto", help="auto (a GPU when one is visible), cpu, cuda, cuda:N or mps")
+    p.set_defaults(func=_cmd_sample)
+
+    p = sub.add_parser("translate", help="map text to text with a trained seq2seq run (greedy or beam search)")
+    p.add_argument("run_dir")
+    p.add_argument("--text", action="append", help="a source string (repeatable)")
+    p.add_argument("--file", default=None, help="translate every non-empty line of this file")
+    p.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha for beam search (0 = none)")
+    p.add_argument("--max-len", type=int, default=None, help="most target tokens (default: the model's context)")
+    p.set_defaults(func=_cmd_translate)
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnlab.core.errors import ConfigError
+    from attnlab.generation import SamplingConfig, stream
+    from attnlab.training.distributed import resolve_device
+    from attnlab.training.runs import load_model_and_tokenizer
+
+    device = resolve_device(args.device)
+    model, tok = load_model_and_tokenizer(args.run_dir)
+    model.to(device)
+    cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, use_cache=not args.no_cache, seed=args.seed,
+                         compile=args.compile)
+    cfg.validate()
+    ids = tok.encode(args.prompt)  # raises TokenizerError for characters outside the vocabulary
+    if not ids:
+        raise ConfigError("the prompt is empty: give at least one character with --prompt")
+    if len(ids) > model.config.block_size:
+        raise ConfigError(f"the prompt has {len(ids)} tokens, more than the model's context of "
+                          f"{model.config.block_size}; shorten it")
+    for n in range(args.num_samples):
+        if args.num_samples > 1:
+            print(f"--- sample {n + 1} ---")
+        if cfg.seed is not None:
+            cfg.seed = args.seed + n
+        sys.stdout.write(args.prompt)
+        generated: list[int] = []
+        shown = ""
+        for token in stream(model, torch.tensor([ids], device=device), cfg):
+            generated.append(int(token))
+            text = tok.decode(generated)
+            if not text.endswith("\ufffd"):  # hold back a half-decoded multi-byte character
+                sys.stdout.write(text[len(shown):])
+                sys.stdout.flush()
+                shown = text
+        print(tok.decode(generated)[len(shown):])
+    return 0
+
+def _cmd_translate(args: argparse.Namespace) -> int:
+    """Translate --text (or every line of --file) with a trained seq2seq run: greedy or beam search."""
+    from attnlab.core.errors import ConfigError
+    from attnlab.data.pairs import PairEncoder
+    from attnlab.training.runs import load_model_and_tokenizer
+    from attnlab.training.tasks.seq2seq import translate
+
+    model, tok = load_model_and_tokenizer(args.run_dir)
+    if model.config.family != "seq2seq":
+        raise ConfigError(f"{args.run_dir} holds a {model.config.family} model; translate needs family seq2seq")
+    if args.beam < 1 or args.length_penalty < 0:
+        raise ConfigError("--beam must be >= 1 and --length-penalty >= 0")
+    texts = list(args.text or [])
+    if args.file:
+        path = Path(args.file)
+        if not path.is_file():
+            raise ConfigError(f"--file not found: {path}")
+        texts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not texts:
+        raise ConfigError("nothing to translate: give --text \"...\" or --file FILE")
+    outputs = translate(model, PairEncoder(tok, model.config.block_size), texts, args.beam, args.length_penalty,
+                        args.max_len)
+    for text, out in zip(texts, outputs):
+        print(out if len(texts) == 1 else f"{text}\t{out}")
+    return 0

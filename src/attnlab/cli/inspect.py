@@ -1,0 +1,62 @@
+"""``attnlab inspect | heads``: look inside a trained run (``attnlab.inspect``)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the inspect, heads commands to the parser."""
+    p = sub.add_parser("inspect", help="attention figures for one input: --text (any family) or --image (ViT)")
+    p.add_argument("run_dir")
+    p.add_argument("--text", default=None, help="the text to run through the model")
+    p.add_argument("--image", default=None, help="an image file (png, jpg, ...) for a vit run")
+    p.add_argument("--resize", action="store_true", help="resize an image of another size to the model's")
+    p.add_argument("--layer", type=int, default=None, help="layer of the single-head figure (default: last)")
+    p.add_argument("--head", type=int, default=None, help="head of the single-head figure (default: 0)")
+    p.add_argument("--out", default=None, help="output: a folder for --text (default ./inspect), a PNG for "
+                   "--image (default saliency.png)")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("heads", help="per-head statistics and head types (previous-token, induction, ...)")
+    p.add_argument("run_dir")
+    p.add_argument("--data", required=True, help="text file (or 'shakespeare') to measure the heads on")
+    p.add_argument("--n-batches", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="heads", help="output folder (default ./heads)")
+    p.set_defaults(func=_cmd_heads)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    """Look inside a trained run on one input: --text (attention figures + a JSON dump of the
+    probabilities) or --image (a ViT's [CLS] attention per layer/head and rollout, as a PNG)."""
+    from attnlab.core.errors import ConfigError
+
+    if (args.text is None) == (args.image is None):
+        raise ConfigError("give one input to inspect: --text \"...\" or --image path.png")
+    if args.image is not None:
+        from attnlab.inspect.saliency import inspect_image
+
+        result = inspect_image(args.run_dir, args.image, args.out or "saliency.png", resize=args.resize)
+        print(f"{args.image}: {result['class']} ({result['probability']:.1%}); rollout peaks at patch "
+              f"(row, col) {result['rollout_peak']}; wrote {result['out']}")
+        return 0
+    from attnlab.inspect.report import inspect_text
+
+    out = args.out or "inspect"
+    paths = inspect_text(args.run_dir, args.text, out, layer=args.layer, head=args.head)
+    print(f"wrote {len(paths)} files to {out}: " + ", ".join(p.name for p in paths))
+    return 0
+
+def _cmd_heads(args: argparse.Namespace) -> int:
+    """Per-head statistics (entropy, distance, previous-token / first-token / induction / uniform)."""
+    from attnlab.inspect.report import head_report, summary
+
+    report = head_report(args.run_dir, args.data, args.out, n_batches=args.n_batches, batch_size=args.batch_size,
+                         seed=args.seed)
+    print(f"{len(report.rows)} heads measured on {report.n_windows} windows of {args.data}")
+    for line in summary(report.rows):
+        print(line)
+    print(f"table and figure in {args.out}: " + ", ".join(p.name for p in report.paths))
+    return 0

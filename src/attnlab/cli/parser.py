@@ -1,0 +1,26 @@
+"""The ``attnlab`` parser: one sub-command per function, registered by its command group's module.
+
+Each group module (``cli/train.py``, ``cli/generate.py``, ...) adds its sub-parsers with
+``register(sub)`` and points each at one function that parses nothing further and calls the library.
+Those functions import the library lazily, so ``attnlab --help`` and usage errors answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from attnlab.cli import bench, encoders, evaluate, experiment, explore, generate, inspect, train
+from attnlab.cli.errors import OneLineParser
+
+DESCRIPTION = ("attnlab train | resume | sample | eval | inspect | heads | explore | bench | experiment | "
+               "import-hf | embed | probe | finetune | translate")
+GROUPS = (train, generate, evaluate, inspect, encoders, explore, bench, experiment)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="attnlab", description=DESCRIPTION)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in GROUPS:
+        group.register(sub)
+    return parser
