@@ -50,10 +50,10 @@ def main() -> None:
 
     from attnlab.generation import SamplingConfig, generate
     from attnlab.interop.hf import save_gpt2
-    from attnlab.models import ModelConfig, build_model
+    from attnlab.models import GPTConfig, build_model
 
     torch.manual_seed(0)
-    ours = build_model(ModelConfig(vocab_size=256, block_size=1024, n_layer=6, n_head=6, d_model=384, bias=True)).eval()
+    ours = build_model(GPTConfig(vocab_size=256, block_size=1024, n_layer=6, n_head=6, d_model=384, bias=True)).eval()
     with tempfile.TemporaryDirectory() as tmp:
         save_gpt2(ours, tmp)
         hf = transformers.GPT2LMHeadModel.from_pretrained(tmp).eval().to(device)

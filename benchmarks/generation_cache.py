@@ -36,11 +36,11 @@ from pathlib import Path
 
 import torch
 
-from attnlab.models import ModelConfig, build_model
+from attnlab.models import GPTConfig, build_model
 from attnlab.models.gpt import GPT
 from attnlab.nn.attention import KVCache
+from attnlab.nn.attention.latent import LatentKVCache, MultiHeadLatentAttention
 from attnlab.nn.blocks import LayerCache
-from attnlab.nn.latent_attention import LatentKVCache, MultiHeadLatentAttention
 from attnlab.nn.ssm import SSMState
 
 KiB = 2**10
@@ -76,7 +76,7 @@ def variants(head_dim: int) -> list[Variant]:
 
 def build(args: argparse.Namespace, variant: Variant, block_size: int) -> GPT:
     torch.manual_seed(args.seed)
-    cfg = ModelConfig(vocab_size=args.vocab, block_size=block_size, n_layer=args.n_layer, n_head=args.heads,
+    cfg = GPTConfig(vocab_size=args.vocab, block_size=block_size, n_layer=args.n_layer, n_head=args.heads,
                       d_model=args.d_model, dropout=0.0, **variant.overrides)
     cfg.validate()
     return build_model(cfg).eval()

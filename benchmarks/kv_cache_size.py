@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention
-from attnlab.nn.latent_attention import LatentKVCache, MultiHeadLatentAttention
+from attnlab.nn.attention.latent import LatentKVCache, MultiHeadLatentAttention
 
 MiB = 2**20
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32}

@@ -26,9 +26,9 @@ RECIPE = dict(n_layer=4, n_head=4, d_model=128, block_size=64, batch_size=12, vo
 
 
 def build_attnlab_recipe(vocab_size: int, bias: bool):
-    from attnlab.models import ModelConfig, build_model
+    from attnlab.models import GPTConfig, build_model
 
-    cfg = ModelConfig(vocab_size=vocab_size, block_size=64, n_layer=4, n_head=4, d_model=128, bias=bias)
+    cfg = GPTConfig(vocab_size=vocab_size, block_size=64, n_layer=4, n_head=4, d_model=128, bias=bias)
     model = build_model(cfg)
     return model, lambda x, y: model(x, y).loss
 

@@ -55,3 +55,13 @@ def run_quick_experiment(name: str, out: Path) -> tuple[dict, dict]:
     assert ("The claim held" in report) == record["claim_held"]
     assert list(out.glob("*.png")) and all(p.stat().st_size > 1000 for p in out.glob("*.png"))
     return record, record["results"]
+
+
+def with_patterns(model, *args, points: str = "*hook_pattern", **kwargs):
+    """``model(*args, **kwargs)`` with its attention patterns captured: (output, [probs per hook point,
+    in the order they ran]) (the hook points of ``attnlab.nn.hooks``)."""
+    from attnlab.nn.hooks import capture
+
+    with capture(model, points) as seen:
+        out = model(*args, **kwargs)
+    return out, list(seen.values())

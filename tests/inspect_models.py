@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.models.config import ModelConfig
+from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.blocks import attention_block
@@ -16,7 +16,7 @@ from attnlab.nn.mixing import BlockContext
 def tiny_gpt(backend: str = "eager", positions: str = "learned", n_kv_head: int | None = None, seed: int = 0,
              n_layer: int = 2, n_head: int = 4, d_model: int = 32, vocab_size: int = 17) -> GPT:
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab_size, block_size=32, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
+    cfg = GPTConfig(vocab_size=vocab_size, block_size=32, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
                       d_model=d_model, positions=positions, attn_backend=backend, init_std=0.2)
     return GPT(cfg).eval()
 

@@ -16,6 +16,9 @@ from attnlab.nn.attention import (
     scaled_dot_product_attention,
     sdpa_attention,
 )
+from attnlab.nn.hooks import hooks
+
+from .helpers import with_patterns
 
 ATOL = 1e-5
 
@@ -352,7 +355,7 @@ def test_cross_attention_probs_shape_and_padding():
     x, memory = torch.randn(2, 4, 32), torch.randn(2, 6, 32)
     mask = padding_mask(torch.tensor([6, 2]), S=6)
     for mod in (eager, fused):
-        _, probs = mod(x, memory=memory, mask=mask, need_weights=True)
+        _, (probs,) = with_patterns(mod, x, memory=memory, mask=mask)
         assert probs.shape == (2, 4, 4, 6)
         assert torch.allclose(probs.sum(-1), torch.ones(2, 4, 4), atol=1e-6)
         assert (probs[1, :, :, 2:] == 0).all()
@@ -366,24 +369,39 @@ def test_cross_attention_without_memory_raises():
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 @pytest.mark.parametrize("n_kv_heads", [None, 2])
-def test_need_weights_returns_probs_for_every_backend(backend, n_kv_heads):
+def test_a_hook_on_the_pattern_sees_the_probabilities_whatever_the_backend(backend, n_kv_heads):
     torch.manual_seed(0)
     mod = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, backend=backend)
     x = torch.randn(2, 5, 32)
-    y, probs = mod(x, is_causal=True, need_weights=True)
-    assert probs is not None and probs.shape == (2, 4, 5, 5)
+    (y, returned), (probs,) = with_patterns(mod, x, is_causal=True)
+    assert probs.shape == (2, 4, 5, 5) and torch.equal(returned, probs)
     assert torch.allclose(probs.sum(-1), torch.ones(2, 4, 5), atol=1e-6)
     assert (probs[..., ~causal_mask(5)] == 0).all()
-    y_plain, none = mod(x, is_causal=True)
-    assert none is None
+    y_plain, formed = mod(x, is_causal=True)
+    assert (formed is None) == (backend == "sdpa")  # no hook: the fused kernel forms no probabilities
     assert torch.allclose(y, y_plain, atol=ATOL)
 
 
-def test_sdpa_need_weights_probs_equal_eager_probs():
+def test_a_hook_that_writes_the_pattern_changes_the_output():
+    """Writing is exact: the output is the written pattern times V, for every backend."""
+    torch.manual_seed(0)
+    for backend in ("eager", "sdpa", "tiled"):
+        mod = MultiHeadAttention(32, 4, backend=backend).double()
+        x = torch.randn(2, 5, 32, dtype=torch.float64)
+        uniform = causal_mask(5).double() / causal_mask(5).sum(-1, keepdim=True)  # (T, T): mean of the prefix
+        with hooks(mod, {"hook_pattern": lambda p, name, u=uniform: u.expand_as(p)}):
+            y, _ = mod(x, is_causal=True)
+        v = mod.qkv_proj(x)[..., 64:].view(2, 5, 4, 8).transpose(1, 2)  # (B, H, T, D)
+        expected = mod.out_proj((uniform @ v).transpose(1, 2).reshape(2, 5, 32))
+        torch.testing.assert_close(y, expected, rtol=0, atol=1e-12)
+        assert not mod.hook_pattern.active  # removed on exit
+
+
+def test_sdpa_pattern_equals_eager_pattern():
     eager, fused = _pair(n_kv_heads=2)
     x = torch.randn(2, 6, 32)
-    _, pe = eager(x, is_causal=True, need_weights=True)
-    _, pf = fused(x, is_causal=True, need_weights=True)
+    _, (pe,) = with_patterns(eager, x, is_causal=True)
+    _, (pf,) = with_patterns(fused, x, is_causal=True)
     assert torch.allclose(pe, pf, atol=1e-6)
 
 
@@ -409,8 +427,8 @@ def test_gqa_equals_mha_with_repeated_kv_heads(n_kv_heads):
     assert mha.qkv_proj.weight.shape == (3 * d_model, d_model)
     assert gqa.qkv_proj.weight.shape == (d_model + 2 * n_kv_heads * D, d_model)
     x = torch.randn(2, 6, d_model, dtype=torch.float64)
-    y_g, p_g = gqa(x, is_causal=True, need_weights=True)
-    y_m, p_m = mha(x, is_causal=True, need_weights=True)
+    (y_g, _), (p_g,) = with_patterns(gqa, x, is_causal=True)
+    (y_m, _), (p_m,) = with_patterns(mha, x, is_causal=True)
     assert torch.allclose(y_g, y_m, atol=1e-12)
     assert torch.allclose(p_g, p_m, atol=1e-12)
     # heads of one group share keys but not queries: their probabilities differ

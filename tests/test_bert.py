@@ -20,7 +20,7 @@ def _bert(**extra) -> Bert:
     torch.manual_seed(0)
     cfg = dict(family="bert", vocab_size=50, block_size=32, n_layer=2, n_head=4, d_model=32, norm_position="post",
                norm_eps=1e-12, attn_backend="eager", n_classes=3)
-    config = ModelConfig(**{**cfg, **extra})
+    config = ModelConfig.from_mapping({**cfg, **extra})
     config.validate()
     return build_model(config).eval()
 
@@ -103,7 +103,7 @@ def test_relative_positions_variant_round_trips_and_is_order_aware(tmp_path):
 def test_family_rules_are_one_line_config_errors():
     for bad in (dict(mixer="ssm"), dict(moe_experts=2), dict(activation="swiglu")):
         with pytest.raises(ConfigError, match="bert"):
-            ModelConfig(family="bert", vocab_size=10, **bad).validate()
+            ModelConfig.from_mapping(dict(family="bert", vocab_size=10, **bad))
 
 
 # ---------------------------------------------------------------------------------- HF parity

@@ -17,6 +17,8 @@ from attnlab.models.registry import build_model
 from attnlab.training.runs import load_train_config
 from attnlab.training.tasks.images import ImageClassificationTask
 
+from .helpers import with_patterns
+
 PRESETS = {"cnn": "configs/cnn-fashion.yaml", "vit": "configs/vit-fashion.yaml"}
 
 
@@ -48,7 +50,7 @@ def test_presets_build_the_reported_models(family, n_params):
     out = model(torch.randn(2, 1, 28, 28), torch.tensor([3, 7]))
     assert out.logits.shape == (2, 10) and torch.isfinite(out.loss)
     if family == "vit":  # 7x7 patches: a 4x4 grid, 16 tokens + [CLS]
-        assert model(torch.randn(1, 1, 28, 28), need_weights=True).attentions[0]["self"].shape[-1] == 17
+        assert with_patterns(model, torch.randn(1, 1, 28, 28))[1][0].shape[-1] == 17
 
 
 @pytest.mark.parametrize("family", ["cnn", "vit"])

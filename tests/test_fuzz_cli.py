@@ -19,7 +19,7 @@ from .helpers import tiny_overrides, write_corpus
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)}
-MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
+MODEL_KEYS = ModelConfig.option_names()
 INT_KEYS = ["max_iters", "batch_size", "grad_accum", "eval_iters", "n_layer", "n_head", "d_model", "block_size"]
 POSITIVE_KEYS = ["max_iters", "batch_size", "grad_accum", "eval_interval", "n_layer", "n_head", "d_model",
                  "block_size", "keep_checkpoints"]

@@ -10,7 +10,7 @@ import torch
 from attnlab.core.errors import ConfigError
 from attnlab.core.schema import from_dict
 from attnlab.generation import SamplingConfig, filter_logits, generate, next_token, stream
-from attnlab.models import ModelConfig, build_model
+from attnlab.models import GPTConfig, ModelConfig, build_model
 
 VOCAB = 29
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative", "none"]
@@ -332,7 +332,7 @@ def test_compiled_decode_step_gives_the_same_tokens_as_eager():
     """compile=True runs the one-token step through torch.compile: same greedy tokens, and with a
     seed the same samples, as the eager step (the prefill is compiled too)."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=17, block_size=24, n_layer=1, n_head=2, d_model=16)).eval()
+    model = build_model(GPTConfig(vocab_size=17, block_size=24, n_layer=1, n_head=2, d_model=16)).eval()
     prompt = torch.randint(0, 17, (2, 5))
     for temperature in (0.0, 0.9):
         eager = SamplingConfig(max_new_tokens=12, temperature=temperature, top_k=8, seed=3)
@@ -344,7 +344,7 @@ def test_compiled_decode_with_relative_positions_gives_the_eager_tokens():
     """Relative positions evaluate their score term on each step's q and k (a callable bias): the compiled
     stream still gives the eager tokens, past the context into the sliding window."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=17, block_size=10, n_layer=1, n_head=2, d_model=16,
+    model = build_model(GPTConfig(vocab_size=17, block_size=10, n_layer=1, n_head=2, d_model=16,
                                     positions="relative")).eval()
     prompt = torch.randint(0, 17, (2, 3))
     eager = SamplingConfig(max_new_tokens=12, temperature=0)
@@ -357,8 +357,8 @@ def test_compiled_stream_stays_exact_across_prompts_models_and_the_window():
     prompts of 1 and 2 tokens (cache lengths 0 and 1 are specialised), two models of different widths
     alternating, and streams that run past the context into the sliding window all give the eager tokens."""
     torch.manual_seed(0)
-    small = build_model(ModelConfig(vocab_size=17, block_size=12, n_layer=1, n_head=2, d_model=16)).eval()
-    wide = build_model(ModelConfig(vocab_size=17, block_size=12, n_layer=2, n_head=2, d_model=24)).eval()
+    small = build_model(GPTConfig(vocab_size=17, block_size=12, n_layer=1, n_head=2, d_model=16)).eval()
+    wide = build_model(GPTConfig(vocab_size=17, block_size=12, n_layer=2, n_head=2, d_model=24)).eval()
     for model, length in ((small, 1), (wide, 1), (small, 2), (wide, 3), (small, 5), (wide, 2)):
         prompt = torch.randint(0, 17, (1, length))
         eager = SamplingConfig(max_new_tokens=14, temperature=0)  # runs 3-6 tokens past block_size 12

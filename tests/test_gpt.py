@@ -17,6 +17,8 @@ from attnlab.models import ModelConfig, build_model
 from attnlab.models.base import CONFIG_NAME, WEIGHTS_NAME, read_config
 from attnlab.models.gpt import GPT
 
+from .helpers import with_patterns
+
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative", "none"]
 BACKENDS = ["eager", "sdpa"]
 VOCAB = 37
@@ -44,12 +46,12 @@ def test_output_shapes(positions):
     idx = tokens(3, 10)
     out = model(idx)
     assert out.logits.shape == (3, 10, VOCAB)
-    assert out.loss is None and out.attentions is None
+    assert out.loss is None
     last = model(idx, last_only=True)
     assert last.logits.shape == (3, 1, VOCAB)
     assert torch.allclose(last.logits[:, 0], out.logits[:, -1], atol=1e-5)
-    w = model(idx, need_weights=True).attentions
-    assert len(w) == 2 and w[0]["self"].shape == (3, 4, 10, 10)
+    _, maps = with_patterns(model, idx)
+    assert len(maps) == 2 and maps[0].shape == (3, 4, 10, 10)
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])
@@ -240,10 +242,13 @@ def test_config_json_contains_the_config(tmp_path):
     model = make_gpt(positions="rope", n_kv_head=2, activation="swiglu")
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / CONFIG_NAME).read_text())
-    assert data["config_version"] == 1
+    assert data["config_version"] == 2
     assert "attnlab_version" in data
     for key, value in vars(model.config).items():
         assert data[key] == value, key
+    # the GPT's own options only: nothing of another family
+    assert set(data) - {"config_version", "attnlab_version"} == set(vars(model.config))
+    assert not {"cnn_width", "n_segments", "patch_size", "n_classes"} & set(data)
     assert data["vocab_size"] == VOCAB and data["n_kv_head"] == 2 and data["positions"] == "rope"
     assert read_config(tmp_path) == model.config
     assert read_config(tmp_path / CONFIG_NAME) == model.config
@@ -380,3 +385,4 @@ def test_model_config_valid_variants():
         assert cfg.head_dim == 8
     cfg = from_dict(ModelConfig, {**BASE, "dropout": "0.1", "n_layer": 2.0})
     assert cfg.dropout == 0.1 and cfg.n_layer == 2 and isinstance(cfg.n_layer, int)
+

@@ -15,7 +15,7 @@ from attnlab.inspect.heads import (
     row_statistics,
     write_head_table,
 )
-from attnlab.models.config import ModelConfig
+from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
 
 T = 16
@@ -30,7 +30,7 @@ def planted_gpt(c: float = 10.0) -> GPT:
                     large only at s = 0 -> first-token head
     every other head: W_Q = 0 -> equal scores -> uniform over the visible prefix.
     """
-    cfg = ModelConfig(vocab_size=20, block_size=T, n_layer=2, n_head=2, d_model=48, positions="learned", bias=False)
+    cfg = GPTConfig(vocab_size=20, block_size=T, n_layer=2, n_head=2, d_model=48, positions="learned", bias=False)
     model = GPT(cfg).eval()
     # head dim 24; rows of qkv_proj: q head 0 [0, 24), q head 1 [24, 48), k head 0 [48, 72), ...
     with torch.no_grad():

@@ -7,15 +7,21 @@ import pytest
 import torch
 
 from attnlab.inspect.record import attention_from_qk, block_index, record
+from attnlab.models import GPTConfig
 from attnlab.nn.attention import KVCache, MultiHeadAttention
+from attnlab.nn.hooks import capture
+from tests.helpers import with_patterns
 from tests.inspect_models import Encoder, EncoderDecoder, tiny_gpt, with_backend
 
 BACKENDS = ("eager", "sdpa", "tiled")
 
 
 def eager_probs_gpt(model, idx) -> dict[str, torch.Tensor]:
-    out = with_backend(model, "eager")(idx, need_weights=True)
-    return {f"blocks.{i}.mixer": a["self"] for i, a in enumerate(out.attentions)}
+    """The probabilities of the same weights on the eager backend, by attention module name."""
+    eager = with_backend(model, "eager")
+    with capture(eager, "*hook_pattern") as seen:
+        eager(idx)
+    return {name.removesuffix(".hook_pattern"): probs for name, probs in seen.items()}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -124,7 +130,7 @@ def test_static_cross_cache():
     wrapper = torch.nn.ModuleDict({"layers": torch.nn.ModuleList([mha])})
     with record(wrapper) as rec:
         mha(x, cache=cache)  # reads the memory's keys from the cache
-    _, ref = mha(x, memory=memory, need_weights=True)
+    _, (ref,) = with_patterns(mha, x, memory=memory)
     torch.testing.assert_close(rec.probs["layers.0"], ref, atol=1e-6, rtol=0)
 
 
@@ -159,11 +165,10 @@ def test_training_step_unchanged_by_recording():
 
 @pytest.mark.parametrize("backend", ("eager", "sdpa"))
 def test_latent_attention_plain_absorbed_and_decoding(backend):
-    from attnlab.models.config import ModelConfig
     from attnlab.models.gpt import GPT
 
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=17, block_size=32, n_layer=1, n_head=4, d_model=32, mixer="latent",
+    cfg = GPTConfig(vocab_size=17, block_size=32, n_layer=1, n_head=4, d_model=32, mixer="latent",
                       positions="none", attn_backend=backend, init_std=0.2)
     model = GPT(cfg).eval()  # multi-head latent attention: its own decoupled RoPE
     names = [n for n, m in model.named_modules() if hasattr(m, "register_scores_hook")]
@@ -172,7 +177,7 @@ def test_latent_attention_plain_absorbed_and_decoding(backend):
     plain = model(idx).logits
     with record(model) as rec:
         assert torch.equal(model(idx).logits, plain)
-    ref = with_backend(model, "eager")(idx, need_weights=True).attentions[0]["self"]
+    ref = eager_probs_gpt(model, idx)["blocks.0.mixer"]
     torch.testing.assert_close(rec.probs[names[0]], ref, atol=1e-5, rtol=0)
     mla = model.get_submodule(names[0])
     mla.absorb = True  # attend in latent space: same probabilities

@@ -9,7 +9,7 @@ import torch
 
 from attnlab.core.errors import CheckpointError
 from attnlab.interop.hf import load_gpt2, save_gpt2
-from attnlab.models import ModelConfig, build_model
+from attnlab.models import GPTConfig, build_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 def _gpt(**extra):
     torch.manual_seed(0)
     cfg = dict(vocab_size=50, block_size=32, n_layer=2, n_head=4, d_model=32, bias=True)
-    return build_model(ModelConfig(**{**cfg, **extra})).eval()
+    return build_model(GPTConfig(**{**cfg, **extra})).eval()
 
 
 def test_export_loads_in_transformers_with_identical_logits(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests for attnlab.nn.latent_attention: Multi-head Latent Attention and its latent KV cache."""
+"""Tests for attnlab.nn.attention.latent: Multi-head Latent Attention and its latent KV cache."""
 
 from __future__ import annotations
 
@@ -8,13 +8,21 @@ import pytest
 import torch
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, causal_mask, combine_masks, padding_mask
+from attnlab.nn.attention.latent import LatentKVCache, MultiHeadLatentAttention
 from attnlab.nn.blocks import attention_block
-from attnlab.nn.latent_attention import LatentKVCache, MultiHeadLatentAttention
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.positions import RotaryPositions
 
+from .helpers import with_patterns
+
 ATOL = 1e-5
 C, H, L = 32, 4, 16  # d_model, n_heads, d_latent (head_dim 8, default d_rope 4)
+
+
+def mla_probs(m, *args, **kwargs):
+    """(y, probs) of one MLA call with its attention pattern read from the ``hook_pattern`` point."""
+    (y, _), (probs,) = with_patterns(m, *args, **kwargs)
+    return y, probs
 
 
 def make_mla(seed: int = 0, **kw) -> MultiHeadLatentAttention:
@@ -38,8 +46,8 @@ def test_shapes_and_return_convention(q_latent):
     m = make_mla(q_latent=q_latent, bias=True)
     x = randn(2, 7, C)
     y, probs = m(x)
-    assert y.shape == (2, 7, C) and probs is None
-    y, probs = m(x, is_causal=True, need_weights=True)
+    assert y.shape == (2, 7, C) and (probs is None) == (m.backend != "eager")  # formed by the eager path only
+    y, probs = mla_probs(m, x, is_causal=True)
     assert y.shape == (2, 7, C) and probs.shape == (2, H, 7, 7)
     assert m.head_dim == 8 and m.d_rope == 4
     c_kv, k_r, q_c, q_r = m.latent_projections(x)
@@ -56,9 +64,9 @@ def test_rotary_argument_is_ignored_and_block_accepts_mla():
     torch.manual_seed(0)
     block = attention_block(C, H).eval()
     block.mixer = m
-    ctx = BlockContext(rotary=(cos, sin), is_causal=True, cache=m.new_cache(2, 8), need_weights=True)
-    y = block(x, ctx)
-    assert y.shape == (2, 5, C) and ctx.attentions["self"].shape == (2, H, 5, 5)
+    ctx = BlockContext(rotary=(cos, sin), is_causal=True, cache=m.new_cache(2, 8))
+    y, (probs,) = with_patterns(block, x, ctx)
+    assert y.shape == (2, 5, C) and probs.shape == (2, H, 5, 5)
 
 
 # -------------------------------------------------------------------------------- causality
@@ -108,17 +116,17 @@ def test_sdpa_backend_matches_eager_forward_and_backward(kind, absorb):
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
-def test_need_weights_probabilities_rows_sum_to_one(backend):
+def test_pattern_probabilities_rows_sum_to_one(backend):
     m = make_mla(backend=backend)
     x = randn(2, 6, C)
-    y, probs = m(x, is_causal=True, need_weights=True)
+    y, probs = mla_probs(m, x, is_causal=True)
     assert torch.allclose(probs.sum(-1), torch.ones(2, H, 6), atol=ATOL)
     assert torch.all(probs.masked_select(~causal_mask(6)) == 0)
     assert torch.allclose(y, m(x, is_causal=True)[0], atol=ATOL)  # weights do not change the output
     # a fully masked row attends to nothing: zero probabilities, no NaN
     mask = torch.ones(6, 6, dtype=torch.bool)
     mask[2] = False
-    y, probs = m(x, mask=mask, need_weights=True)
+    y, probs = mla_probs(m, x, mask=mask)
     assert torch.all(probs[:, :, 2] == 0) and torch.isfinite(y).all()
 
 
@@ -148,8 +156,8 @@ def test_absorbed_form_equals_plain_form(q_latent):
     m = make_mla(q_latent=q_latent, bias=True)
     x = randn(2, 7, C).requires_grad_()
     mask = padding_mask(torch.tensor([7, 5]))
-    y1, p1 = m(x, mask=mask, is_causal=True, need_weights=True)
-    y2, p2 = m(x, mask=mask, is_causal=True, need_weights=True, absorb=True)
+    y1, p1 = mla_probs(m, x, mask=mask, is_causal=True)
+    y2, p2 = mla_probs(m, x, mask=mask, is_causal=True, absorb=True)
     assert torch.allclose(y1, y2, atol=ATOL) and torch.allclose(p1, p2, atol=ATOL)
     grad = randn(2, 7, C, seed=5)
     g1 = torch.autograd.grad(y1, [x, *m.parameters()], grad)
@@ -195,15 +203,15 @@ def test_attention_pattern_is_translation_invariant():
     for zero_uk in (False, True):  # full scores first, then the rope part alone
         if zero_uk:
             m.w_uk.weight.data.zero_()
-        y0, p0 = m(x, is_causal=True, need_weights=True)
+        y0, p0 = mla_probs(m, x, is_causal=True)
         cache = m.new_cache(2, s + T)
         m(randn(2, s, C, seed=11), cache=cache)
         real = torch.arange(s + T) >= s  # (S,) hide the dummies
-        y1, p1 = m(x, mask=real, cache=cache, is_causal=True, need_weights=True)
+        y1, p1 = mla_probs(m, x, mask=real, cache=cache, is_causal=True)
         assert torch.allclose(p1[..., s:], p0, atol=ATOL) and torch.allclose(y1, y0, atol=ATOL)
     # sanity: the rope part alone does carry position (the pattern is not uniform)
     m.w_uk.weight.data.zero_()
-    _, p = m(x, need_weights=True)
+    _, p = mla_probs(m, x)
     assert not torch.allclose(p, torch.full_like(p, 1 / T), atol=1e-3)
 
 
@@ -292,8 +300,8 @@ def test_masks_combine_like_multihead_attention():
     m = make_mla()
     x = randn(2, 6, C)
     extra = torch.rand(6, 6, generator=torch.Generator().manual_seed(2)) > 0.3
-    _, p_and = m(x, mask=combine_masks(extra, causal_mask(6)), need_weights=True)
-    _, p_both = m(x, mask=extra, is_causal=True, need_weights=True)
+    _, p_and = mla_probs(m, x, mask=combine_masks(extra, causal_mask(6)))
+    _, p_both = mla_probs(m, x, mask=extra, is_causal=True)
     assert torch.allclose(p_and, p_both, atol=ATOL)
 
 
@@ -309,7 +317,7 @@ def test_scores_follow_the_equations():
     c_kv, k_r, q_c, q_r = m.latent_projections(x)
     k_c = (c_kv @ m.w_uk.weight.T).view(2, 5, H, 8).transpose(1, 2)  # (B, H, S, D)
     scores = (q_c @ k_c.transpose(-2, -1) + q_r @ k_r.unsqueeze(1).transpose(-2, -1)) / (8 + 4) ** 0.5
-    _, probs = m(x, need_weights=True)
+    _, probs = mla_probs(m, x)
     assert torch.allclose(probs, scores.softmax(-1), atol=ATOL)
 
 
@@ -321,7 +329,7 @@ def test_additive_score_bias_same_in_both_forms(backend):
     bias = randn(H, 6, 6, seed=4)
     y_plain, _ = m(x, bias=bias, is_causal=True)
     y_abs, _ = m(x, bias=bias, is_causal=True, absorb=True)
-    y_ref, p_ref = m(x, bias=bias, is_causal=True, need_weights=True)
+    y_ref, p_ref = mla_probs(m, x, bias=bias, is_causal=True)
     assert torch.allclose(y_plain, y_ref, atol=ATOL) and torch.allclose(y_abs, y_ref, atol=ATOL)
-    assert torch.allclose(m(x, bias=bias, is_causal=True, need_weights=True, absorb=True)[1], p_ref, atol=ATOL)
+    assert torch.allclose(mla_probs(m, x, bias=bias, is_causal=True, absorb=True)[1], p_ref, atol=ATOL)
     assert not torch.allclose(y_ref, m(x, is_causal=True)[0], atol=1e-3)  # the bias did something

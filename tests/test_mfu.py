@@ -5,14 +5,14 @@ import json
 import pytest
 import torch
 
-from attnlab.models import ModelConfig, build_model
+from attnlab.models import GPTConfig, build_model
 from attnlab.training import mfu as mfu_module
 from attnlab.training.mfu import active_parameters, flops_per_token, mfu, peak_flops
 
 
 def _model(**extra):
     torch.manual_seed(0)
-    return build_model(ModelConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, d_model=128, bias=False,
+    return build_model(GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, d_model=128, bias=False,
                                    **extra))
 
 

@@ -9,9 +9,9 @@ import torch
 
 from attnlab.core.errors import ConfigError
 from attnlab.generation import SamplingConfig, generate
-from attnlab.models import ModelConfig, build_model, from_pretrained
+from attnlab.models import GPTConfig, ModelConfig, build_model, from_pretrained
 from attnlab.nn.attention import KVCache, MultiHeadAttention
-from attnlab.nn.latent_attention import LatentKVCache, MultiHeadLatentAttention
+from attnlab.nn.attention.latent import LatentKVCache, MultiHeadLatentAttention
 from attnlab.nn.ssm import SelectiveSSM, SSMState
 
 CASES = [("attention", "rope"), ("latent", "learned"), ("latent", "alibi"), ("ssm", "none"), ("hybrid", "rope"),
@@ -21,7 +21,7 @@ CASES = [("attention", "rope"), ("latent", "learned"), ("latent", "alibi"), ("ss
 def _model(mixer: str, positions: str, **extra):
     torch.manual_seed(0)
     cfg = dict(vocab_size=20, block_size=24, n_layer=4, n_head=4, d_model=32, mixer=mixer, positions=positions)
-    return build_model(ModelConfig(**{**cfg, **extra})).eval()
+    return build_model(GPTConfig(**{**cfg, **extra})).eval()
 
 
 def test_layer_kinds_and_caches():
@@ -123,7 +123,7 @@ def test_trainer_runs_every_mixer(mixer, positions, tmp_path):
 
 def test_latent_attention_with_the_tiled_backend_is_refused_not_substituted():
 
-    cfg = ModelConfig(vocab_size=20, d_model=32, n_head=4, mixer="latent", positions="none", attn_backend="tiled")
+    cfg = GPTConfig(vocab_size=20, d_model=32, n_head=4, mixer="latent", positions="none", attn_backend="tiled")
     with pytest.raises(ConfigError, match="mixer=latent has no tiled kernel"):
         cfg.validate()
     with pytest.raises(ValueError, match="unknown attention backend 'tiled'"):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.models import GPTConfig
 from attnlab.nn.ffn import FeedForward
 from attnlab.nn.moe import MoEFeedForward, MoEStats
 
@@ -391,11 +392,11 @@ def test_loss_decreases_in_training():
 
 
 def _moe_gpt(**extra):
-    from attnlab.models import ModelConfig, build_model
+    from attnlab.models import build_model
 
     cfg = dict(vocab_size=30, block_size=24, n_layer=2, n_head=2, d_model=32, moe_experts=4, moe_top_k=2)
     torch.manual_seed(0)
-    return build_model(ModelConfig(**{**cfg, **extra}))
+    return build_model(GPTConfig(**{**cfg, **extra}))
 
 
 def test_gpt_with_experts_adds_weighted_aux_losses_to_the_objective():

@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn.attention_residuals import AttentionResiduals, DepthHistory
-from attnlab.nn.hyper_connections import HyperConnections, ManifoldHyperConnections, sinkhorn
+from attnlab.models import GPTConfig
 from attnlab.nn.norms import LayerNorm
 from attnlab.nn.residual import RESIDUALS, ResidualScheme, StandardResidual, build_residual
+from attnlab.nn.residual.attnres import AttentionResiduals, DepthHistory
+from attnlab.nn.residual.hyper import HyperConnections, ManifoldHyperConnections, sinkhorn
 
 B, T, C, N_STREAMS = 2, 5, 16, 4
 
@@ -432,11 +433,11 @@ def test_bad_arguments():
 
 
 def _gpt(residual: str, **extra):
-    from attnlab.models import ModelConfig, build_model
+    from attnlab.models import build_model
 
     torch.manual_seed(0)
     cfg = dict(vocab_size=20, block_size=24, n_layer=3, n_head=4, d_model=32, residual=residual)
-    return build_model(ModelConfig(**{**cfg, **extra})).eval()
+    return build_model(GPTConfig(**{**cfg, **extra})).eval()
 
 
 @pytest.mark.parametrize("residual", ["hyper", "mhc", "attnres"])

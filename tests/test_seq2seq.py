@@ -77,7 +77,7 @@ def test_cached_decode_steps_equal_the_full_decoder(positions, backend):
     model = make_model(positions=positions, attn_backend=backend, n_kv_head=2, n_decoder_layer=3)
     src, mask, tgt = batch()
     full = model(src, tgt, src_mask=mask).logits  # (B, T, V)
-    memory, _ = model.encode(src, mask)
+    memory = model.encode(src, mask)
     state = model.start_decoding(memory, mask, max_len=tgt.size(1))
     steps = [model.decode_step(tgt[:, t : t + 1], state) for t in range(tgt.size(1))]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=0)
@@ -109,9 +109,9 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(mixer="ssm", positions="none"), "mixer=attention"),
-    (dict(positions="alibi"), "alibi"),
-    (dict(moe_experts=2), "mixture-of-experts"),
+    (dict(mixer="ssm", positions="none"), "model.mixer is not an option of family seq2seq"),
+    (dict(positions="alibi"), "'model.positions' must be one of learned, sinusoidal, rope, none; got 'alibi'"),
+    (dict(moe_experts=2), "model.moe_experts is not an option of family seq2seq"),
     (dict(n_decoder_layer=0), "n_decoder_layer"),
 ])
 def test_check_config_rejects_unsupported(bad, message):
@@ -191,7 +191,7 @@ class PlantedModel:
         return probs.log()
 
     def encode(self, src_ids, src_mask):
-        return src_ids.float().unsqueeze(-1), None  # (B, S, 1): unused by the table
+        return src_ids.float().unsqueeze(-1)  # (B, S, 1): unused by the table
 
     def start_decoding(self, memory, memory_mask, max_len):
         return _PlantedState()
@@ -200,7 +200,7 @@ class PlantedModel:
         return self._logits(tokens[:, -1])
 
     def decode(self, tgt_in, memory, memory_mask):
-        return self._logits(tgt_in[:, -1]).unsqueeze(1), None, None
+        return self._logits(tgt_in[:, -1]).unsqueeze(1)
 
 
 class _PlantedState:

@@ -93,8 +93,8 @@ def test_train_eval_translate_end_to_end(tmp_path, capsys):
     (["data=missing.tsv"], "pair file not found"),
     (["data=dates", "model.block_size=4"], "no training pair fits"),
     (["seq2seq.min_len=9", "seq2seq.max_len=3"], "min_len <= seq2seq.max_len"),
-    (["model.positions=alibi"], "not alibi"),
-    (["model.positions=relative"], "not relative"),
+    (["model.positions=alibi"], "must be one of learned, sinusoidal, rope, none; got 'alibi'"),
+    (["model.positions=relative"], "must be one of learned, sinusoidal, rope, none; got 'relative'"),
 ])
 def test_bad_configs_give_one_line(tmp_path, capsys, args, message):
     assert main(["train", "configs/seq2seq-reverse.yaml", *tiny(tmp_path), *args]) == 2

@@ -1,4 +1,4 @@
-"""Tests for attnlab.nn.tiled: block-tiled attention agrees with the eager reference, forward and backward."""
+"""Tests for attnlab.nn.attention.tiled: block-tiled attention agrees with the eager reference, forward and backward."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from attnlab.models import GPTConfig
 from attnlab.nn.attention import causal_mask, combine_masks, padding_mask, scaled_dot_product_attention
-from attnlab.nn.tiled import (
+from attnlab.nn.attention.tiled import (
     TiledStats,
     dropout_mask,
     dropout_mask_for_block,
@@ -401,12 +402,12 @@ def test_multihead_attention_tiled_backend_matches_eager(n_kv_heads, case):
 
 @pytest.mark.parametrize("positions", ["learned", "rope", "alibi"])
 def test_gpt_with_tiled_backend_matches_eager_and_decodes_with_cache(positions):
-    from attnlab.models import ModelConfig, build_model
+    from attnlab.models import build_model
 
     base = dict(vocab_size=20, block_size=32, n_layer=2, n_head=4, n_kv_head=2, d_model=32, positions=positions)
     torch.manual_seed(0)
-    eager = build_model(ModelConfig(**base, attn_backend="eager"))
-    tiled = build_model(ModelConfig(**base, attn_backend="tiled"))
+    eager = build_model(GPTConfig(**base, attn_backend="eager"))
+    tiled = build_model(GPTConfig(**base, attn_backend="tiled"))
     tiled.load_state_dict(eager.state_dict())
     idx = torch.randint(0, 20, (2, 20))
     out_e, out_t = eager(idx, idx), tiled(idx, idx)

@@ -1,4 +1,4 @@
-"""Property-based tests for attnlab.nn.tiled: over random shapes, block sizes, masks and biases, the
+"""Property-based tests for attnlab.nn.attention.tiled: over random shapes, block sizes, masks and biases, the
 tiled kernel agrees with the eager reference (the specification) forward and backward.
 
 Hypothesis draws the problem (batch, query/key-value heads, lengths, head dims, block sizes,
@@ -15,7 +15,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from attnlab.nn.attention import causal_mask, combine_masks, padding_mask, scaled_dot_product_attention
-from attnlab.nn.tiled import tiled_attention
+from attnlab.nn.attention.tiled import tiled_attention
 
 ATOL = 1e-5
 SETTINGS = settings(max_examples=60, deadline=None, database=None)

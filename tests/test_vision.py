@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import struct
@@ -23,18 +24,21 @@ from attnlab.data.images import (
     split_indices,
 )
 from attnlab.inspect.rollout import attention_rollout
+from attnlab.models import ViTConfig
 from attnlab.models.cnn import CNN, match_width
 from attnlab.models.config import ModelConfig
 from attnlab.models.registry import from_pretrained
 from attnlab.models.vit import ViT
 from attnlab.nn.embeddings import PatchEmbedding, interpolate_grid
 
+from .helpers import with_patterns
+
 
 def vit_config(**kw) -> ModelConfig:
     base = dict(family="vit", n_classes=3, image_size=8, patch_size=2, d_model=32, n_layer=2, n_head=4,
                 attn_backend="eager")
     base.update(kw)
-    c = ModelConfig(**base)
+    c = ModelConfig.from_mapping(base)
     c.validate()
     return c
 
@@ -55,8 +59,8 @@ def test_patch_embedding_is_a_matmul_over_flattened_patches_and_224_gives_196_to
     reference = patches @ pe.proj.weight.reshape(8, -1).T + pe.proj.bias  # x_p W_E + b
     assert torch.allclose(z, reference, atol=1e-4)
     vit = ViT(vit_config(image_size=224, patch_size=16, in_channels=3, d_model=16, n_layer=1, n_head=2))
-    out = vit(x[:1], need_weights=True)
-    assert out.attentions[0]["self"].shape == (1, 2, 197, 197)  # 196 patches + [CLS]
+    _, maps = with_patterns(vit, x[:1])
+    assert maps[0].shape == (1, 2, 197, 197)  # 196 patches + [CLS]
 
 
 @pytest.mark.parametrize("images, message", [
@@ -77,10 +81,10 @@ def test_bad_images_give_one_clear_error(images, message):
 def test_vit_config_rules():
     with pytest.raises(ConfigError, match=r"does not divide model\.image_size=28"):
         vit_config(image_size=28, patch_size=5)
-    with pytest.raises(ConfigError, match="learned patch-grid positions"):
+    with pytest.raises(ConfigError, match=r"'model\.positions' must be one of learned, none; got 'rope'"):
         vit_config(positions="rope")
     with pytest.raises(ConfigError, match="n_classes must be set"):
-        ViT(ModelConfig(family="vit", image_size=8, patch_size=2))
+        ViT(ViTConfig(image_size=8, patch_size=2))
 
 
 # ------------------------------------------------------------------------------------------ ViT
@@ -93,7 +97,7 @@ def test_position_grid_interpolation():
     assert torch.allclose(interpolate_grid(const, (4, 4), (6, 6)), torch.ones(36, 1) * torch.arange(5.0), atol=1e-5)
     torch.manual_seed(0)
     vit = ViT(vit_config())  # learned on 8x8 = a 4x4 grid
-    assert vit(torch.randn(2, 1, 12, 12), need_weights=True).attentions[0]["self"].shape == (2, 4, 37, 37)
+    assert with_patterns(vit, torch.randn(2, 1, 12, 12))[1][0].shape == (2, 4, 37, 37)
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
@@ -119,13 +123,13 @@ def test_cnn_matches_the_vit_parameter_count_and_round_trips(tmp_path):
     cfg = match_width(vit_cfg)
     cnn = CNN(cfg)
     assert cfg.family == "cnn" and abs(cnn.num_parameters() - target) / target < 0.1
-    wider = CNN(ModelConfig(**{**cfg.__dict__, "cnn_width": cfg.cnn_width + 1}))
-    narrower = CNN(ModelConfig(**{**cfg.__dict__, "cnn_width": cfg.cnn_width - 1}))
+    wider = CNN(dataclasses.replace(cfg, cnn_width=cfg.cnn_width + 1))
+    narrower = CNN(dataclasses.replace(cfg, cnn_width=cfg.cnn_width - 1))
     assert narrower.num_parameters() < target < wider.num_parameters()  # the closest width was picked
     x = torch.randn(4, 1, 28, 28)
     out = cnn(x, torch.tensor([0, 1, 2, 0]))
     out.loss.backward()
-    assert out.logits.shape == (4, 3) and out.attentions is None
+    assert out.logits.shape == (4, 3)
     cnn.eval()
     cnn.save_pretrained(tmp_path)  # BatchNorm running statistics travel with the weights
     assert torch.equal(from_pretrained(tmp_path)(x).logits, cnn(x).logits)

@@ -20,6 +20,7 @@ from attnlab.training.tasks.images import load_labels
 from attnlab.web.model_adapter import MAX_IMAGE_SIDE, MAX_UPLOAD_BYTES
 from attnlab.web.server import IMAGE_MAX_BODY_BYTES, create_app
 
+from .helpers import with_patterns
 from .web_helpers import train_tiny_bert, train_tiny_vit
 
 
@@ -80,8 +81,8 @@ def test_bert_maps_are_the_models_bidirectional_probabilities(bert, bert_run):
     assert data["tokens"] == ["[CLS]", "the", "quick", "brown", "fox", "[SEP]"] and data["masked"] == []
     probs = torch.tensor(data["layers"])  # (L, H, T, T)
     with torch.no_grad():
-        out = model(torch.tensor([ids]), need_weights=True)
-    reference = torch.stack([a["self"][0] for a in out.attentions])
+        _, maps = with_patterns(model, torch.tensor([ids]))
+    reference = torch.stack([m[0] for m in maps])
     assert probs.shape == (2, 2, 6, 6) and data["layer_index"] == [0, 1]
     assert torch.allclose(probs, reference, atol=1e-5)
     assert torch.allclose(probs.sum(-1), torch.ones(2, 2, 6), atol=1e-4)

@@ -27,6 +27,7 @@ from attnlab.web.server import (
     host_warning,
 )
 
+from .helpers import with_patterns
 from .web_helpers import train_tiny_run
 
 
@@ -70,8 +71,8 @@ def test_attention_maps_match_the_model_and_are_causal(client, run_dir):
     L, H, T = model.config.n_layer, model.config.n_head, len(text)
     assert probs.shape == (L, H, T, T) and data["layer_index"] == list(range(L))
     with torch.no_grad():
-        out = model(torch.tensor([tok.encode(text)]), need_weights=True)
-    reference = torch.stack([a["self"][0] for a in out.attentions])  # (L, H, T, T)
+        _, maps = with_patterns(model, torch.tensor([tok.encode(text)]))
+    reference = torch.stack([m[0] for m in maps])  # (L, H, T, T)
     assert torch.allclose(probs, reference, atol=1e-5)  # rounded to 5 decimals, nothing else
     assert torch.allclose(probs.sum(-1), torch.ones(L, H, T), atol=1e-4)  # each row is a distribution
     assert probs.triu(diagonal=1).abs().max() == 0  # causal: no query sees a later key
@@ -92,8 +93,8 @@ def test_the_maps_agree_with_the_other_backends(client, run_dir, backend):
     other = GPT(dataclasses.replace(model.config, attn_backend=backend)).eval()
     other.load_state_dict(model.state_dict())
     with torch.no_grad():
-        out = other(torch.tensor([tok.encode(text)]), need_weights=True)
-    assert torch.allclose(served, torch.stack([a["self"][0] for a in out.attentions]), atol=1e-5)
+        _, maps = with_patterns(other, torch.tensor([tok.encode(text)]))
+    assert torch.allclose(served, torch.stack([m[0] for m in maps]), atol=1e-5)
 
 
 def test_next_token_top10_is_the_softmax_of_the_last_logits(client, run_dir):

@@ -169,7 +169,7 @@ class _Stepper:
             logits = self.model.decode_step(tokens, self.state)
         else:
             self.prefix = tokens if self.prefix is None else torch.cat([self.prefix, tokens], dim=1)
-            logits = self.model.decode(self.prefix, self.memory, self.memory_mask)[0][:, -1]
+            logits = self.model.decode(self.prefix, self.memory, self.memory_mask)[:, -1]
         return torch.log_softmax(logits.float(), dim=-1)  # (N, V)
 
     def reorder(self, index: Tensor) -> None:
@@ -194,7 +194,7 @@ def greedy_decode(
     """
     model.eval()
     B = src_ids.size(0)
-    memory, _ = model.encode(src_ids, src_mask)  # (B, S, C)
+    memory = model.encode(src_ids, src_mask)  # (B, S, C)
     stepper = _Stepper(model, memory, src_mask, max_len, use_cache)
     tokens = torch.full((B, 1), bos_id, dtype=torch.long, device=src_ids.device)
     out: list[list[int]] = [[] for _ in range(B)]
@@ -236,7 +236,7 @@ def beam_search(
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     model.eval()
     B, K, device = src_ids.size(0), beam_size, src_ids.device
-    memory, _ = model.encode(src_ids, src_mask)  # (B, S, C)
+    memory = model.encode(src_ids, src_mask)  # (B, S, C)
     memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, C): row b*K + k is beam k of source b
     mask = src_mask.repeat_interleave(K, dim=0) if src_mask is not None else None
     stepper = _Stepper(model, memory, mask, max_len, use_cache)

@@ -17,15 +17,21 @@ from attnlab.nn.blocks import (
     upgrade_key,
 )
 from attnlab.nn.ffn import FeedForward, default_d_ff
+from attnlab.nn.hooks import capture, hook_points, hooks
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.norms import LayerNorm, RMSNorm, build_norm
 from attnlab.nn.positions import build_positions
 
 
-def call(block, x, **kw):
-    """One block call the way a model makes it: (output, the attention maps it reported or None)."""
+def call(block, x, need_weights=False, **kw):
+    """One block call the way a model makes it: (output, {"self": probs, "cross": probs} read from the
+    hook points when ``need_weights``, else None)."""
     ctx = BlockContext(**kw)
-    return block(x, ctx), (ctx.attentions or None)
+    if not need_weights:
+        return block(x, ctx), None
+    with capture(block, "*hook_pattern") as seen:
+        y = block(x, ctx)
+    return y, {("cross" if name.startswith("cross_attn") else "self"): p for name, p in seen.items()}
 
 
 # ------------------------------------------------------------------------------------- norms
@@ -246,7 +252,7 @@ def test_memory_is_ignored_without_cross_attention():
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
-def test_need_weights_returns_self_and_cross(backend):
+def test_the_hook_points_give_self_and_cross_patterns(backend):
     torch.manual_seed(0)
     block = attention_block(32, 4, cross_attention=True, backend=backend).eval()
     x, mem = torch.randn(2, 5, 32), torch.randn(2, 3, 32)
@@ -255,8 +261,7 @@ def test_need_weights_returns_self_and_cross(backend):
     assert w["self"].shape == (2, 4, 5, 5) and w["cross"].shape == (2, 4, 5, 3)
     assert (w["self"][..., ~causal_mask(5)] == 0).all()
     assert torch.allclose(w["cross"].sum(-1), torch.ones(2, 4, 5), atol=1e-6)
-    y_plain, none = call(block, x, memory=mem, is_causal=True)
-    assert none is None
+    y_plain, _ = call(block, x, memory=mem, is_causal=True)
     assert torch.allclose(y, y_plain, atol=1e-5)
     plain = attention_block(32, 4).eval()
     _, w2 = call(plain, x, need_weights=True)
@@ -397,3 +402,27 @@ def test_checkpoints_of_the_universal_block_still_load():
     assert upgrade_key("blocks.3.ssm.A_log") == "blocks.3.mixer.A_log"
     assert upgrade_key("decoder.blocks.0.norm_self.weight") == "decoder.blocks.0.norm_mixer.weight"
     assert upgrade_key("blocks.0.cross_attn.q_proj.weight") == "blocks.0.cross_attn.q_proj.weight"
+
+
+def test_block_hook_points_read_the_stream_and_write_it():
+    torch.manual_seed(0)
+    block = attention_block(16, 2, cross_attention=True).double().eval()
+    assert list(hook_points(block)) == ["mixer.hook_pattern", "mixer.hook_z", "cross_attn.hook_pattern",
+                                        "cross_attn.hook_z", "hook_resid_pre", "hook_resid_post", "hook_mixer_out",
+                                        "hook_ffn_out", "hook_cross_out"]
+    x, mem = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 3, 16, dtype=torch.float64)
+    ctx = BlockContext(is_causal=True, memory=mem)
+    with capture(block, "hook_*") as seen:
+        y = block(x, ctx)
+    assert torch.equal(seen["hook_resid_pre"], x) and torch.equal(seen["hook_resid_post"], y)
+    torch.testing.assert_close(x + seen["hook_mixer_out"] + seen["hook_cross_out"] + seen["hook_ffn_out"], y)
+    # writing: an ablated feed-forward leaves x + mixer + cross-attention
+    with hooks(block, {"hook_ffn_out": lambda t, name: torch.zeros_like(t)}):
+        ablated = block(x, ctx)
+    torch.testing.assert_close(ablated, x + seen["hook_mixer_out"] + seen["hook_cross_out"])
+    # the head outputs: zeroing every head of the mixer removes its contribution but its bias
+    with hooks(block, {"mixer.hook_z": lambda z, name: torch.zeros_like(z)}), capture(block, "hook_mixer_out") as s:
+        block(x, ctx)
+    torch.testing.assert_close(s["hook_mixer_out"], block.mixer.out_proj.bias.expand(2, 5, 16))
+    with pytest.raises(KeyError, match="no hook point matches 'nope'"), capture(block, "nope"):
+        pass

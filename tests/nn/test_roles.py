@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from attnlab.models import ModelConfig, build_model
+from attnlab.models import GPTConfig, build_model
 from attnlab.nn import roles
 from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.attention.latent import MultiHeadLatentAttention
 from attnlab.nn.ffn import FeedForward
-from attnlab.nn.latent_attention import MultiHeadLatentAttention
 from attnlab.nn.moe import MoEFeedForward
 from attnlab.nn.ssm import SelectiveSSM
 
@@ -27,7 +27,7 @@ WRITERS = {MultiHeadAttention: "out_proj", MultiHeadLatentAttention: "w_o", Sele
 
 def _gpt(mixer: str, ffn: str, residual: str, n_layer: int = 4, d_model: int = 256):
     positions = "none" if mixer in ("latent", "ssm", "hybrid") else "learned"
-    cfg = ModelConfig(family="gpt", vocab_size=50, block_size=16, n_layer=n_layer, n_head=4, d_model=d_model,
+    cfg = GPTConfig(family="gpt", vocab_size=50, block_size=16, n_layer=n_layer, n_head=4, d_model=d_model,
                       mixer=mixer, positions=positions, residual=residual, residual_streams=2,
                       moe_experts=4 if ffn == "moe" else 0, moe_top_k=1)
     torch.manual_seed(0)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from attnlab.nn.attention import causal_mask, scaled_dot_product_attention, sdpa_attention
-from attnlab.nn.tiled import tiled_attention
+from attnlab.nn.attention.tiled import tiled_attention
 
 MiB, GiB = 2**20, 2**30
 IMPLS = ("eager", "sdpa", "tiled")

@@ -63,6 +63,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
+        if chooses_subclass(tp):
+            return tp.from_mapping(value, prefix=f"{key}.")
         if not isinstance(value, Mapping):
             raise ConfigError(f"'{key}' must be a mapping of {tp.__name__} fields, got {value!r}")
         return from_dict(tp, value, prefix=f"{key}.")
@@ -106,8 +108,23 @@ def field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def from_dict(cls: type[C], data: Mapping[str, Any], prefix: str = "") -> C:
-    """Build ``cls`` from ``data``, rejecting unknown keys and wrong types; then ``validate()``."""
+def chooses_subclass(cls: type) -> bool:
+    """A base class whose subclass the data chooses: it defines ``from_mapping(data, prefix)`` and
+    ``option_names()`` itself (``ModelConfig``: the ``family`` key picks the family's config)."""
+    return "from_mapping" in vars(cls)
+
+
+def option_names(cls: type) -> set[str]:
+    """The keys a section of type ``cls`` may hold: its fields, or for a base class whose subclass the
+    data chooses (``from_mapping``), every subclass's (``option_names()``)."""
+    return set(cls.option_names()) if chooses_subclass(cls) else set(field_types(cls))
+
+
+def from_dict(cls: type[C], data: Mapping[str, Any], prefix: str = "", check: bool = True) -> C:
+    """Build ``cls`` from ``data``, rejecting unknown keys and wrong types; then ``validate()``
+    (unless ``check`` is False: the caller validates)."""
+    if chooses_subclass(cls):
+        return cls.from_mapping(data, prefix=prefix or "model.")
     if not isinstance(data, Mapping):
         raise ConfigError(f"config{' ' + prefix.rstrip('.') if prefix else ''} must be a mapping")
     fields = field_types(cls)
@@ -118,7 +135,7 @@ def from_dict(cls: type[C], data: Mapping[str, Any], prefix: str = "") -> C:
         kwargs[key] = coerce(value, fields[key], prefix + key)
     obj = cls(**kwargs)
     validate = getattr(obj, "validate", None)
-    if validate is not None:
+    if check and validate is not None:
         validate()
     return obj
 
@@ -175,12 +192,12 @@ def apply_overrides(cls: type, data: dict[str, Any], overrides: list[str]) -> di
         key, value = parse_override(text)
         path = key.split(".")
         if len(path) == 1 and key not in top:
-            owners = [s for s, t in sections.items() if key in field_types(t)]
+            owners = [s for s, t in sections.items() if key in option_names(t)]
             if len(owners) > 1:
                 raise ConfigError(f"override '{key}' is ambiguous; write one of {[f'{o}.{key}' for o in owners]}")
             if not owners:
-                every = list(top) + [f"{s}.{f}" for s, t in sections.items() for f in field_types(t)]
-                every += [f for t in sections.values() for f in field_types(t)]
+                every = list(top) + [f"{s}.{f}" for s, t in sections.items() for f in option_names(t)]
+                every += [f for t in sections.values() for f in option_names(t)]
                 raise ConfigError(f"unknown config key '{key}'{did_you_mean(key, every)}")
             path = [owners[0], key]
         if len(path) > 2 or (len(path) == 2 and path[0] not in sections):

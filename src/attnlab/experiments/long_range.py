@@ -57,7 +57,7 @@ def build(model: str, k: int) -> nn.Module:
 def last_logits(net: nn.Module, x: Tensor) -> Tensor:
     """Logits at the last (RECALL) position from input vectors x (B, T, C)."""
     if isinstance(net, TinyEncoder):
-        return net.head(net.encode(x)[0][:, -1])
+        return net.head(net.encode(x)[:, -1])
     return net.head(net.encode(x)[:, -1])
 
 

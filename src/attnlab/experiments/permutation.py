@@ -54,12 +54,12 @@ def equivariance_errors(seed: int = 0, B: int = 4, T: int = 32, C: int = 64) -> 
             layers[backend] = relative_error(mha(x[:, perm])[0], mha(x)[0][:, perm])
             torch.manual_seed(seed)
             enc = TinyEncoder(16, 2, d_model=C, positions="none", pooling="none", backend=backend)
-            stacks[backend] = relative_error(enc.features(idx[:, perm])[0], enc.features(idx)[0][:, perm])
+            stacks[backend] = relative_error(enc.features(idx[:, perm]), enc.features(idx)[:, perm])
         schemes = {}
         for scheme in SCHEMES:
             torch.manual_seed(seed)
             enc = TinyEncoder(16, 2, d_model=C, positions=scheme, pooling="none")
-            schemes[scheme] = relative_error(enc.features(idx[:, perm])[0], enc.features(idx)[0][:, perm])
+            schemes[scheme] = relative_error(enc.features(idx[:, perm]), enc.features(idx)[:, perm])
     return {"attention_layer": layers, "encoder_stack": stacks, "encoder_by_positions": schemes}
 
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from attnlab.core import runtime
 from attnlab.core.errors import DataError
 from attnlab.experiments.base import pyplot, save_figure, write_outputs
-from attnlab.models.config import ModelConfig
+from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
 from attnlab.training.loop import fit, train_step
 
@@ -59,7 +59,7 @@ def train_size(data: dict[str, torch.Tensor], vocab: int, n_layer: int, d_model:
                batch: int, T: int, lr: float, bf16: bool, seed: int = 0) -> dict[str, Any]:
     """Train one size with constant lr (linear warmup 20 steps); val loss at each step in ``eval_steps``."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab, block_size=T, n_layer=n_layer, n_head=2, d_model=d_model)
+    cfg = GPTConfig(vocab_size=vocab, block_size=T, n_layer=n_layer, n_head=2, d_model=d_model)
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed + 1)
@@ -236,7 +236,7 @@ def time_bf16(data: dict[str, torch.Tensor], vocab: int, T: int, batch: int, d_m
     timing: dict[str, Any] = {"d_model": d_model}
     for label, bf16 in (("fp32", False), ("bf16", True)):
         torch.manual_seed(0)
-        model = GPT(ModelConfig(vocab_size=vocab, block_size=T, n_layer=2, n_head=2, d_model=d_model))
+        model = GPT(GPTConfig(vocab_size=vocab, block_size=T, n_layer=2, n_head=2, d_model=d_model))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         x = data["train"][: batch * T].view(batch, T)
         times = []

@@ -18,7 +18,7 @@ agreement grammars H(S) = H(d) + E[d] (ln 8 + ln 3) and E[L] = 2 E[d] + 1.
 
 The GPT is evaluated on windows that start at a sentence boundary; its mean validation loss is compared
 with the mean true -ln p(x_t | x_<t) over exactly the same targets (the floor no model can beat in
-expectation) and with the analytic rate. Heads are inspected with ``GPT.forward(need_weights=True)``:
+expectation) and with the analytic rate. Heads are inspected through the hook points ``blocks.{i}.mixer.hook_pattern``:
 for every verb, the attention weight on the noun it agrees with.
 """
 
@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.experiments.base import pyplot, save_figure, write_outputs
-from attnlab.models.config import ModelConfig
+from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
+from attnlab.nn.hooks import capture
 from attnlab.training.loop import fit
 
 NAME = "structure-discovery"
@@ -143,7 +144,7 @@ def windows(data: dict[str, Tensor], batch: int, T: int, generator: torch.Genera
 
 def train_gpt(grammar: str, steps: int, T: int, n_tokens: int, seed: int = 0) -> tuple[GPT, dict[str, Any]]:
     train = stream(grammar, n_tokens, seed=seed + 1)
-    cfg = ModelConfig(vocab_size=len(vocabulary(grammar)), block_size=T, n_layer=2, n_head=4, d_model=64,
+    cfg = GPTConfig(vocab_size=len(vocabulary(grammar)), block_size=T, n_layer=2, n_head=4, d_model=64,
                       positions="learned", attn_backend="sdpa", dropout=0.0)
     torch.manual_seed(seed)
     model = GPT(cfg)
@@ -161,7 +162,9 @@ def evaluate(model: GPT, grammar: str, T: int, n_windows: int) -> dict[str, Any]
     val = stream(grammar, 60_000, seed=1000)
     x, y, floor_nll, begin = windows(val, n_windows, T, torch.Generator().manual_seed(5))
     model.eval()
-    out = model(x, targets=y, need_weights=True)
+    with capture(model, "blocks.*.mixer.hook_pattern") as seen:
+        out = model(x, targets=y)
+    maps = list(seen.values())  # per layer (B, H, T, T)
     model_nll = F.cross_entropy(out.logits.reshape(-1, out.logits.size(-1)), y.reshape(-1), reduction="none")
     result = {"val_loss": out.loss.item(), "floor_same_targets": floor_nll.mean().item(),
               "entropy_rate": entropy_rate(grammar), "n_targets": y.numel()}
@@ -174,16 +177,14 @@ def evaluate(model: GPT, grammar: str, T: int, n_windows: int) -> dict[str, Any]
         b, t = (agree >= 0).nonzero(as_tuple=True)
         key = agree[b, t] - begin[b]  # input position of the noun
         heads = {}
-        for layer, maps in enumerate(out.attentions):
-            probs = maps["self"]  # (B, H, T, T)
+        for layer, probs in enumerate(maps):
             for h in range(probs.size(1)):
                 heads[f"layer {layer} head {h}"] = probs[b, h, t, key].mean().item()
         best = max(heads, key=heads.get)
         result.update(head_weight_on_agreeing_noun=heads, best_head=best,
                       excess_nll_on_verbs=(model_nll.view_as(y)[b, t] - floor_nll[b, t]).mean().item())
         result["example"] = {"tokens": [vocabulary(grammar)[i] for i in x[0, :24].tolist()],
-                             "best_head_map": out.attentions[int(best.split()[1])]["self"][0, int(best.split()[3]),
-                                                                                            :24, :24].tolist()}
+                             "best_head_map": maps[int(best.split()[1])][0, int(best.split()[3]), :24, :24].tolist()}
     return result
 
 

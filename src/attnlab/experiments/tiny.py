@@ -43,14 +43,12 @@ class TinyEncoder(nn.Module):
         self.head = nn.Linear(d_model, n_out)
         self.pooling, self.causal = pooling, causal
 
-    def features(self, idx: Tensor, need_weights: bool = False,
-                 positions: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
-        """idx (B, T) -> final normalised states (B, T, C), and per layer the probabilities (B, H, T, T)."""
-        return self.encode(self.tok_emb(idx) * self.emb_scale, need_weights, positions)
+    def features(self, idx: Tensor, positions: Tensor | None = None) -> Tensor:
+        """idx (B, T) -> final normalised states (B, T, C). (Attention maps: ``blocks.{i}.mixer.hook_pattern``.)"""
+        return self.encode(self.tok_emb(idx) * self.emb_scale, positions)
 
-    def encode(self, x: Tensor, need_weights: bool = False,
-               positions: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
-        """Token embeddings x (B, T, C) -> final normalised states (B, T, C) and attention maps.
+    def encode(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Token embeddings x (B, T, C) -> final normalised states (B, T, C).
 
         ``positions`` (T,) are the position ids fed to the scheme (default 0..T-1); increasing but
         gapped ids give randomized positional encodings (Ruoss et al. 2023).
@@ -60,17 +58,13 @@ class TinyEncoder(nn.Module):
         if pe is not None:
             x = x + pe
         rotary, bias = self.positions.rotary(pos), self.positions.attn_bias(pos, pos)
-        maps = []
         for block in self.blocks:
-            ctx = BlockContext(bias=bias, rotary=rotary, is_causal=self.causal, need_weights=need_weights)
-            x = block(x, ctx)  # (B, T, C)
-            if need_weights:
-                maps.append(ctx.attentions["self"])
-        return self.norm(x), maps  # (B, T, C)
+            x = block(x, BlockContext(bias=bias, rotary=rotary, is_causal=self.causal))  # (B, T, C)
+        return self.norm(x)  # (B, T, C)
 
     def forward(self, idx: Tensor, positions: Tensor | None = None) -> Tensor:
         """(B, T) -> logits (B, n_out) with mean pooling, else (B, T, n_out)."""
-        h, _ = self.features(idx, positions=positions)
+        h = self.features(idx, positions=positions)
         if self.pooling == "mean":
             h = h.mean(dim=1)  # (B, C): a permutation-invariant summary
         return self.head(h)

@@ -20,6 +20,7 @@ import torch
 
 from attnlab.core import runtime
 from attnlab.experiments.base import write_outputs
+from attnlab.models import ViTConfig
 from attnlab.models.config import ModelConfig
 from attnlab.training.loop import fit
 
@@ -47,7 +48,7 @@ def model_configs(settings: dict[str, Any], n_classes: int) -> tuple[ModelConfig
     """The ViT and the CNN whose width makes its parameter count closest to the ViT's."""
     from attnlab.models.cnn import match_width
 
-    vit = ModelConfig(family="vit", in_channels=1, n_classes=n_classes, attn_backend="sdpa", **settings["vit"])
+    vit = ViTConfig(in_channels=1, n_classes=n_classes, attn_backend="sdpa", **settings["vit"])
     vit.validate()
     cnn = match_width(vit, **settings["cnn"])
     cnn.validate()

@@ -121,7 +121,7 @@ def token_states(model, tok, sentences: list[str], word: str) -> tuple[Tensor, T
     wid = tok.tokenizer.token_to_id(word)
     batch = encode_texts(tok, sentences, max_len=64)
     ids = batch["input_ids"]  # (N, T)
-    h_last, _ = model.encode(ids, batch["attention_mask"], batch["token_type_ids"])  # (N, T, C)
+    h_last = model.encode(ids, batch["attention_mask"], batch["token_type_ids"])  # (N, T, C)
     h_0 = model.embeddings(ids, batch["token_type_ids"])  # (N, T, C)
     pos = [(row == wid).nonzero()[0, 0].item() for row in ids]
     rows = torch.arange(len(sentences))

@@ -39,7 +39,8 @@ from attnlab.nn.attention import ScoresHooks, causal_mask, combine_masks, scaled
 from attnlab.nn.blocks import Block
 
 WHAT: tuple[str, ...] = ("probs", "scores", "residual", "sublayers")
-SUBLAYERS: tuple[str, ...] = ("mixer", "cross_attn", "ffn")
+# sub-layer -> the block's hook point of what it adds to the stream (nn/hooks.py)
+SUBLAYERS: dict[str, str] = {"mixer": "hook_mixer_out", "cross_attn": "hook_cross_out", "ffn": "hook_ffn_out"}
 
 
 @dataclass
@@ -191,24 +192,18 @@ def record(
                     rec.scores[name] = store(scores)
 
             handles.append(module.register_scores_hook(on_scores))
-        elif isinstance(module, Block) and wanted(name, by_pattern=False):
+        elif isinstance(module, Block) and wanted(name, by_pattern=False):  # the block's hook points
+            points = []
             if "residual" in what:
-                def on_block(mod, args, kwargs, output, name=name):
-                    x = args[0] if args else kwargs["x"]
-                    rec.residual_in[name] = store(x)
-                    rec.residual[name] = store(output)
-
-                handles.append(module.register_forward_hook(on_block, with_kwargs=True))
+                points += [(module.hook_resid_pre, rec.residual_in, name), (module.hook_resid_post, rec.residual, name)]
             if "sublayers" in what:
-                for child in SUBLAYERS:
-                    sub = getattr(module, child, None)
-                    if sub is None:
-                        continue
+                points += [(getattr(module, point), rec.sublayers, f"{name}.{child}")
+                           for child, point in SUBLAYERS.items() if hasattr(module, point)]
+            for point, into, key in points:
+                def on_point(mod, args, output, into=into, key=key):
+                    into[key] = store(output)
 
-                    def on_sublayer(mod, args, output, key=f"{name}.{child}"):
-                        rec.sublayers[key] = store(output[0] if isinstance(output, tuple) else output)
-
-                    handles.append(sub.register_forward_hook(on_sublayer))
+                handles.append(point.register_forward_hook(on_point))
     if not handles:
         raise ValueError(f"nothing to record: no attention module matches layers={keep_layers} modules={patterns}")
     try:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from attnlab.core.errors import ConfigError
 from attnlab.inspect.rollout import attention_rollout
+from attnlab.nn.hooks import capture
 
 
 @dataclass
@@ -42,8 +43,9 @@ def saliency_maps(model: torch.nn.Module, images: Tensor, head_fusion: str = "me
         raise ConfigError(f"attention saliency needs a vit; this model is a {model.config.family}")
     model.eval()
     gh, gw = model.patch_emb.grid(images)
-    out = model(images[:1], need_weights=True)
-    probs = [layer["self"] for layer in out.attentions]  # L x (1, H, T, T)
+    with capture(model, "blocks.*.mixer.hook_pattern") as seen:
+        out = model(images[:1])
+    probs = list(seen.values())  # L x (1, H, T, T), in layer order
     rollout = _query_row(attention_rollout(probs, head_fusion=head_fusion)[0], model.config.pooling)  # (N,)
     per_head = _query_row(torch.stack([p[0] for p in probs]), model.config.pooling)  # (L, H, N)
     return SaliencyMaps(rollout=rollout.reshape(gh, gw), per_head=per_head.reshape(*per_head.shape[:2], gh, gw),

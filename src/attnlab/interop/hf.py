@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_path, atomic_write_text
+from attnlab.models import BertConfig, GPTConfig
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
 
@@ -57,7 +58,7 @@ def _names(n_layer: int) -> list[tuple[str, str]]:
 def check_gpt2_compatible(config: ModelConfig) -> None:
     """Raise CheckpointError unless the GPT has exactly GPT-2's architecture."""
     wanted = dict(positions="learned", norm="layernorm", norm_position="pre", activation="gelu", bias=True,
-                  tie_embeddings=True, mixer="attention", residual="standard", moe_experts=0)
+                  tie_embeddings=True, mixer="attention", residual="standard", moe_experts=0)  # GPTConfig's
     wrong = [f"{k}={getattr(config, k)!r} (GPT-2 needs {v!r})" for k, v in wanted.items() if getattr(config, k) != v]
     if config.n_kv_head not in (None, config.n_head):
         wrong.append(f"n_kv_head={config.n_kv_head} (GPT-2 has full multi-head attention)")
@@ -115,7 +116,7 @@ def load_gpt2(directory: str | Path) -> GPT:
                               "uses exact GELU, so the logits would differ")
     if cfg.get("n_inner") not in (None, 4 * cfg["n_embd"]):
         raise CheckpointError(f"{directory / 'config.json'}: n_inner={cfg['n_inner']} is not 4 * n_embd")
-    config = ModelConfig(vocab_size=cfg["vocab_size"], block_size=cfg["n_positions"], n_layer=cfg["n_layer"],
+    config = GPTConfig(vocab_size=cfg["vocab_size"], block_size=cfg["n_positions"], n_layer=cfg["n_layer"],
                          n_head=cfg["n_head"], d_model=cfg["n_embd"], norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
                          bias=True, activation="gelu", positions="learned", dropout=0.0)
     config.validate()
@@ -188,8 +189,7 @@ def _hf_bert_key(name: str) -> str:
 
 def check_bert_compatible(config: ModelConfig) -> None:
     """Raise CheckpointError unless the model has exactly BERT's architecture."""
-    wanted = dict(family="bert", positions="learned", norm="layernorm", norm_position="post", bias=True,
-                  mixer="attention", residual="standard", moe_experts=0)
+    wanted = dict(family="bert", positions="learned", norm="layernorm", norm_position="post", bias=True)
     wrong = [f"{k}={getattr(config, k)!r} (BERT needs {v!r})" for k, v in wanted.items() if getattr(config, k) != v]
     if config.activation not in ("gelu", "relu"):
         wrong.append(f"activation={config.activation!r} (BERT uses gelu or relu)")
@@ -287,8 +287,8 @@ def hf_bert_model_config(cfg: dict, where: Path) -> ModelConfig:
     if cfg.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError(f"{where}: position_embedding_type {cfg['position_embedding_type']!r} is not absolute")
     try:
-        config = ModelConfig(
-            family="bert", vocab_size=cfg["vocab_size"], block_size=cfg.get("max_position_embeddings", 512),
+        config = BertConfig(
+            vocab_size=cfg["vocab_size"], block_size=cfg.get("max_position_embeddings", 512),
             n_layer=cfg["num_hidden_layers"], n_head=cfg["num_attention_heads"], d_model=cfg["hidden_size"],
             d_ff=cfg.get("intermediate_size"), activation=BERT_ACTIVATIONS[act], norm="layernorm",
             norm_position="post", norm_eps=cfg.get("layer_norm_eps", 1e-12), positions="learned", dropout=0.0,

@@ -1,6 +1,17 @@
-"""Model families composed from ``attnlab.nn`` blocks, one validated ``ModelConfig`` for all."""
+"""Model families composed from ``attnlab.nn`` blocks, each with its own config class.
 
+Importing this package defines every family's config (``models/<family>/config.py``), which is how
+``ModelConfig.from_mapping`` finds the class of a ``family`` name.
+"""
+
+from attnlab.models.bert import BertConfig
+from attnlab.models.cnn import CNNConfig
 from attnlab.models.config import ModelConfig
+from attnlab.models.encoder import EncoderConfig
+from attnlab.models.gpt import GPTConfig
 from attnlab.models.registry import build_model, from_pretrained
+from attnlab.models.seq2seq import Seq2SeqConfig
+from attnlab.models.vit import ViTConfig
 
-__all__ = ["ModelConfig", "build_model", "from_pretrained"]
+__all__ = ["BertConfig", "CNNConfig", "EncoderConfig", "GPTConfig", "ModelConfig", "Seq2SeqConfig", "ViTConfig",
+           "build_model", "from_pretrained"]

@@ -14,7 +14,6 @@ from torch import nn
 from attnlab import __version__
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_path, atomic_write_text
-from attnlab.core.schema import from_dict
 from attnlab.models.config import CONFIG_VERSION, ModelConfig
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
@@ -32,7 +31,7 @@ def read_config(path: str | Path) -> ModelConfig:
         raise CheckpointError(f"{file} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{file} must hold a JSON object")
-    version = data.pop("config_version", CONFIG_VERSION)
+    version = data.pop("config_version", 1)
     data.pop("attnlab_version", None)
     if not isinstance(version, int) or version > CONFIG_VERSION:
         raise CheckpointError(
@@ -40,7 +39,8 @@ def read_config(path: str | Path) -> ModelConfig:
             f"({CONFIG_VERSION}); upgrade attnlab"
         )
     try:
-        return from_dict(ModelConfig, data, prefix="model.")
+        # version 1: the flat schema, which wrote every family's options; what this family ignored is dropped
+        return ModelConfig.from_mapping(data, prefix="model.", legacy=version < CONFIG_VERSION)
     except ConfigError as e:
         raise CheckpointError(f"{file}: {e}") from None
 
@@ -59,10 +59,6 @@ class PretrainedModel(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
-
-    @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
-        """Rules of this family beyond ModelConfig.validate; raise ConfigError (one line)."""
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write config.json and model.safetensors (tied weights stored once) atomically."""

@@ -16,9 +16,9 @@ from torch import nn
 
 from attnlab.models.config import ModelConfig
 from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.attention.latent import MultiHeadLatentAttention
 from attnlab.nn.blocks import Block, DecoderBlock, PostNormBlock, PostNormDecoderBlock, PreNormBlock
 from attnlab.nn.ffn import FeedForward, default_d_ff
-from attnlab.nn.latent_attention import MultiHeadLatentAttention
 from attnlab.nn.moe import MoEFeedForward
 from attnlab.nn.norms import build_norm
 from attnlab.nn.ssm import SelectiveSSM

@@ -8,6 +8,8 @@ from attnlab.nn.attention import (
     padding_mask,
     scaled_dot_product_attention,
 )
+from attnlab.nn.attention.latent import LatentKVCache, MultiHeadLatentAttention
+from attnlab.nn.attention.tiled import tiled_attention
 from attnlab.nn.blocks import (
     Block,
     DecoderBlock,
@@ -17,7 +19,6 @@ from attnlab.nn.blocks import (
     attention_block,
 )
 from attnlab.nn.ffn import FeedForward
-from attnlab.nn.latent_attention import LatentKVCache, MultiHeadLatentAttention
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.moe import MoEFeedForward, MoEStats
 from attnlab.nn.norms import LayerNorm, RMSNorm
@@ -25,7 +26,6 @@ from attnlab.nn.positions import alibi_slopes, apply_rotary, build_positions, ro
 from attnlab.nn.residual import ResidualScheme, build_residual
 from attnlab.nn.selective_scan import selective_scan
 from attnlab.nn.ssm import SelectiveSSM, SSMState
-from attnlab.nn.tiled import tiled_attention
 
 __all__ = [
     "Block",

@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn.attention import Backend, KVCache, MultiHeadAttention
+from attnlab.nn.attention.latent import LatentKVCache
 from attnlab.nn.ffn import FeedForward, default_d_ff
-from attnlab.nn.latent_attention import LatentKVCache
+from attnlab.nn.hooks import HookPoint
 from attnlab.nn.mixing import BlockContext, Mixer
 from attnlab.nn.norms import build_norm
 from attnlab.nn.ssm import SSMState
@@ -72,6 +73,11 @@ class Block(nn.Module):
         self.norm_ffn = norm()
         self.dropout = dropout
         self.register_load_state_dict_pre_hook(_upgrade_state_dict)
+        # hook points (nn/hooks.py): the stream in and out, and what each sub-layer adds to it
+        self.hook_resid_pre, self.hook_resid_post = HookPoint(), HookPoint()
+        self.hook_mixer_out, self.hook_ffn_out = HookPoint(), HookPoint()
+        if cross_attn is not None:
+            self.hook_cross_out = HookPoint()
 
     @property
     def n_sublayers(self) -> int:
@@ -87,32 +93,30 @@ class Block(nn.Module):
 
     def attend(self, h: Tensor, ctx: BlockContext) -> Tensor:
         """Dropout(Mixer(h)): h (B, T, C) -> (B, T, C)."""
-        return self._drop(self.mixer.mix(h, ctx))
+        return self.hook_mixer_out(self._drop(self.mixer.mix(h, ctx)))
 
     def cross_attend(self, h: Tensor, ctx: BlockContext) -> Tensor:
         """Dropout(CrossAttn(h, memory)): h (B, T, C), memory (B, S, C_m) -> (B, T, C)."""
         assert self.cross_attn is not None
-        y, probs = self.cross_attn(h, memory=ctx.memory, mask=ctx.memory_mask, cache=ctx.cross_cache,
-                                   need_weights=ctx.need_weights)
-        if ctx.need_weights:
-            ctx.attentions["cross"] = probs
-        return self._drop(y)
+        y, _ = self.cross_attn(h, memory=ctx.memory, mask=ctx.memory_mask, cache=ctx.cross_cache)
+        return self.hook_cross_out(self._drop(y))
 
     def feed_forward(self, h: Tensor, ctx: BlockContext) -> Tensor:
         """FFN(h) (B, T, C); a mixture of experts also leaves its statistics in ``ctx.moe``."""
         y = self.ffn(h)
         if isinstance(y, tuple):  # (y, MoEStats)
             y, ctx.moe = y
-        return y
+        return self.hook_ffn_out(y)
 
 
 class PreNormBlock(Block):
     """x = x + Mixer(Norm(x));  x = x + FFN(Norm(x))."""
 
     def forward(self, x: Tensor, ctx: BlockContext) -> Tensor:
+        x = self.hook_resid_pre(x)
         x = x + self.attend(self.norm_mixer(x), ctx)
         x = x + self.feed_forward(self.norm_ffn(x), ctx)
-        return x
+        return self.hook_resid_post(x)
 
     @property
     def sublayers(self) -> list[Sublayer]:
@@ -125,9 +129,10 @@ class PostNormBlock(Block):
     """x = Norm(x + Mixer(x));  x = Norm(x + FFN(x))."""
 
     def forward(self, x: Tensor, ctx: BlockContext) -> Tensor:
+        x = self.hook_resid_pre(x)
         x = self.norm_mixer(x + self.attend(x, ctx))
         x = self.norm_ffn(x + self.feed_forward(x, ctx))
-        return x
+        return self.hook_resid_post(x)
 
 
 class DecoderBlock(Block):
@@ -138,10 +143,11 @@ class DecoderBlock(Block):
         super().__init__(mixer, ffn, norm, dropout, cross_attn=cross_attn)
 
     def forward(self, x: Tensor, ctx: BlockContext) -> Tensor:
+        x = self.hook_resid_pre(x)
         x = x + self.attend(self.norm_mixer(x), ctx)
         x = x + self.cross_attend(self.norm_cross(x), ctx)
         x = x + self.feed_forward(self.norm_ffn(x), ctx)
-        return x
+        return self.hook_resid_post(x)
 
     @property
     def sublayers(self) -> list[Sublayer]:
@@ -155,10 +161,11 @@ class PostNormDecoderBlock(DecoderBlock):
     """x = Norm(x + Mixer(x));  x = Norm(x + CrossAttn(x, memory));  x = Norm(x + FFN(x))."""
 
     def forward(self, x: Tensor, ctx: BlockContext) -> Tensor:
+        x = self.hook_resid_pre(x)
         x = self.norm_mixer(x + self.attend(x, ctx))
         x = self.norm_cross(x + self.cross_attend(x, ctx))
         x = self.norm_ffn(x + self.feed_forward(x, ctx))
-        return x
+        return self.hook_resid_post(x)
 
     @property
     def sublayers(self) -> list[Sublayer]:

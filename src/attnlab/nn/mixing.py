@@ -11,13 +11,14 @@ A transformer block (``attnlab.nn.blocks``) is composed of layers passed in, not
 
 One ``BlockContext`` travels with one block call. It carries what the mixer may need beyond h
 (masks, positional terms, the layer's cache, the encoder memory of a decoder block) and collects
-what the sub-layers report (attention probabilities when asked for, MoE statistics).
+what the sub-layers report (a mixture of experts' routing statistics). Looking inside is the hook
+points' job (``nn/hooks.py``), not the context's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -26,13 +27,13 @@ from torch import Tensor
 
 @dataclass
 class BlockContext:
-    """The inputs of one block call besides x, and what its sub-layers report back.
+    """The inputs of one block call besides x, and what its sub-layers report back (MoE statistics).
 
     mask: bool (B or 1, 1, T or 1, S), True = attend;  bias: additive (H, T, S) or a callable on (q, k);
     rotary: (cos, sin), each (T, D);  is_causal: add the causal mask (aligned to the cache's end);
     cache: this layer's decoding cache (``Mixer.new_cache``);  memory (B, S, C_m), memory_mask
-    (B, 1, 1, S) and cross_cache: the encoder side of a decoder block;  need_weights: fill
-    ``attentions`` ({"self": (B, H, T, S), "cross": ...});  moe: the MoEStats of an expert layer.
+    (B, 1, 1, S) and cross_cache: the encoder side of a decoder block;  moe: the MoEStats of an
+    expert layer, filled by the call.
     """
 
     mask: Tensor | None = None
@@ -43,8 +44,6 @@ class BlockContext:
     memory: Tensor | None = None
     memory_mask: Tensor | None = None
     cross_cache: Any = None
-    need_weights: bool = False
-    attentions: dict[str, Tensor] = field(default_factory=dict)
     moe: Any = None
 
 

@@ -9,6 +9,8 @@ from typing import Literal
 from attnlab.core.errors import ConfigError
 from attnlab.data.pairs import Seq2SeqOptions
 from attnlab.models.config import ModelConfig
+from attnlab.models.gpt.config import GPTConfig
+from attnlab.training.tasks.names import task_name
 
 
 @dataclass
@@ -165,7 +167,7 @@ class TrainConfig:
     profile_steps: int = 0  # > 0: record a torch profiler trace of this many steps (after 5 warm-up steps)
     sample_tokens: int = 300  # characters/tokens sampled at the end of training (0 = none)
     sample_prompt: str = "\n"
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=GPTConfig)
     # task options, one section per task that has any (each a dataclass validated like the rest)
     images: ImageOptions = field(default_factory=ImageOptions)
     mlm: MLMOptions = field(default_factory=MLMOptions)
@@ -196,8 +198,6 @@ class TrainConfig:
             raise ConfigError(f"'threads' must be >= 1, got {self.threads}")
         if not DEVICE_SPEC.fullmatch(self.device):
             raise ConfigError(f"'device' must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
-        from attnlab.training.tasks import task_name
-
-        task_name(self)  # an unknown task, or a family without a default, fails here
+        task_name(self.task, self.model.family)  # an unknown task, or a family without a default, fails here
         if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
             raise ConfigError(f"'name' must be a plain folder name, got {self.name!r}")

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from attnlab.core.errors import DataError
 from attnlab.data.pairs import SPECIALS, PairEncoder, load_pairs
+from attnlab.nn.hooks import capture
 from attnlab.training.tasks.base import Batch, Task, sample_rows
 
 if TYPE_CHECKING:
@@ -244,7 +245,10 @@ def plot_cross_attention(model: torch.nn.Module, encoder: PairEncoder, source: s
     out = greedy_decode(model, src, mask, encoder.bos_id, encoder.eos_id, model.config.block_size - 1)
     target = out.tokens[0]
     tgt_in = torch.tensor([[encoder.bos_id, *target]], device=device)  # the row for step t predicts y_t
-    probs = model(src, tgt_in, src_mask=mask, need_weights=True).cross_attentions[-1][0].mean(0)  # (T, S)
+    last = f"decoder.{len(model.decoder) - 1}.cross_attn.hook_pattern"
+    with capture(model, last) as seen:
+        model(src, tgt_in, src_mask=mask)
+    probs = seen[last][0].mean(0)  # (B, H, T, S) -> (T, S), the last layer's heads averaged
     tok = encoder.tokenizer
     src_labels = token_labels(tok, src[0].tolist())
     tgt_labels = [*token_labels(tok, target), "</s>"]

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.models.base import PretrainedModel
-from attnlab.models.config import ModelConfig
+from attnlab.models.gpt.config import GPTConfig
 from attnlab.models.layers import build_block
 from attnlab.nn import roles
 from attnlab.nn.blocks import LayerCache
@@ -36,25 +36,23 @@ class LMOutput:
 
     With targets: ``lm_loss`` is the mean next-token cross-entropy, ``aux_loss`` the weighted
     mixture-of-experts losses (0 without experts), and ``loss = lm_loss + aux_loss`` the objective.
-    ``attentions``: per layer, {"self": probs (B, H, T, S)} when need_weights. ``moe_stats``: the
-    MoEStats of each expert layer.
+    ``moe_stats``: the MoEStats of each expert layer. (Attention maps: the hook points, ``nn/hooks.py``.)
     """
 
     logits: Tensor
     loss: Tensor | None = None
     lm_loss: Tensor | None = None
     aux_loss: Tensor | None = None
-    attentions: list[dict[str, Tensor]] | None = None
     moe_stats: list[MoEStats] | None = None
 
 
 class GPT(PretrainedModel):
     """Decoder-only transformer LM (GPT-2 layout; positions, norms, FFN, heads set by the config)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         if config.vocab_size is None:
-            raise ValueError("ModelConfig.vocab_size must be set before building a GPT")
+            raise ValueError("GPTConfig.vocab_size must be set before building a GPT")
         self.config = c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.positions = build_positions(c.positions, c.d_model, c.n_head, c.block_size, c.rope_theta)
@@ -99,7 +97,6 @@ class GPT(PretrainedModel):
         idx: Tensor,
         targets: Tensor | None = None,
         cache: list[LayerCache] | None = None,
-        need_weights: bool = False,
         last_only: bool = False,
     ) -> LMOutput:
         """idx (B, T) token ids -> logits (B, T, V); with ``targets`` (B, T) also the loss.
@@ -122,21 +119,20 @@ class GPT(PretrainedModel):
             x = F.dropout(x, self.config.dropout, self.training)
         rotary = self.positions.rotary(pos)
         bias = self.positions.attn_bias(pos, torch.arange(start + T, device=idx.device))  # (H, T, S)
-        ctxs = [BlockContext(bias=bias, rotary=rotary, is_causal=True, cache=cache[i] if cache else None,
-                             need_weights=need_weights) for i in range(len(self.blocks))]
+        ctxs = [BlockContext(bias=bias, rotary=rotary, is_causal=True, cache=cache[i] if cache else None)
+                for i in range(len(self.blocks))]
         if self.residual is None:  # x = x + f(norm(x)), inside each block
             for block, ctx in zip(self.blocks, ctxs, strict=True):
                 x = block(x, ctx)  # (B, T, C)
         else:  # a model-level scheme drives every block's sub-layers
             x = self.residual(x, [partial(f, ctx=ctx) for block, ctx in zip(self.blocks, ctxs, strict=True)
                                   for f in block.sublayers])
-        attentions = [ctx.attentions for ctx in ctxs] if need_weights else None
         moe_stats = [ctx.moe for ctx in ctxs if ctx.moe is not None]
         x = self.norm_f(x)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
         logits = self.lm_head(x)  # (B, T, V)
-        out = LMOutput(logits=logits, attentions=attentions, moe_stats=moe_stats or None)
+        out = LMOutput(logits=logits, moe_stats=moe_stats or None)
         if targets is not None:
             out.lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
             out.aux_loss = sum(

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn.residual import ResidualScheme
+from attnlab.nn.residual.base import ResidualScheme
 
 # ---------------------------------------------------------------------------------- hyper-connections
 

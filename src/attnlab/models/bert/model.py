@@ -20,9 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.core.errors import ConfigError
 from attnlab.models.base import PretrainedModel
-from attnlab.models.config import ModelConfig
+from attnlab.models.bert.config import BertConfig
 from attnlab.models.layers import transformer_blocks
 from attnlab.nn.activations import activate
 from attnlab.nn.attention import padding_mask
@@ -55,7 +54,6 @@ class BertOutput:
     mlm_loss: Tensor | None = None
     nsp_loss: Tensor | None = None
     cls_loss: Tensor | None = None
-    attentions: list[dict[str, Tensor]] | None = None
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
@@ -69,7 +67,7 @@ def mean_pool(hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
 class BertEmbeddings(nn.Module):
     """h_0 = Dropout(LayerNorm(E[x] + P[pos] + S[seg])): (B, T) ids -> (B, T, C)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         c = config
         assert c.vocab_size is not None
@@ -94,22 +92,11 @@ class BertEmbeddings(nn.Module):
 class Bert(PretrainedModel):
     """Encoder-only transformer (BERT layout) with MLM, NSP, sequence and token classification heads."""
 
-    @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
-        bad = {k: getattr(config, k) for k in ("mixer", "residual") if getattr(config, k) not in ("attention",
-                                                                                                    "standard")}
-        if bad:
-            key, value = next(iter(bad.items()))
-            raise ConfigError(f"family bert supports attention blocks with standard residuals, got model.{key}={value}")
-        if config.moe_experts > 0:
-            raise ConfigError("family bert has dense feed-forward blocks; set model.moe_experts=0")
-        if config.activation == "swiglu":
-            raise ConfigError("family bert's MLM transform uses gelu/relu; set model.activation to gelu or relu")
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         if config.vocab_size is None:
-            raise ValueError("ModelConfig.vocab_size must be set before building a BERT")
+            raise ValueError("BertConfig.vocab_size must be set before building a BERT")
         self.config = c = config
         self.embeddings = BertEmbeddings(c)
         self.blocks = transformer_blocks(c)
@@ -132,9 +119,8 @@ class Bert(PretrainedModel):
     # -- the encoder ---------------------------------------------------------------------------
 
     def encode(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, list[dict[str, Tensor]] | None]:
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+    ) -> Tensor:
         """input_ids (B, T), attention_mask (B, T) 1 = token, 0 = padding -> h_L (B, T, C)."""
         T = input_ids.size(1)
         if self.config.positions == "learned" and input_ids.size(1) > self.config.block_size:
@@ -144,13 +130,9 @@ class Bert(PretrainedModel):
         pos = torch.arange(T, device=input_ids.device)
         rotary = self.embeddings.positions.rotary(pos)
         bias = self.embeddings.positions.attn_bias(pos, pos)
-        attentions = [] if need_weights else None
         for block in self.blocks:
-            ctx = BlockContext(mask=mask, bias=bias, rotary=rotary, need_weights=need_weights)
-            x = block(x, ctx)  # (B, T, C)
-            if attentions is not None:
-                attentions.append(ctx.attentions)
-        return self.norm_f(x), attentions  # (B, T, C)
+            x = block(x, BlockContext(mask=mask, bias=bias, rotary=rotary))  # (B, T, C)
+        return self.norm_f(x)  # (B, T, C)
 
     def mlm_head(self, h: Tensor) -> Tensor:
         """(..., C) -> (..., V): LayerNorm(act(h W_t + b_t)) E^T + b."""
@@ -174,7 +156,6 @@ class Bert(PretrainedModel):
         labels: Tensor | None = None,
         token_labels: Tensor | None = None,
         with_mlm: bool = False,
-        need_weights: bool = False,
     ) -> BertOutput:
         """Encode, then the heads the labels ask for.
 
@@ -182,11 +163,10 @@ class Bert(PretrainedModel):
         (B,): 0 = B follows A, 1 = B is random (BERT's convention); labels (B,): sequence classes;
         token_labels (B, T): per-token classes, -100 to skip. ``with_mlm``: full (B, T, V) MLM logits.
         """
-        hidden, attentions = self.encode(input_ids, attention_mask, token_type_ids, need_weights)
+        hidden = self.encode(input_ids, attention_mask, token_type_ids)
         pooled = self.pool(hidden, attention_mask)
         cls_pooled = pooled if self.config.pooling == "cls" else torch.tanh(self.pooler(hidden[:, 0]))
-        out = BertOutput(hidden_states=hidden, pooled=pooled, nsp_logits=self.nsp_head(cls_pooled),
-                         attentions=attentions)
+        out = BertOutput(hidden_states=hidden, pooled=pooled, nsp_logits=self.nsp_head(cls_pooled))
         losses: list[Tensor] = []
         if mlm_labels is not None:
             selected = mlm_labels != IGNORE_INDEX  # (B, T)
@@ -220,6 +200,6 @@ class Bert(PretrainedModel):
     @torch.no_grad()
     def embed(self, input_ids: Tensor, attention_mask: Tensor | None = None, normalize: bool = True) -> Tensor:
         """Sentence embeddings (B, C): mean of h_L over real tokens, L2-normalised (sentence-transformers)."""
-        hidden, _ = self.encode(input_ids, attention_mask)
+        hidden = self.encode(input_ids, attention_mask)
         e = mean_pool(hidden, attention_mask)
         return F.normalize(e, dim=-1) if normalize else e

@@ -36,17 +36,14 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn import roles
-from attnlab.nn.attention import (
-    Backend,
-    ScoresHooks,
-    causal_mask,
-    combine_masks,
-    scaled_dot_product_attention,
-    sdpa_attention,
-)
+from attnlab.nn.attention.kernels import Backend, sdpa_attention
+from attnlab.nn.attention.mha import ScoresHooks
+from attnlab.nn.attention.reference import attention_probs, causal_mask, combine_masks
+from attnlab.nn.hooks import HookPoint
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.positions import RotaryPositions, apply_rotary
 
@@ -171,6 +168,8 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
             self.w_qr = nn.Linear(q_latent, H * d_rope, bias=False)  # W_QR (reads c_q)
         self.w_o = nn.Linear(H * D, d_model, bias=bias)  # W_O
         roles.declare(self, "w_o.weight", roles.RESIDUAL_OUT)
+        self.hook_pattern = HookPoint()  # (B, H, T, S) attention probabilities
+        self.hook_z = HookPoint()  # (B, H, T, D) head outputs, before W_O
         self.rope = RotaryPositions(d_rope, max_len, theta=rope_theta)
 
     # ---------------------------------------------------------------------------------- helpers
@@ -190,11 +189,7 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
     def mix(self, x: Tensor, ctx: BlockContext) -> Tensor:
         """The token-mixer protocol (``nn/mixing.py``). Rotary positions are the layer's own (the
         decoupled d_rope part), so ``ctx.rotary`` is not read."""
-        y, probs = self(x, mask=ctx.mask, bias=ctx.bias, cache=ctx.cache, is_causal=ctx.is_causal,
-                        need_weights=ctx.need_weights)
-        if ctx.need_weights:
-            ctx.attentions["self"] = probs
-        return y
+        return self(x, mask=ctx.mask, bias=ctx.bias, cache=ctx.cache, is_causal=ctx.is_causal)[0]
 
     def latent_projections(self, x: Tensor, start: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The per-token quantities of x (B, T, C) at positions start .. start+T-1, before attention.
@@ -221,15 +216,18 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
         mask: Tensor | None,
         bias: Tensor | None,
         is_causal: bool,
-        need_weights: bool,
+        pattern_shape: tuple[int, ...],
     ) -> tuple[Tensor, Tensor | None]:
-        """Eager reference or fused kernel, scaled by 1/sqrt(head_dim + d_rope) whatever q's width."""
+        """Eager reference or fused kernel, scaled by 1/sqrt(head_dim + d_rope) whatever q's width.
+        The probabilities pass ``hook_pattern`` as ``pattern_shape`` (B, H, T, S)."""
         scale = 1.0 / math.sqrt(self.head_dim + self.d_rope)
         p = self.dropout if self.training else 0.0
-        if self.backend == "eager" or need_weights:
+        if self.backend == "eager" or self.hook_pattern.active:
             if is_causal:
                 mask = combine_masks(mask, causal_mask(q.size(2), k.size(2), device=q.device))
-            return scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=p)
+            probs = attention_probs(q, k, mask, bias, scale)  # (B, H, T, S), or (B, 1, H*T, S) absorbed
+            probs = self.hook_pattern(probs.view(pattern_shape)).reshape(probs.shape)
+            return (F.dropout(probs, p) if p > 0 else probs) @ v, probs.view(pattern_shape)
         return sdpa_attention(q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=p, is_causal=is_causal), None
 
     # ---------------------------------------------------------------------------------- forward
@@ -242,10 +240,10 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
         rotary: tuple[Tensor, Tensor] | None = None,
         cache: LatentKVCache | None = None,
         is_causal: bool = False,
-        need_weights: bool = False,
         absorb: bool | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, C) -> (y (B, T, C), probs (B, H, T, S) if ``need_weights`` else None).
+        """x (B, T, C) -> (y (B, T, C), probs (B, H, T, S) when this call formed them, else None: the
+        eager backend, or any backend while a hook listens on ``hook_pattern``; see ``nn/hooks.py``).
 
         ``mask`` (bool, True = attend) and ``bias`` broadcast to (B, H, T, S); ``is_causal`` adds the
         causal mask aligned to the end of the cache. ``rotary`` is accepted for drop-in use and
@@ -282,9 +280,8 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
                 mask = torch.broadcast_to(mask, (B, H, T, S)).reshape(B, 1, H * T, S)
             if bias is not None:
                 bias = torch.broadcast_to(bias, (B, H, T, S)).reshape(B, 1, H * T, S)
-            o_lat, probs = self._attend(q.reshape(B, 1, H * T, E), k, v, mask, bias, False, need_weights)
+            o_lat, probs = self._attend(q.reshape(B, 1, H * T, E), k, v, mask, bias, False, (B, H, T, S))
             o_lat = o_lat.view(B, H, T, self.d_latent)  # (B, 1, H*T, d_latent) -> (B, H, T, d_latent)
-            probs = None if probs is None else probs.view(B, H, T, S)  # (B, 1, H*T, S) -> (B, H, T, S)
             w_uv = self.w_uv.weight.view(H, D, self.d_latent)  # (H*D, d_latent) -> (H, D, d_latent)
             o = torch.einsum("bhtl,hdl->bhtd", o_lat, w_uv)  # (B, H, T, D)
         else:
@@ -293,6 +290,6 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
             q = torch.cat([q_c, q_r], dim=-1)  # (B, H, T, D + R)
             k = torch.cat([k_c, k_r.unsqueeze(1).expand(B, H, S, R)], dim=-1)  # (B, H, S, D + R)
             self._call_scores_hooks(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D + R))
-            o, probs = self._attend(q, k, v, mask, bias, is_causal, need_weights)  # (B, H, T, D)
-        y = o.transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, C)
-        return self.w_o(y), (probs if need_weights else None)
+            o, probs = self._attend(q, k, v, mask, bias, is_causal, (B, H, T, S))  # (B, H, T, D)
+        y = self.hook_z(o).transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, C)
+        return self.w_o(y), probs

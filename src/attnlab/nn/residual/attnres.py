@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn.residual import ResidualScheme
+from attnlab.nn.residual.base import ResidualScheme
 
 # ------------------------------------------------------------------------------ attention residuals
 

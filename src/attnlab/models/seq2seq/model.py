@@ -20,10 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.core.errors import ConfigError
 from attnlab.models.base import PretrainedModel
-from attnlab.models.config import ModelConfig
 from attnlab.models.layers import transformer_blocks
+from attnlab.models.seq2seq.config import Seq2SeqConfig
 from attnlab.nn import roles
 from attnlab.nn.attention import KVCache, padding_mask
 from attnlab.nn.mixing import BlockContext
@@ -34,16 +33,12 @@ from attnlab.nn.positions import build_positions
 @dataclass
 class Seq2SeqOutput:
     """logits (B, T, V); with labels the mean cross-entropy over non-padding targets (``loss``).
-
-    With need_weights: ``encoder_attentions`` per encoder layer (B, H, S, S), ``decoder_attentions``
-    (B, H, T, T) and ``cross_attentions`` (B, H, T, S) per decoder layer.
+    (Attention maps: the hook points ``encoder.{i}.mixer.hook_pattern``, ``decoder.{i}.mixer.hook_pattern``
+    and ``decoder.{i}.cross_attn.hook_pattern``; see ``nn/hooks.py``.)
     """
 
     logits: Tensor
     loss: Tensor | None = None
-    encoder_attentions: list[Tensor] | None = None
-    decoder_attentions: list[Tensor] | None = None
-    cross_attentions: list[Tensor] | None = None
 
 
 @dataclass
@@ -77,10 +72,10 @@ class DecoderState:
 class Seq2Seq(PretrainedModel):
     """Encoder-decoder transformer with a shared source/target vocabulary (one tokenizer)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__()
         if config.vocab_size is None:
-            raise ValueError("ModelConfig.vocab_size must be set before building a Seq2Seq")
+            raise ValueError("Seq2SeqConfig.vocab_size must be set before building a Seq2Seq")
         self.config = c = config
         n_dec = c.n_decoder_layer or c.n_layer
         self.src_emb = nn.Embedding(c.vocab_size, c.d_model)
@@ -102,17 +97,6 @@ class Seq2Seq(PretrainedModel):
         for _, p in roles.with_role(self, roles.RESIDUAL_OUT):
             nn.init.normal_(p, mean=0.0, std=c.init_std / math.sqrt(n_sublayers))
 
-    @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
-        if config.mixer != "attention":
-            raise ConfigError(f"family seq2seq supports mixer=attention only, got mixer={config.mixer}")
-        if config.residual != "standard":
-            raise ConfigError(f"family seq2seq supports residual=standard only, got residual={config.residual}")
-        if config.moe_experts > 0:
-            raise ConfigError("family seq2seq has no mixture-of-experts layers; set model.moe_experts=0")
-        if config.positions in ("alibi", "relative"):
-            raise ConfigError(f"family seq2seq supports positions learned, sinusoidal, rope or none "
-                              f"(not {config.positions})")
 
     # -- the two stacks --------------------------------------------------------------------------
 
@@ -130,18 +114,13 @@ class Seq2Seq(PretrainedModel):
             x = F.dropout(x, self.config.dropout, self.training)
         return x, positions.rotary(pos)
 
-    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None,
-               need_weights: bool = False) -> tuple[Tensor, list[Tensor] | None]:
-        """src_ids (B, S), src_mask (B, S) True at real tokens -> memory (B, S, C) (+ self-attention probs)."""
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """src_ids (B, S), src_mask (B, S) True at real tokens -> memory (B, S, C)."""
         x, rotary = self._embed(self.src_emb, self.enc_positions, src_ids)
         mask = padding_mask(src_mask) if src_mask is not None else None  # (B, 1, 1, S)
-        probs: list[Tensor] | None = [] if need_weights else None
         for block in self.encoder:
-            ctx = BlockContext(mask=mask, rotary=rotary, need_weights=need_weights)
-            x = block(x, ctx)  # (B, S, C)
-            if probs is not None:
-                probs.append(ctx.attentions["self"])
-        return self.enc_norm(x), probs
+            x = block(x, BlockContext(mask=mask, rotary=rotary))  # (B, S, C)
+        return self.enc_norm(x)
 
     def decode(
         self,
@@ -149,29 +128,22 @@ class Seq2Seq(PretrainedModel):
         memory: Tensor,
         memory_mask: Tensor | None = None,
         state: DecoderState | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
+    ) -> Tensor:
         """tgt_in (B, T) -> logits (B, T, V), attending causally to itself and fully to memory (B, S, C).
 
         With ``state`` the T new tokens sit at positions state.length.. and use/extend its caches.
-        Returns logits and, with need_weights, the self- and cross-attention probabilities per layer.
         """
         start = state.length if state is not None else 0
         x, rotary = self._embed(self.tgt_emb, self.dec_positions, tgt_in, start)
         mem_mask = padding_mask(memory_mask) if memory_mask is not None else None  # (B, 1, 1, S)
-        self_probs: list[Tensor] | None = [] if need_weights else None
-        cross_probs: list[Tensor] | None = [] if need_weights else None
         for i, block in enumerate(self.decoder):
             ctx = BlockContext(
                 rotary=rotary, is_causal=True, memory=memory, memory_mask=mem_mask,
                 cache=state.self_caches[i] if state is not None else None,
-                cross_cache=state.cross_caches[i] if state is not None else None, need_weights=need_weights,
+                cross_cache=state.cross_caches[i] if state is not None else None,
             )
             x = block(x, ctx)  # (B, T, C)
-            if self_probs is not None and cross_probs is not None:
-                self_probs.append(ctx.attentions["self"])
-                cross_probs.append(ctx.attentions["cross"])
-        return self.lm_head(self.dec_norm(x)), self_probs, cross_probs  # (B, T, V)
+        return self.lm_head(self.dec_norm(x))  # (B, T, V)
 
     def forward(
         self,
@@ -179,13 +151,10 @@ class Seq2Seq(PretrainedModel):
         tgt_in: Tensor,
         src_mask: Tensor | None = None,
         labels: Tensor | None = None,
-        need_weights: bool = False,
     ) -> Seq2SeqOutput:
         """Teacher-forced pass: src_ids (B, S), tgt_in (B, T) -> logits (B, T, V); loss with labels (B, T)."""
-        memory, enc_probs = self.encode(src_ids, src_mask, need_weights)
-        logits, dec_probs, cross_probs = self.decode(tgt_in, memory, src_mask, need_weights=need_weights)
-        out = Seq2SeqOutput(logits, encoder_attentions=enc_probs, decoder_attentions=dec_probs,
-                            cross_attentions=cross_probs)
+        logits = self.decode(tgt_in, self.encode(src_ids, src_mask), src_mask)
+        out = Seq2SeqOutput(logits)
         if labels is not None:
             out.loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100)
         return out
@@ -204,5 +173,5 @@ class Seq2Seq(PretrainedModel):
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Feed one token per row, tokens (N, 1), through the caches; return next-token logits (N, V)."""
-        logits, _, _ = self.decode(tokens, state.memory, state.memory_mask, state=state)
+        logits = self.decode(tokens, state.memory, state.memory_mask, state=state)
         return logits[:, -1]  # (N, V)

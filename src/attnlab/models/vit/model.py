@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError
 from attnlab.models.base import PretrainedModel
-from attnlab.models.config import ModelConfig
 from attnlab.models.layers import transformer_blocks
+from attnlab.models.vit.config import ViTConfig
 from attnlab.nn.embeddings import PatchEmbedding, interpolate_grid
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.norms import build_norm
@@ -27,12 +27,10 @@ from attnlab.nn.norms import build_norm
 
 @dataclass
 class ImageClassifierOutput:
-    """logits (B, n_classes); loss = mean cross-entropy when labels are given; attentions: per layer
-    {"self": probs (B, H, T, T)} (T = 1 + N for a ViT) when need_weights (None for a CNN)."""
+    """logits (B, n_classes); loss = mean cross-entropy when labels are given."""
 
     logits: Tensor
     loss: Tensor | None = None
-    attentions: list[dict[str, Tensor]] | None = None
 
 
 def classification_loss(logits: Tensor, labels: Tensor | None) -> Tensor | None:
@@ -43,23 +41,11 @@ def classification_loss(logits: Tensor, labels: Tensor | None) -> Tensor | None:
 class ViT(PretrainedModel):
     """Vision Transformer classifier: patch embedding + [CLS] + learned positions + encoder + head."""
 
-    @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
-        if config.image_size % config.patch_size:
-            raise ConfigError(f"model.patch_size={config.patch_size} does not divide "
-                              f"model.image_size={config.image_size}")
-        if config.positions not in ("learned", "none"):
-            raise ConfigError(f"a vit uses learned patch-grid positions (or none), got positions={config.positions}")
-        if config.mixer != "attention" or config.residual != "standard" or config.moe_experts:
-            raise ConfigError("a vit uses plain attention blocks: mixer=attention, residual=standard, moe_experts=0")
-        if config.n_classes is not None and config.n_classes < 2:
-            raise ConfigError(f"model.n_classes must be >= 2 for classification, got {config.n_classes}")
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         if config.n_classes is None:
             raise ConfigError("model.n_classes must be set before building a vit (a run fills it from the data)")
-        self.check_config(config)
         self.config = c = config
         self.grid_size = (c.image_size // c.patch_size,) * 2  # (gh, gw) the position table is learned on
         n_patches = self.grid_size[0] * self.grid_size[1]
@@ -94,7 +80,7 @@ class ViT(PretrainedModel):
         return torch.cat([cls_pos, interpolate_grid(patch_pos, self.grid_size, grid)], dim=0)  # (1 + N', D)
 
     def forward(
-        self, images: Tensor, labels: Tensor | None = None, need_weights: bool = False
+        self, images: Tensor, labels: Tensor | None = None
     ) -> ImageClassifierOutput:
         """images (B, C, H, W) float -> logits (B, n_classes); with labels (B,) also the loss."""
         grid = self.patch_emb.grid(images)  # raises DataError for a wrong shape / channels / dtype
@@ -106,13 +92,9 @@ class ViT(PretrainedModel):
             x = x + pos  # (1 + N, D) broadcasts over the batch
         if self.config.dropout > 0:
             x = F.dropout(x, self.config.dropout, self.training)
-        attentions: list[dict[str, Tensor]] | None = [] if need_weights else None
         for block in self.blocks:
-            ctx = BlockContext(need_weights=need_weights)
-            x = block(x, ctx)  # (B, 1 + N, D)
-            if attentions is not None:
-                attentions.append(ctx.attentions)  # {"self": (B, H, 1 + N, 1 + N)}
+            x = block(x, BlockContext())  # (B, 1 + N, D)
         x = self.norm_f(x)
         pooled = x[:, 0] if self.config.pooling == "cls" else x[:, 1:].mean(dim=1)  # (B, D)
         logits = self.head(pooled)  # (B, n_classes)
-        return ImageClassifierOutput(logits=logits, loss=classification_loss(logits, labels), attentions=attentions)
+        return ImageClassifierOutput(logits=logits, loss=classification_loss(logits, labels))

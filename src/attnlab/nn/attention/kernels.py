@@ -1,4 +1,16 @@
-"""Attention by batched matmuls that keeps its probabilities for the backward pass.
+"""The fast routes to the attention that the eager reference (``reference.py``) specifies.
+
+    sdpa   PyTorch's fused kernel (flash / memory-efficient), with attnlab's rules for empty rows,
+           grouped key/value heads and CPU half precision (``sdpa_attention``)
+    bmm    batched matmuls that keep the probabilities, which ``sdpa_attention`` takes for short
+           sequences in bf16 training on CPU (``bmm_attention``, below)
+    tiled  attnlab's own exact block-tiled kernel with an online softmax (``tiled.py``)
+
+Each is tested against ``reference.scaled_dot_product_attention`` to 1e-5 in float32.
+
+bmm_attention:
+
+Attention by batched matmuls that keeps its probabilities for the backward pass.
 
     S = Q K^T * scale + bias        (BH, T, S)    one baddbmm: the bias (causal -inf, ALiBi) rides along
     P = softmax(S)                  (BH, T, S)    kept for the backward
@@ -19,7 +31,7 @@ T=256 7.2 vs 14.8 ms; at T=512 the flash kernel is faster, 38.5 vs 48.1 ms).
 
 The price is memory: P (and P') is kept, B*H*T*S bf16 elements per layer (6 MiB at B=8, H=6,
 T=256; 96 MiB at B=64, H=12), which is why ``sdpa_attention`` only routes short sequences here
-(``use_bmm_attention``); ``attnlab.nn.bmm_attention.MAX_SCORES = 0`` turns the route off.
+(``use_bmm_attention``); ``attnlab.nn.attention.kernels.MAX_SCORES = 0`` turns the route off.
 
 Rounding: in bf16 the scores are rounded to bf16 before the softmax, as in PyTorch's bf16 kernels.
 Against float64 the error is within 2x of the bf16 flash kernel's (tested) and 1.3-1.7x that of
@@ -29,11 +41,16 @@ at every key gives NaN, as in the eager reference.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.nn.attention import causal_mask
+from attnlab.nn.attention.reference import causal_mask, combine_masks
+
+Backend = Literal["eager", "sdpa", "tiled"]
+BACKENDS: tuple[str, ...] = ("eager", "sdpa", "tiled")
 
 # the largest T*S routed here (at 512 x 512 the flash kernel is faster, and P grows with T*S)
 MAX_SCORES = 256 * 256
@@ -130,3 +147,64 @@ def bmm_attention(
             q.reshape(B * H, T, D), k.reshape(B * H, S, D), v.reshape(B * H, S, Dv), additive, scale, dropout_p
         )
     return out.view(B, H, T, Dv)
+
+
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """The same function through PyTorch's fused kernel (no probabilities are formed for you).
+
+    ``is_causal`` lets the kernel skip the masked half when there is no other mask or bias.
+    Fully masked rows are given a dummy key and zeroed afterwards, matching the eager reference.
+    ``enable_gqa``: k and v have fewer heads than q (a divisor); each group of query heads reads
+    its shared key/value head without copying the cache out to every head.
+    """
+    if use_bmm_attention(q, k, v, mask, bias, enable_gqa):
+        # CPU training in bf16 on short sequences: plain batched matmuls that keep the
+        # probabilities beat the flash kernel's re-computing backward (see bmm_attention above)
+        return bmm_attention(q, k, v, bias=bias, scale=scale, dropout_p=dropout_p, is_causal=is_causal)
+    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and (
+        q.dtype == torch.float16 or q.size(-1) < 64
+    ):
+        # PyTorch's CPU flash kernel is slow in reduced precision for small heads (bf16 backward
+        # 3-4x slower than fp32 at head_dim 32, measured; fp16 far worse): compute in fp32,
+        # with autocast off so it does not cast the inputs straight back
+        with torch.autocast("cpu", enabled=False):
+            out = sdpa_attention(q.float(), k.float(), v.float(), mask,
+                                 None if bias is None else bias.float(), scale, dropout_p, is_causal, enable_gqa)
+        return out.to(q.dtype)
+    T, S = q.size(-2), k.size(-2)
+    if is_causal and T == 1:
+        is_causal = False  # one query at the end of the sequence sees every key
+    if is_causal and mask is None and bias is None and T == S:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
+                                              enable_gqa=enable_gqa)
+    if mask is None and bias is None and enable_gqa and T == 1:
+        # one decoding query per head: a group's query heads become rows against its shared key/value
+        # head, one (G x S) problem per group with no copy of the cache (fastest on CPU, measured)
+        B, H, _, D = q.shape
+        Hkv = k.size(-3)
+        out = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k, v, dropout_p=dropout_p, scale=scale)
+        return out.reshape(B, H, 1, v.size(-1))  # (B, Hkv, G, Dv) -> (B, H, 1, Dv)
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(T, S, device=q.device))
+    has_key = None
+    if mask is not None:
+        has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1)
+        mask = mask | ~has_key  # a dummy "attend everything" for empty rows, zeroed below
+    attn_mask: Tensor | None = mask
+    if bias is not None:
+        attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale,
+                                         enable_gqa=enable_gqa)
+    if has_key is not None:
+        out = out * has_key
+    return out

@@ -23,8 +23,8 @@ KV cache (T = 1 per step) gives exactly what the full sequence gives.
 
 States are never modified in place: ``add`` returns a new state, so an old one stays valid.
 
-This module holds the interface, the standard residual and the factory; hyper-connections and mHC live
-in ``nn/hyper_connections.py``, attention residuals in ``nn/attention_residuals.py``.
+This module holds the interface and the standard residual; hyper-connections and mHC live in
+``hyper.py``, attention residuals in ``attnres.py``, the factory in the package's ``__init__``.
 """
 
 
@@ -35,8 +35,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import Tensor, nn
-
-RESIDUALS: tuple[str, ...] = ("standard", "hyper", "mhc", "attnres")
 
 
 class ResidualScheme(nn.Module, metaclass=ABCMeta):
@@ -93,22 +91,3 @@ class StandardResidual(ResidualScheme):
 
     def collapse(self, state: Tensor) -> Tensor:
         return state
-
-
-# ---------------------------------------------------------------------------------------- factory
-
-
-def build_residual(kind: str, d_model: int, n_sublayers: int, n_streams: int = 4) -> ResidualScheme:
-    """"standard" | "hyper" (dynamic HC) | "mhc" (dynamic mHC) | "attnres" (Full AttnRes)."""
-    from attnlab.nn.attention_residuals import AttentionResiduals
-    from attnlab.nn.hyper_connections import HyperConnections, ManifoldHyperConnections
-
-    if kind == "standard":
-        return StandardResidual()
-    if kind == "hyper":
-        return HyperConnections(d_model, n_sublayers, n_streams=n_streams)
-    if kind == "mhc":
-        return ManifoldHyperConnections(d_model, n_sublayers, n_streams=n_streams)
-    if kind == "attnres":
-        return AttentionResiduals(d_model, n_sublayers)
-    raise ValueError(f"unknown residual {kind!r}; choose one of {RESIDUALS}")

@@ -21,8 +21,8 @@ from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError, DataError
 from attnlab.models.base import PretrainedModel
-from attnlab.models.bert import mean_pool
-from attnlab.models.config import ModelConfig
+from attnlab.models.bert.model import mean_pool
+from attnlab.models.encoder.config import EncoderConfig
 from attnlab.models.layers import transformer_blocks
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.embeddings import FeatureEmbedding, SetEmbedding
@@ -34,12 +34,11 @@ from attnlab.nn.positions import build_positions
 @dataclass
 class EncoderOutput:
     """predictions: regression values (B, n_outputs) or class logits (B, n_classes); loss = MSE or
-    cross-entropy when targets/labels are given; pooled (B, D); attentions per layer {"self": (B, H, T, T)}."""
+    cross-entropy when targets/labels are given; pooled (B, D)."""
 
     predictions: Tensor
     pooled: Tensor
     loss: Tensor | None = None
-    attentions: list[dict[str, Tensor]] | None = None
 
     @property
     def logits(self) -> Tensor:
@@ -49,24 +48,9 @@ class EncoderOutput:
 class Encoder(PretrainedModel):
     """Transformer encoder over feature vectors or (element, value) sets, with a regression or classification head."""
 
-    @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
-        if config.inputs == "set" and config.positions != "none":
-            raise ConfigError(f"a set has no order: inputs=set needs positions=none, got positions={config.positions}")
-        if config.mixer != "attention" or config.residual != "standard" or config.moe_experts:
-            raise ConfigError("an encoder uses plain attention blocks: mixer=attention, residual=standard, "
-                              "moe_experts=0")
-        if config.head == "classification" and config.n_classes is not None and config.n_classes < 2:
-            raise ConfigError(f"model.n_classes must be >= 2 for classification, got {config.n_classes}")
-        if config.n_outputs < 1:
-            raise ConfigError(f"model.n_outputs must be >= 1, got {config.n_outputs}")
-        for key in ("n_features", "n_elements"):
-            if getattr(config, key) is not None and getattr(config, key) < 1:
-                raise ConfigError(f"model.{key} must be >= 1, got {getattr(config, key)}")
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
-        self.check_config(config)
         self.config = c = config
         self.feature_emb: FeatureEmbedding | None = None
         self.set_emb: SetEmbedding | None = None
@@ -123,7 +107,6 @@ class Encoder(PretrainedModel):
         mask: Tensor | None = None,
         targets: Tensor | None = None,
         labels: Tensor | None = None,
-        need_weights: bool = False,
     ) -> EncoderOutput:
         """features (B, T, F) | elements (B, N) + values (B, N); mask (B, T) True at real slots (None = all);
         targets (B, n_outputs) float for regression, labels (B,) long for classification."""
@@ -150,12 +133,8 @@ class Encoder(PretrainedModel):
         if self.config.dropout > 0:
             x = F.dropout(x, self.config.dropout, self.training)
         attn_mask = padding_mask(keep) if keep is not None else None  # (B, 1, 1, T')
-        attentions: list[dict[str, Tensor]] | None = [] if need_weights else None
         for block in self.blocks:
-            ctx = BlockContext(mask=attn_mask, bias=bias, rotary=rotary, need_weights=need_weights)
-            x = block(x, ctx)  # (B, T', D)
-            if attentions is not None:
-                attentions.append(ctx.attentions)  # {"self": (B, H, T', T')}
+            x = block(x, BlockContext(mask=attn_mask, bias=bias, rotary=rotary))  # (B, T', D)
         x = self.norm_f(x)  # (B, T', D)
         pooled = x[:, 0] if self.cls_token is not None else mean_pool(x, keep)  # (B, D)
         pred = self.head(pooled)  # (B, n_outputs) or (B, n_classes)
@@ -164,4 +143,4 @@ class Encoder(PretrainedModel):
             loss = F.mse_loss(pred, targets.reshape(pred.shape).to(pred.dtype))
         elif self.config.head == "classification" and labels is not None:
             loss = F.cross_entropy(pred, labels, ignore_index=-100)
-        return EncoderOutput(predictions=pred, pooled=pooled, loss=loss, attentions=attentions)
+        return EncoderOutput(predictions=pred, pooled=pooled, loss=loss)

@@ -3,7 +3,7 @@
 ``_Tiles`` holds the geometry of one call: query blocks of ``block_q`` rows and key blocks of
 ``block_k`` columns, which tiles lie entirely above the causal diagonal (never computed), which
 straddle it (masked), and the slices of the mask and bias that fall in a tile. The dropout helpers
-regenerate a tile's keep-mask from (seed, i, j), so the backward pass of ``attnlab.nn.tiled`` needs
+regenerate a tile's keep-mask from (seed, i, j), so the backward pass of ``attnlab.nn.attention.tiled`` needs
 no stored mask. ``TiledStats`` counts tiles for tests and benchmarks.
 """
 

@@ -19,8 +19,9 @@ from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError, DataError
 from attnlab.models.base import PretrainedModel
-from attnlab.models.config import ModelConfig
-from attnlab.models.vit import ImageClassifierOutput, classification_loss
+from attnlab.models.cnn.config import CNNConfig
+from attnlab.models.vit.config import ViTConfig
+from attnlab.models.vit.model import ImageClassifierOutput, classification_loss
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
@@ -50,18 +51,11 @@ class ResidualBlock(nn.Module):
 class CNN(PretrainedModel):
     """ResNet-style classifier; same forward signature and output as the ViT."""
 
-    @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
-        if min(config.cnn_width, config.cnn_stages, config.cnn_blocks) < 1:
-            raise ConfigError("model.cnn_width, cnn_stages and cnn_blocks must be >= 1")
-        if config.n_classes is not None and config.n_classes < 2:
-            raise ConfigError(f"model.n_classes must be >= 2 for classification, got {config.n_classes}")
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: CNNConfig) -> None:
         super().__init__()
         if config.n_classes is None:
             raise ConfigError("model.n_classes must be set before building a cnn (a run fills it from the data)")
-        self.check_config(config)
         self.config = c = config
         w = c.cnn_width
         self.stem = nn.Sequential(nn.Conv2d(c.in_channels, w, 3, padding=1, bias=False), _norm(c.cnn_norm, w),
@@ -82,10 +76,9 @@ class CNN(PretrainedModel):
             nn.init.zeros_(block.norm2.weight)
 
     def forward(
-        self, images: Tensor, labels: Tensor | None = None, need_weights: bool = False
+        self, images: Tensor, labels: Tensor | None = None
     ) -> ImageClassifierOutput:
-        """images (B, C, H, W) float -> logits (B, n_classes); with labels (B,) also the loss.
-        ``need_weights`` is accepted for a common signature; a CNN has no attention (attentions=None)."""
+        """images (B, C, H, W) float -> logits (B, n_classes); with labels (B,) also the loss."""
         if images.dim() != 4 or not images.is_floating_point() or images.size(1) != self.config.in_channels:
             raise DataError(f"images must be float (batch, {self.config.in_channels}, height, width), "
                             f"got {images.dtype} of shape {tuple(images.shape)}")
@@ -94,14 +87,15 @@ class CNN(PretrainedModel):
         return ImageClassifierOutput(logits=logits, loss=classification_loss(logits, labels))
 
 
-def match_width(vit_config: ModelConfig, n_params: int | None = None, **cnn_fields) -> ModelConfig:
+def match_width(vit_config: ViTConfig, n_params: int | None = None, **cnn_fields) -> CNNConfig:
     """A cnn config (same data fields as ``vit_config``) whose width gives the parameter count closest
     to ``n_params`` (default: the ViT's own). ``cnn_fields`` set cnn_stages, cnn_blocks, cnn_norm."""
     if n_params is None:
-        from attnlab.models.vit import ViT
+        from attnlab.models.vit.model import ViT
 
         n_params = ViT(vit_config).num_parameters()
-    base = dataclasses.replace(vit_config, family="cnn", **cnn_fields)
+    base = CNNConfig(n_classes=vit_config.n_classes, image_size=vit_config.image_size,
+                     in_channels=vit_config.in_channels, **cnn_fields)
 
     def count(width: int) -> int:
         return CNN(dataclasses.replace(base, cnn_width=width)).num_parameters()

@@ -61,7 +61,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from attnlab.nn.tiling import TiledStats, _Tiles, dropout_mask, dropout_mask_for_block
+from attnlab.nn.attention.tiling import TiledStats, _Tiles, dropout_mask, dropout_mask_for_block
 
 __all__ = [
     "TiledAttention",

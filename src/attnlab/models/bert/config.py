@@ -1,0 +1,38 @@
+"""BertConfig: the bidirectional encoder's options (MLM/NSP pre-training, classification heads)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnlab.core.errors import ConfigError
+from attnlab.models.config import (
+    ClassifierOptions,
+    ModelConfig,
+    PositionOptions,
+    SequenceOptions,
+    TransformerOptions,
+    VocabularyOptions,
+    at_least,
+    unused_rope_theta,
+)
+
+
+@dataclass
+class BertConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOptions, VocabularyOptions,
+                 ClassifierOptions, family="bert"):
+    """A BERT: attention blocks with dense feed-forwards, segment embeddings, MLM/NSP and classifier heads."""
+
+    family: str = "bert"
+    n_segments: int = 2  # segment (token type) embeddings, A/B sentences; 0 = none
+
+    def validate(self) -> None:
+        at_least(self, 1, "block_size", "vocab_size", "n_classes")
+        at_least(self, 0, "n_segments")
+        self.check_transformer()
+        self.check_positions()
+        if self.activation == "swiglu":
+            raise ConfigError("family bert's MLM transform uses gelu/relu; set model.activation to gelu or relu")
+        super().validate()
+
+    def unused_options(self) -> list[tuple[str, str]]:
+        return unused_rope_theta(self)

@@ -1,0 +1,49 @@
+"""EncoderConfig: the encoder for continuous inputs (feature sequences, or sets of element/value pairs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from attnlab.core.errors import ConfigError
+from attnlab.models.config import (
+    ClassifierOptions,
+    ModelConfig,
+    PositionOptions,
+    SequenceOptions,
+    TransformerOptions,
+    at_least,
+    unused_rope_theta,
+)
+
+
+@dataclass
+class EncoderConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOptions, ClassifierOptions,
+                    family="encoder"):
+    """Features (B, T, F) or sets (element, value) -> attention blocks -> a regression or classification head."""
+
+    family: str = "encoder"
+    inputs: Literal["features", "set"] = "features"  # (B, T, F) feature vectors, or (element, value) sets
+    n_features: int | None = None  # features: F values per step; filled from the data by a run
+    n_elements: int | None = None  # set: element types (ids 0..n_elements-1); filled from the data by a run
+    head: Literal["regression", "classification"] = "regression"  # MSE on n_outputs values, or cross-entropy
+    n_outputs: int = 1  # regression: targets per example
+
+    def validate(self) -> None:
+        at_least(self, 1, "block_size", "n_features", "n_elements", "n_outputs")
+        self.check_transformer()
+        self.check_positions()
+        if self.inputs == "set" and self.positions != "none":
+            raise ConfigError(f"a set has no order: inputs=set needs positions=none, got positions={self.positions}")
+        if self.head == "classification" and self.n_classes is not None and self.n_classes < 2:
+            raise ConfigError(f"model.n_classes must be >= 2 for classification, got {self.n_classes}")
+        super().validate()
+
+    def unused_options(self) -> list[tuple[str, str]]:
+        return [
+            *unused_rope_theta(self),
+            *self._unless(self.inputs == "features", f"features only, and inputs={self.inputs}", "n_features"),
+            *self._unless(self.inputs == "set", f"sets only, and inputs={self.inputs}", "n_elements"),
+            *self._unless(self.head == "classification", f"classification only, and head={self.head}", "n_classes"),
+            *self._unless(self.head == "regression", f"regression only, and head={self.head}", "n_outputs"),
+        ]

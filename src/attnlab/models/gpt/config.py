@@ -1,0 +1,39 @@
+"""GPTConfig: the decoder-only language model's options (and only those)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnlab.models.config import (
+    MixerOptions,
+    ModelConfig,
+    MoEOptions,
+    PositionOptions,
+    ResidualOptions,
+    SequenceOptions,
+    TransformerOptions,
+    VocabularyOptions,
+    at_least,
+    unused_rope_theta,
+)
+
+
+@dataclass
+class GPTConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOptions, VocabularyOptions, MixerOptions,
+                MoEOptions, ResidualOptions, family="gpt"):
+    """A GPT: any token mixer per layer, dense or expert feed-forward, any residual scheme."""
+
+    family: str = "gpt"
+
+    def validate(self) -> None:
+        at_least(self, 1, "block_size", "vocab_size")
+        self.check_transformer()
+        self.check_positions()
+        self.check_mixer()
+        self.check_moe()
+        self.check_residual()
+        super().validate()
+
+    def unused_options(self) -> list[tuple[str, str]]:
+        return [*self.unused_mixer_options(), *self.unused_moe_options(), *self.unused_residual_options(),
+                *unused_rope_theta(self)]

@@ -1,0 +1,95 @@
+"""Named hook points: one way to look inside any model, and to change what flows through it.
+
+A ``HookPoint`` is the identity, x -> x, placed where something is worth looking at (TransformerLens's
+design). PyTorch forward hooks on it read the tensor, and a hook that returns a tensor replaces it, so
+the rest of the model computes with the replacement (ablation, patching). The points, by module name:
+
+    blocks.{i}.hook_resid_pre     (B, T, C)     the stream entering block i
+    blocks.{i}.hook_mixer_out     (B, T, C)     what the token mixer adds to it (after dropout)
+    blocks.{i}.hook_cross_out     (B, T, C)     what cross-attention adds (decoder blocks)
+    blocks.{i}.hook_ffn_out       (B, T, C)     what the feed-forward network adds
+    blocks.{i}.hook_resid_post    (B, T, C)     the stream leaving block i
+    blocks.{i}.mixer.hook_pattern (B, H, T, S)  attention probabilities (each row sums to 1, or is 0)
+    blocks.{i}.mixer.hook_z       (B, H, T, D)  each head's output, before W_O mixes the heads
+
+(seq2seq: ``encoder.{i}...``, ``decoder.{i}...``, and ``decoder.{i}.cross_attn.hook_pattern``).
+The fused attention kernels never form the probabilities; an attention layer with a hook on its
+``hook_pattern`` takes the eager path instead, so what the hook sees (or writes) is what the output is
+computed from. A model-level residual scheme (hyper-connections, mHC, attention residuals) does not
+call whole blocks, so ``hook_resid_pre``/``hook_resid_post`` stay silent there; the sub-layer outputs
+still fire.
+
+    with capture(model, "blocks.*.mixer.hook_pattern") as seen:
+        model(idx)
+    seen["blocks.0.mixer.hook_pattern"]            # (B, H, T, T)
+
+    with hooks(model, {"blocks.2.mixer.hook_z": lambda z, name: z.index_fill(1, torch.tensor([3]), 0.0)}):
+        logits = model(idx).logits                 # head 3 of layer 2 ablated (zeroed)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+from torch import Tensor, nn
+
+HookFn = Callable[[Tensor, str], Tensor | None]  # (tensor, hook point name) -> replacement or None
+
+
+class HookPoint(nn.Module):
+    """The identity at a named point of the computation; hooks registered on it read or replace x."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+    @property
+    def active(self) -> bool:
+        """Whether any hook is attached (a layer may then take a slower path that forms this tensor)."""
+        return bool(self._forward_hooks or self._forward_pre_hooks)
+
+
+def hook_points(model: nn.Module) -> dict[str, HookPoint]:
+    """Every hook point of ``model`` by name, in model order."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, HookPoint)}
+
+
+def _matching(model: nn.Module, patterns: Iterable[str]) -> dict[str, list[tuple[str, HookPoint]]]:
+    points = hook_points(model)
+    found: dict[str, list[tuple[str, HookPoint]]] = {}
+    for pattern in patterns:
+        found[pattern] = [(n, p) for n, p in points.items() if fnmatch.fnmatchcase(n, pattern)]
+        if not found[pattern]:
+            example = next(iter(points), "none")
+            raise KeyError(f"no hook point matches {pattern!r} (this model has {len(points)}, e.g. {example!r})")
+    return found
+
+
+@contextmanager
+def hooks(model: nn.Module, fns: Mapping[str, HookFn]) -> Iterator[None]:
+    """Attach ``fn(x, name)`` to every hook point whose name matches a pattern (fnmatch: ``*``, ``?``)
+    for the duration of the block; a function that returns a tensor replaces x. Removed on exit."""
+    handles = []
+    try:
+        for pattern, points in _matching(model, fns).items():
+            fn = fns[pattern]
+            for name, point in points:
+                handles.append(point.register_forward_hook(lambda m, args, out, fn=fn, name=name: fn(out, name)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def capture(model: nn.Module, *patterns: str, detach: bool = True) -> Iterator[dict[str, Tensor]]:
+    """Record what flows through the matching hook points: a dict name -> tensor, filled as the model
+    runs (a point that runs several times, as in decoding with a cache, keeps its last tensor)."""
+    seen: dict[str, Tensor] = {}
+
+    def keep(x: Tensor, name: str) -> None:
+        seen[name] = x.detach() if detach else x
+
+    with hooks(model, {pattern: keep for pattern in patterns}):
+        yield seen

@@ -1,0 +1,39 @@
+"""Task names: which tasks exist, and which one a model family trains on by default.
+
+A table only (no task code is imported), so a config can check a name without pulling in the tasks.
+"""
+
+from __future__ import annotations
+
+from attnlab.core.errors import ConfigError
+from attnlab.core.schema import did_you_mean
+
+# task -> "module:Class"; imported lazily (the modules pull in torch and the data loaders)
+TASKS: dict[str, str] = {
+    "lm": "attnlab.training.tasks.lm:LanguageModelTask",
+    "image-classification": "attnlab.training.tasks.images:ImageClassificationTask",
+    "mlm": "attnlab.training.tasks.mlm:MaskedLanguageModelTask",
+    "classify": "attnlab.training.tasks.classify:ClassifyTask",
+    "seq2seq": "attnlab.training.tasks.seq2seq:Seq2SeqTask",
+    "continuous": "attnlab.training.tasks.continuous:ContinuousTask",
+}
+
+# the task a family trains on when the config names none
+DEFAULT_TASK: dict[str, str] = {
+    "gpt": "lm",
+    "vit": "image-classification",
+    "cnn": "image-classification",
+    "bert": "mlm",
+    "seq2seq": "seq2seq",
+    "encoder": "continuous",
+}
+
+
+def task_name(task: str | None, family: str) -> str:
+    """The task a run trains on: ``task``, else the default of the model ``family``."""
+    name = task or DEFAULT_TASK.get(family)
+    if name is None:
+        raise ConfigError(f"model family '{family}' has no default task; set task= to one of {sorted(TASKS)}")
+    if name not in TASKS:
+        raise ConfigError(f"unknown task '{name}'{did_you_mean(name, TASKS) or f'; choose one of {sorted(TASKS)}'}")
+    return name

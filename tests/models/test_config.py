@@ -1,0 +1,112 @@
+"""Per-family configs: each family holds its own options only, refuses another family's (and its own
+options that the chosen blocks do not use) in one line, and still reads config files of the flat schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from attnlab.cli import main
+from attnlab.core.errors import ConfigError
+from attnlab.models import BertConfig, CNNConfig, EncoderConfig, GPTConfig, ModelConfig, Seq2SeqConfig, ViTConfig
+from attnlab.models.base import read_config
+from attnlab.models.config import LEGACY_DEFAULTS
+
+FAMILIES = {"gpt": GPTConfig, "bert": BertConfig, "seq2seq": Seq2SeqConfig, "vit": ViTConfig, "cnn": CNNConfig,
+            "encoder": EncoderConfig}
+
+
+def fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_each_family_has_its_own_options_and_the_flat_schema_is_their_union():
+    assert ModelConfig.families == FAMILIES
+    assert set().union(*map(fields, FAMILIES.values())) == set(LEGACY_DEFAULTS)  # nothing lost, nothing added
+    assert not fields(CNNConfig) & {"mixer", "moe_experts", "residual", "n_head", "d_model", "vocab_size"}
+    assert not fields(ViTConfig) & {"block_size", "vocab_size", "rope_theta", "mixer"}
+    assert fields(GPTConfig) >= {"mixer", "moe_experts", "residual", "vocab_size"}
+    assert not fields(BertConfig) & {"mixer", "moe_experts", "residual", "cnn_width"}
+    # every family's defaults are the flat schema's, so a file of the old schema means the same thing
+    for cls in FAMILIES.values():
+        for f in dataclasses.fields(cls):
+            if f.name != "family":
+                assert f.default == LEGACY_DEFAULTS[f.name], (cls.__name__, f.name)
+
+
+@pytest.mark.parametrize(("family", "key", "value"), [
+    ("cnn", "mixer", "ssm"), ("cnn", "moe_experts", 4), ("cnn", "residual", "hyper"), ("vit", "vocab_size", 9),
+    ("bert", "moe_experts", 2), ("seq2seq", "residual", "mhc"), ("encoder", "tie_embeddings", False),
+    ("gpt", "n_classes", 3), ("gpt", "cnn_width", 8),
+])
+def test_an_option_of_another_family_is_refused_in_one_line(family, key, value):
+    with pytest.raises(ConfigError, match=rf"^model\.{key} is not an option of family {family}$"):
+        ModelConfig.from_mapping({"family": family, key: value})
+
+
+def test_another_familys_option_at_the_flat_schemas_default_is_a_leftover_not_a_choice():
+    cfg = ModelConfig.from_mapping({"family": "cnn", "mixer": "attention", "moe_experts": 0, "n_classes": 3})
+    assert type(cfg) is CNNConfig and cfg.n_classes == 3
+
+
+@pytest.mark.parametrize(("options", "key"), [
+    (dict(d_latent=32), "d_latent"), (dict(q_latent=16), "q_latent"), (dict(ssm_d_state=8), "ssm_d_state"),
+    (dict(hybrid_attention_every=3), "hybrid_attention_every"), (dict(moe_top_k=1), "moe_top_k"),
+    (dict(moe_every=2), "moe_every"), (dict(residual_streams=2), "residual_streams"),
+    (dict(rope_theta=500.0), "rope_theta"), (dict(mixer="ssm", positions="none", n_kv_head=2), "n_kv_head"),
+])
+def test_an_option_the_chosen_blocks_do_not_use_is_refused(options, key):
+    with pytest.raises(ConfigError, match=rf"^model\.{key}=.* is not used: "):
+        ModelConfig.from_mapping({"family": "gpt", "vocab_size": 10, **options})
+    with pytest.raises(ConfigError, match=rf"model\.{key}="):  # the same rule for a config built in Python
+        GPTConfig(vocab_size=10, **options).validate()
+
+
+def test_the_same_options_are_accepted_where_the_blocks_use_them():
+    ModelConfig.from_mapping({"family": "gpt", "mixer": "latent", "positions": "none", "d_latent": 32,
+                              "rope_theta": 500.0})
+    ModelConfig.from_mapping({"family": "gpt", "mixer": "hybrid", "positions": "none", "ssm_d_state": 8,
+                              "hybrid_attention_every": 3})
+    ModelConfig.from_mapping({"family": "gpt", "moe_experts": 4, "moe_top_k": 1, "moe_every": 2})
+    ModelConfig.from_mapping({"family": "gpt", "residual": "mhc", "residual_streams": 2})
+    ModelConfig.from_mapping({"family": "encoder", "head": "classification", "n_classes": 3})
+    with pytest.raises(ConfigError, match=r"^model\.n_outputs=2 is not used: regression only"):
+        ModelConfig.from_mapping({"family": "encoder", "head": "classification", "n_outputs": 2})
+
+
+def test_an_unknown_family_or_key_gets_a_hint():
+    with pytest.raises(ConfigError, match="unknown model family 'vti'; did you mean 'vit'"):
+        ModelConfig.from_mapping({"family": "vti"})
+    with pytest.raises(ConfigError, match=r"unknown config key 'model\.n_layers'; did you mean 'model\.n_layer'"):
+        ModelConfig.from_mapping({"family": "gpt", "n_layers": 2})
+
+
+def test_the_cli_refuses_the_mixed_up_config_before_any_work(tmp_path, capsys):
+    argv = ["train", "cnn-digits", "family=cnn", "mixer=ssm", "moe_experts=4", "residual=hyper",
+            f"out_dir={tmp_path}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "attnlab: error: model.mixer is not an option of family cnn"
+    assert not any(tmp_path.iterdir())  # no run folder was started
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_config_json_of_the_flat_schema_still_loads(family, tmp_path):
+    """A version-1 file carries every family's options; what the family (or its blocks) never read is
+    dropped, whatever its value: that schema ignored it, so the model it trained did not use it."""
+    flat = {**LEGACY_DEFAULTS, "family": family, "vocab_size": 11, "n_classes": 3, "moe_top_k": 1,
+            "cnn_width": 8, "config_version": 1, "attnlab_version": "0.1.0"}
+    if family != "gpt":
+        flat["moe_experts"] = 4  # ignored by every family but gpt
+    (tmp_path / "config.json").write_text(json.dumps(flat))
+    cfg = read_config(tmp_path)
+    assert type(cfg) is FAMILIES[family]
+    for key in fields(type(cfg)) - {"family"}:
+        expected = flat[key] if key not in ("moe_top_k", "n_classes") else getattr(cfg, key)
+        assert getattr(cfg, key) == expected, key
+    if family == "gpt":
+        assert cfg.moe_top_k == 2  # unused without experts: back at its default
+    if family == "cnn":
+        assert cfg.cnn_width == 8
