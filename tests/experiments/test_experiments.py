@@ -7,8 +7,7 @@ import math
 from itertools import pairwise
 
 from attnlab.cli import main
-
-from .helpers import run_quick_experiment
+from tests.helpers import run_quick_experiment
 
 
 def test_experiment_list_and_unknown_name(capsys):

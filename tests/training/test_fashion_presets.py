@@ -16,8 +16,7 @@ from attnlab.cli import main
 from attnlab.models.registry import build_model
 from attnlab.training.runs import load_train_config
 from attnlab.training.tasks.images import ImageClassificationTask
-
-from .helpers import with_patterns
+from tests.helpers import with_patterns
 
 PRESETS = {"cnn": "configs/cnn-fashion.yaml", "vit": "configs/vit-fashion.yaml"}
 

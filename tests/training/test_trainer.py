@@ -14,8 +14,7 @@ from attnlab.training.loop import train_step
 from attnlab.training.runs import read_metrics
 from attnlab.training.schedule import lr_at
 from attnlab.training.trainer import Trainer, TrainingInterrupted, make_optimizer
-
-from .helpers import EXACT, tiny_config, write_corpus
+from tests.helpers import EXACT, tiny_config, write_corpus
 
 
 @pytest.fixture

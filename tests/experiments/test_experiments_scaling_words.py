@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import run_quick_experiment
+from tests.helpers import run_quick_experiment
 
 SHAKESPEARE = Path("../shared/data/tinyshakespeare.txt")
 

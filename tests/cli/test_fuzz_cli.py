@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from attnlab.cli import main
 from attnlab.models.config import ModelConfig
 from attnlab.training.config import TrainConfig
-
-from .helpers import tiny_overrides, write_corpus
+from tests.helpers import tiny_overrides, write_corpus
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)}

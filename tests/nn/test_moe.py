@@ -443,8 +443,7 @@ def test_gpt_with_experts_save_load_roundtrip(tmp_path):
 def test_trainer_logs_expert_load(tmp_path):
     from attnlab.training.runs import read_metrics
     from attnlab.training.trainer import Trainer
-
-    from .helpers import tiny_config, write_corpus
+    from tests.helpers import tiny_config, write_corpus
 
     corpus = write_corpus(tmp_path / "c.txt")
     trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="moe", moe_experts=4, moe_top_k=1,

@@ -7,8 +7,7 @@ import pytest
 
 from attnlab.web.loadtest import fire, summarise
 from attnlab.web.server import LOOPBACK_NAMES, create_app
-
-from .web_helpers import running_server, train_tiny_run
+from tests.web_helpers import running_server, train_tiny_run
 
 
 @pytest.fixture(scope="module")

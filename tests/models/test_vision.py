@@ -30,8 +30,7 @@ from attnlab.models.config import ModelConfig
 from attnlab.models.registry import from_pretrained
 from attnlab.models.vit import ViT
 from attnlab.nn.embeddings import PatchEmbedding, interpolate_grid
-
-from .helpers import with_patterns
+from tests.helpers import with_patterns
 
 
 def vit_config(**kw) -> ModelConfig:

@@ -17,8 +17,7 @@ from attnlab.nn.attention import (
     sdpa_attention,
 )
 from attnlab.nn.hooks import hooks
-
-from .helpers import with_patterns
+from tests.helpers import with_patterns
 
 ATOL = 1e-5
 

@@ -10,8 +10,7 @@ import torch
 from attnlab.cli import main
 from attnlab.inspect.record import record
 from attnlab.training.runs import load_model_and_tokenizer
-
-from .helpers import tiny_overrides, write_corpus
+from tests.helpers import tiny_overrides, write_corpus
 
 
 @pytest.fixture(scope="module")

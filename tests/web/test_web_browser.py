@@ -14,8 +14,7 @@ import pytest
 
 from attnlab.experiments.hand_trace import by_hand
 from attnlab.web.server import LOOPBACK_NAMES, create_app
-
-from .web_helpers import (
+from tests.web_helpers import (
     headless_chromium,
     offline_page,
     running_server,

@@ -63,8 +63,7 @@ def test_refresh_keeps_the_best_measurement(monkeypatch, fresh_cache):
 
 def test_trainer_remeasures_a_peak_below_what_it_achieves(tmp_path, monkeypatch, fresh_cache):
     from attnlab.training.trainer import Trainer
-
-    from .helpers import tiny_config, write_corpus
+    from tests.helpers import tiny_config, write_corpus
 
     values = iter([1.0, 1e15])  # a cached 1 FLOP/s peak would give MFU far above 100%
     monkeypatch.setattr(mfu_module, "measure_peak_flops", lambda dtype, device: next(values))
@@ -83,8 +82,7 @@ def test_mfu_value_and_trainer_logs_it(tmp_path, monkeypatch, fresh_cache):
     monkeypatch.setattr(mfu_module, "measure_peak_flops", lambda dtype, device: 1e11)
     from attnlab.training.runs import read_metrics
     from attnlab.training.trainer import Trainer
-
-    from .helpers import tiny_config, write_corpus
+    from tests.helpers import tiny_config, write_corpus
 
     trainer = Trainer(tiny_config(write_corpus(tmp_path / "c.txt"), tmp_path / "runs", name="m", max_iters=10))
     trainer.train()

@@ -3,8 +3,7 @@
 import pytest
 
 from attnlab.cli import main
-
-from .helpers import tiny_overrides, write_corpus
+from tests.helpers import tiny_overrides, write_corpus
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,7 @@ import torch
 from PIL import Image
 
 from attnlab.web.server import LOOPBACK_NAMES, create_app
-
-from .web_helpers import (
+from tests.web_helpers import (
     headless_chromium,
     offline_page,
     running_server,

@@ -16,8 +16,7 @@ from attnlab.models.registry import from_pretrained
 from attnlab.training.checkpoint import list_checkpoints, load_trainer_state
 from attnlab.training.runs import read_metrics
 from attnlab.training.trainer import Trainer
-
-from .helpers import tiny_config, tiny_overrides, write_corpus
+from tests.helpers import tiny_config, tiny_overrides, write_corpus
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 pytestmark = pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed")

@@ -109,8 +109,7 @@ def test_mixer_config_validation(changes, message):
 @pytest.mark.parametrize("mixer, positions", [("latent", "none"), ("hybrid", "rope"), ("ssm", "none")])
 def test_trainer_runs_every_mixer(mixer, positions, tmp_path):
     from attnlab.training.trainer import Trainer
-
-    from .helpers import tiny_config, write_corpus
+    from tests.helpers import tiny_config, write_corpus
 
     corpus = write_corpus(tmp_path / "c.txt")
     cfg = tiny_config(corpus, tmp_path / "runs", name=mixer, mixer=mixer, positions=positions, max_iters=60,

@@ -12,8 +12,7 @@ from attnlab.nn.attention.latent import LatentKVCache, MultiHeadLatentAttention
 from attnlab.nn.blocks import attention_block
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.positions import RotaryPositions
-
-from .helpers import with_patterns
+from tests.helpers import with_patterns
 
 ATOL = 1e-5
 C, H, L = 32, 4, 16  # d_model, n_heads, d_latent (head_dim 8, default d_rope 4)

@@ -11,8 +11,7 @@ import torch
 from attnlab.cli import main
 from attnlab.data.labelled import generate_topics, read_labelled, write_labelled_csv
 from attnlab.models.registry import from_pretrained
-
-from .helpers import EXACT, write_corpus
+from tests.helpers import EXACT, write_corpus
 
 TINY = dict(batch_size=8, eval_interval=20, eval_iters=2, log_interval=10, warmup_iters=5, progress="false",
             threads=1, bpe_vocab_size=200, block_size=32, n_layer=2, n_head=2, d_model=32, mfu="false")

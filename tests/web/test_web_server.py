@@ -26,9 +26,8 @@ from attnlab.web.server import (
     create_app,
     host_warning,
 )
-
-from .helpers import with_patterns
-from .web_helpers import train_tiny_run
+from tests.helpers import with_patterns
+from tests.web_helpers import train_tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -386,7 +385,7 @@ def test_static_files_ship_with_the_package():
     import tomllib
     from pathlib import Path
 
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
     patterns = pyproject["tool"]["setuptools"]["package-data"]["attnlab"]
     assert "web/static/*" in patterns
     assert {p.name for p in STATIC_DIR.iterdir()} >= {"index.html", "app.js", "style.css"}

@@ -23,10 +23,9 @@ from attnlab.training import checkpoint as ckpt
 from attnlab.training.checkpoint import best_checkpoint, latest_checkpoint, list_checkpoints, load_trainer_state
 from attnlab.training.runs import read_metrics
 from attnlab.training.trainer import Trainer, TrainingDiverged
+from tests.helpers import EXACT, tiny_config, tiny_overrides, write_corpus
 
-from .helpers import EXACT, tiny_config, tiny_overrides, write_corpus
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -16,8 +16,7 @@ from attnlab.core.schema import from_dict
 from attnlab.models import ModelConfig, build_model
 from attnlab.models.base import CONFIG_NAME, WEIGHTS_NAME, read_config
 from attnlab.models.gpt import GPT
-
-from .helpers import with_patterns
+from tests.helpers import with_patterns
 
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative", "none"]
 BACKENDS = ["eager", "sdpa"]

@@ -19,9 +19,8 @@ from attnlab.training.runs import load_model_and_tokenizer
 from attnlab.training.tasks.images import load_labels
 from attnlab.web.model_adapter import MAX_IMAGE_SIDE, MAX_UPLOAD_BYTES
 from attnlab.web.server import IMAGE_MAX_BODY_BYTES, create_app
-
-from .helpers import with_patterns
-from .web_helpers import train_tiny_bert, train_tiny_vit
+from tests.helpers import with_patterns
+from tests.web_helpers import train_tiny_bert, train_tiny_vit
 
 
 @pytest.fixture(scope="module")
