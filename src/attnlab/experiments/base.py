@@ -52,6 +52,18 @@ def save_figure(fig: Any, path: Path) -> None:
     plt.close(fig)
 
 
+def label_axes(ax: Any, xlabel: str, ylabel: str, title: str | None = None, legend: int | None = 8) -> None:
+    """The house style of an experiment's panel: axis labels, a small title, a legend (font size
+    ``legend``; None = no legend) and a light grid."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title, fontsize=10)
+    if legend is not None:
+        ax.legend(fontsize=legend)
+    ax.grid(alpha=0.3)
+
+
 def loglog_slope(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of log y against log x: the exponent p of y ~ x^p."""
     import math

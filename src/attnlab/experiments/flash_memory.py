@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.bench import attention as bench
-from attnlab.experiments.base import loglog_slope, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, loglog_slope, pyplot, save_figure, write_outputs
 
 NAME = "flash-memory"
 CLAIM = ("Peak memory of attention (forward + backward) grows as T^2 for eager attention (log-log slope ~2) and "
@@ -106,8 +106,6 @@ def _plot(lengths, cells, slopes, out: Path, impls) -> None:
     for ax, label in ((ax_mem, "peak memory, fwd + bwd (MiB)"), (ax_time, "fwd + bwd time (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("sequence length T")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
+        label_axes(ax, "sequence length T", label, legend=None)
         ax.legend(fontsize=8)
     save_figure(fig, out / "memory.png")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.experiments.base import pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.recurrent import RecurrentModel
 from attnlab.training.loop import fit
@@ -180,29 +180,19 @@ def _plot(ks, grad_ks, grads, runs, out: Path) -> None:
         ax.plot(done, [runs[m][str(k)]["accuracy"] for k in done], "o-", color=colours[m], label=m)
     ax.axhline(1 / N_SIGNAL, color="grey", ls="--", lw=1, label="chance")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("distance k")
-    ax.set_ylabel("recall accuracy")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    label_axes(ax, "distance k", "recall accuracy", legend=8)
     save_figure(fig, out / "accuracy.png")
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for m in MODELS:
         ax.plot(grad_ks, [max(grads[m][str(k)], 1e-300) for k in grad_ks], "o-", color=colours[m], label=m)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("distance k")
-    ax.set_ylabel("||dL/dx_0|| at init")
-    ax.set_title("gradient reaching the first input", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    label_axes(ax, "distance k", "||dL/dx_0|| at init", title="gradient reaching the first input", legend=8)
     save_figure(fig, out / "gradient.png")
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for m in MODELS:
         ax.plot(ks, [runs[m][str(k)]["step_ms_median"] for k in ks], "o-", color=colours[m], label=m)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("sequence length k + 1")
-    ax.set_ylabel("ms per training step (batch 32)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    label_axes(ax, "sequence length k + 1", "ms per training step (batch 32)", legend=8)
     save_figure(fig, out / "time.png")

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.experiments.base import pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.attention import BACKENDS, MultiHeadAttention
 from attnlab.training.loop import fit
@@ -154,11 +154,7 @@ def _plot(eq: dict[str, Any], tasks: dict[str, Any], out: Path) -> None:
         ax2.plot([i * w for i in range(len(c) // w)], [sum(c[i * w:(i + 1) * w]) / w for i in range(len(c) // w)],
                  label=f"{s} (acc {t['val_accuracy']:.2f})")
     ax2.axhline(0.6931, color="grey", ls="--", lw=1, label="chance (ln 2)")
-    ax2.set_xlabel("step")
-    ax2.set_ylabel("train loss")
-    ax2.set_title("'is this sequence sorted?'", fontsize=10)
-    ax2.legend(fontsize=7)
-    ax2.grid(alpha=0.3)
+    label_axes(ax2, "step", "train loss", title="'is this sequence sorted?'", legend=7)
     save_figure(fig, out / "equivariance.png")
     fig, ax = plt.subplots(figsize=(5, 3.4))
     ax.bar(list(tasks), [t["val_accuracy"] for t in tasks.values()], color="tab:green")
