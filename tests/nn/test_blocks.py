@@ -407,9 +407,10 @@ def test_checkpoints_of_the_universal_block_still_load():
 def test_block_hook_points_read_the_stream_and_write_it():
     torch.manual_seed(0)
     block = attention_block(16, 2, cross_attention=True).double().eval()
-    assert list(hook_points(block)) == ["mixer.hook_pattern", "mixer.hook_z", "cross_attn.hook_pattern",
-                                        "cross_attn.hook_z", "hook_resid_pre", "hook_resid_post", "hook_mixer_out",
-                                        "hook_ffn_out", "hook_cross_out"]
+    assert list(hook_points(block)) == [
+        "mixer.hook_pattern", "mixer.hook_z", "mixer.hook_scores", "cross_attn.hook_pattern", "cross_attn.hook_z",
+        "cross_attn.hook_scores", "hook_resid_pre", "hook_resid_post", "hook_mixer_out", "hook_ffn_out",
+        "hook_cross_out"]
     x, mem = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 3, 16, dtype=torch.float64)
     ctx = BlockContext(is_causal=True, memory=mem)
     with capture(block, "hook_*") as seen:

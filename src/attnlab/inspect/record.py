@@ -4,10 +4,10 @@
         model(idx)
     rec.probs["blocks.2.mixer"]      # (B, 1, T, S): head 1 of layer 2
 
-Every ``MultiHeadAttention`` (self- or cross-attention, in any family) and every
-``MultiHeadLatentAttention`` (MLA) reports the exact inputs of
-its softmax through ``register_scores_hook``: q (B, H, T, D) after RoPE, k (B, H_kv, S, D) after
-RoPE and the KV cache, the mask, the bias (ALiBi) and ``is_causal``. From them the recorder
+The recorder rides on the hook points of ``attnlab.nn.hooks``. Every ``MultiHeadAttention`` (self- or
+cross-attention, in any family) and every ``MultiHeadLatentAttention`` (MLA) passes the exact inputs
+of its softmax through its read-only ``hook_scores`` point: q (B, H, T, D) after RoPE, k (B, H_kv,
+S, D) after RoPE and the KV cache, the mask, the bias (ALiBi) and ``is_causal``. From them the recorder
 recomputes, for the kept layers and heads only,
 
     scores = q k^T * scale + bias,   masked entries -inf      (B, h, T, S),  scale = 1/sqrt(d_k)
@@ -16,7 +16,8 @@ recomputes, for the kept layers and heads only,
 with the eager reference (``scaled_dot_product_attention``) — so the probabilities are the same
 whatever backend (eager, sdpa, tiled) runs the model, and the model's own computation is never
 touched: its outputs stay bit-identical. Names are the modules' own (``blocks.2.mixer``,
-``decoder.blocks.0.cross_attn``).
+``decoder.0.cross_attn``). The residual stream and the sub-layer outputs come from the blocks'
+``hook_resid_pre``/``hook_resid_post`` and ``hook_mixer_out``/``hook_cross_out``/``hook_ffn_out``.
 
 Memory: only the selected layers (``layers``: indices of transformer blocks; or ``modules``:
 glob patterns on names) and heads are kept, detached, on ``device`` (default: CPU) in ``dtype``.

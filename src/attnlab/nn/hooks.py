@@ -11,6 +11,9 @@ the rest of the model computes with the replacement (ablation, patching). The po
     blocks.{i}.hook_resid_post    (B, T, C)     the stream leaving block i
     blocks.{i}.mixer.hook_pattern (B, H, T, S)  attention probabilities (each row sums to 1, or is 0)
     blocks.{i}.mixer.hook_z       (B, H, T, D)  each head's output, before W_O mixes the heads
+    blocks.{i}.mixer.hook_scores  (q, k, mask, bias, is_causal, scale): the exact inputs of the softmax,
+                                  whatever the backend; read-only (``inspect.record`` rebuilds the
+                                  probabilities from them without changing which kernel runs)
 
 (seq2seq: ``encoder.{i}...``, ``decoder.{i}...``, and ``decoder.{i}.cross_attn.hook_pattern``).
 The fused attention kernels never form the probabilities; an attention layer with a hook on its
@@ -48,6 +51,16 @@ class HookPoint(nn.Module):
     def active(self) -> bool:
         """Whether any hook is attached (a layer may then take a slower path that forms this tensor)."""
         return bool(self._forward_hooks or self._forward_pre_hooks)
+
+
+class ScoresPoint(HookPoint):
+    """A read-only hook point for the inputs of attention's softmax: (q, k, mask, bias, is_causal, scale),
+    q (B, H, T, D) and k (B, H_kv, S, D) after RoPE and the cache. The layer ignores what it returns,
+    so a hook here can look but not change; reading it leaves the layer on its fast kernel."""
+
+    def forward(self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, is_causal: bool,
+                scale: float) -> tuple:
+        return q, k, mask, bias, is_causal, scale
 
 
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
@@ -88,8 +101,11 @@ def capture(model: nn.Module, *patterns: str, detach: bool = True) -> Iterator[d
     runs (a point that runs several times, as in decoding with a cache, keeps its last tensor)."""
     seen: dict[str, Tensor] = {}
 
-    def keep(x: Tensor, name: str) -> None:
-        seen[name] = x.detach() if detach else x
+    def keep(x: Tensor | tuple, name: str) -> None:
+        if isinstance(x, tuple):  # a ScoresPoint's inputs
+            seen[name] = tuple(t.detach() if detach and isinstance(t, Tensor) else t for t in x)
+        else:
+            seen[name] = x.detach() if detach else x
 
     with hooks(model, {pattern: keep for pattern in patterns}):
         yield seen

@@ -43,7 +43,7 @@ from attnlab.nn import roles
 from attnlab.nn.attention.kernels import Backend, sdpa_attention
 from attnlab.nn.attention.mha import ScoresHooks
 from attnlab.nn.attention.reference import attention_probs, causal_mask, combine_masks
-from attnlab.nn.hooks import HookPoint
+from attnlab.nn.hooks import HookPoint, ScoresPoint
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.positions import RotaryPositions, apply_rotary
 
@@ -170,6 +170,7 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
         roles.declare(self, "w_o.weight", roles.RESIDUAL_OUT)
         self.hook_pattern = HookPoint()  # (B, H, T, S) attention probabilities
         self.hook_z = HookPoint()  # (B, H, T, D) head outputs, before W_O
+        self.hook_scores = ScoresPoint()  # (q, k, mask, bias, is_causal, scale), read-only
         self.rope = RotaryPositions(d_rope, max_len, theta=rope_theta)
 
     # ---------------------------------------------------------------------------------- helpers
@@ -271,7 +272,7 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
             q = torch.cat([q_lat, q_r], dim=-1)  # (B, H, T, E)
             k = torch.cat([c_kv, k_r], dim=-1).unsqueeze(1)  # (B, S, E) -> (B, 1, S, E), shared by all heads
             v = c_kv.unsqueeze(1)  # (B, S, d_latent) -> (B, 1, S, d_latent)
-            self._call_scores_hooks(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D + R))  # k: one head, as MQA
+            self.hook_scores(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D + R))  # k: one head, as MQA
             # every head reads the same keys and values, so fold the heads into the query axis
             # (B, H, T, ·) -> (B, 1, H*T, ·): one (H*T x S) score matrix per sequence, as in MQA
             if is_causal:
@@ -289,7 +290,7 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
             v = self.w_uv(c_kv).view(B, S, H, D).transpose(1, 2)  # (B, S, H*D) -> (B, H, S, D)
             q = torch.cat([q_c, q_r], dim=-1)  # (B, H, T, D + R)
             k = torch.cat([k_c, k_r.unsqueeze(1).expand(B, H, S, R)], dim=-1)  # (B, H, S, D + R)
-            self._call_scores_hooks(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D + R))
+            self.hook_scores(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D + R))
             o, probs = self._attend(q, k, v, mask, bias, is_causal, (B, H, T, S))  # (B, H, T, D)
         y = self.hook_z(o).transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, C)
         return self.w_o(y), probs

@@ -8,7 +8,6 @@ Attention itself is ``reference.scaled_dot_product_attention`` (eager) or a rout
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
@@ -19,7 +18,7 @@ from torch.utils.hooks import RemovableHandle
 from attnlab.nn import roles
 from attnlab.nn.attention.kernels import BACKENDS, Backend, sdpa_attention
 from attnlab.nn.attention.reference import attention_probs, causal_mask, combine_masks
-from attnlab.nn.hooks import HookPoint
+from attnlab.nn.hooks import HookPoint, ScoresPoint
 from attnlab.nn.mixing import BlockContext
 
 # hook(module, q, k, mask, bias, is_causal, scale): the exact inputs of the softmax, see ScoresHooks
@@ -78,7 +77,8 @@ class KVCache:
 
 
 class ScoresHooks:
-    """Mixin for attention modules: hooks that see the exact inputs of the softmax, whatever the backend.
+    """Mixin for attention modules with a ``hook_scores`` point (``nn.hooks.ScoresPoint``): the exact
+    inputs of the softmax, whatever the backend.
 
     ``register_scores_hook(hook)`` makes every forward call ``hook(module, q, k, mask, bias, is_causal,
     scale)`` with q (B, H, T, D) after RoPE, k (B, H_kv, S, D) after RoPE and the cache (all keys
@@ -87,16 +87,10 @@ class ScoresHooks:
     ``attnlab.inspect.record``). Hooks must not modify their arguments; ``handle.remove()`` detaches one.
     """
 
-    def register_scores_hook(self, hook: ScoresHook) -> RemovableHandle:
-        hooks = self.__dict__.setdefault("_scores_hooks", OrderedDict())
-        handle = RemovableHandle(hooks)
-        hooks[handle.id] = hook
-        return handle
+    hook_scores: ScoresPoint
 
-    def _call_scores_hooks(self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None,
-                           is_causal: bool, scale: float) -> None:
-        for hook in self.__dict__.get("_scores_hooks", {}).values():
-            hook(self, q, k, mask, bias, is_causal, scale)
+    def register_scores_hook(self, hook: ScoresHook) -> RemovableHandle:
+        return self.hook_scores.register_forward_hook(lambda point, args, out: hook(self, *args))
 
 
 class MultiHeadAttention(ScoresHooks, nn.Module):
@@ -141,6 +135,7 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         roles.declare(self, "out_proj.weight", roles.RESIDUAL_OUT)
         self.hook_pattern = HookPoint()  # (B, H, T, S) attention probabilities
         self.hook_z = HookPoint()  # (B, H, T, D) head outputs, before out_proj
+        self.hook_scores = ScoresPoint()  # (q, k, mask, bias, is_causal, scale), read-only
 
     def new_cache(
         self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device | str | None = None
@@ -198,7 +193,7 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
                 k, v = cache.update(k, v)  # (B, Hkv, S, D), S = cached + T
         if bias is not None and not isinstance(bias, Tensor):  # a relative term: evaluated on this q and k
             bias = bias(q, k)  # (B, H, T, S)
-        self._call_scores_hooks(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D))
+        self.hook_scores(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D))
         p = self.dropout if self.training else 0.0
         probs = None
         if self.backend == "eager" or self.hook_pattern.active:  # the reference, probabilities formed
