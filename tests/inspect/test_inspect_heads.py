@@ -83,6 +83,10 @@ def ideal(kind: str, tokens: torch.Tensor) -> torch.Tensor:
                     p[b, 0, i, j] = 1 / len(targets or [i])
             elif kind == "previous":
                 p[b, 0, i, max(i - 1, 0)] = 1.0
+            elif kind == "duplicate":
+                copies = [j for j in range(i) if tokens[b, j] == tokens[b, i]]
+                for j in copies or [i]:
+                    p[b, 0, i, j] = 1 / len(copies or [i])
     return p
 
 
@@ -99,6 +103,10 @@ def test_induction_detector_on_repeated_random_sequences():
     assert s.item() == 0  # a previous-token head is not an induction head
     s, n = prev["previous_token"]
     assert abs(s.item() / n.item() - 1.0) < 1e-9
+    dup = row_statistics(ideal("duplicate", tokens), tokens, visible=visible)
+    s, n = dup["duplicate_token"]
+    assert n.item() == 3 * 8 and abs(s.item() / n.item() - 1.0) < 1e-9  # all mass on the earlier copy itself
+    assert ind["duplicate_token"][0].item() == 0 and dup["induction"][0].item() == 0  # three distinct kinds
 
 
 def test_padding_rows_and_keys_are_excluded():

@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="heads", help="output folder (default ./heads)")
+    p.add_argument("--json", default=None, help='also write {"heads": [...]} (layer, head, previous_token, '
+                   "induction, duplicate_token, ablation_loss_increase) to this file")
     p.set_defaults(func=_cmd_heads)
 
 
@@ -50,13 +52,25 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 def _cmd_heads(args: argparse.Namespace) -> int:
-    """Per-head statistics (entropy, distance, previous-token / first-token / induction / uniform)."""
-    from attnlab.inspect.report import head_report, summary
+    """Per-head statistics (entropy, distance, previous-token / first-token / induction / duplicate-token /
+    uniform) and, for a GPT, each head's causal effect (the loss rise when it is mean-ablated)."""
+    import json
+    from pathlib import Path
 
+    from attnlab.core.fileio import atomic_write_text
+    from attnlab.inspect.report import head_report, heads_json, summary
+
+    if args.json and not Path(args.json).parent.is_dir():
+        from attnlab.core.errors import ConfigError
+
+        raise ConfigError(f"--json {args.json}: its folder does not exist")
     report = head_report(args.run_dir, args.data, args.out, n_batches=args.n_batches, batch_size=args.batch_size,
                          seed=args.seed)
+    if args.json:
+        atomic_write_text(Path(args.json), json.dumps(heads_json(report.rows), indent=1) + "\n")
     print(f"{len(report.rows)} heads measured on {report.n_windows} windows of {args.data}")
     for line in summary(report.rows):
         print(line)
-    print(f"table and figure in {args.out}: " + ", ".join(p.name for p in report.paths))
+    print(f"table and figure in {args.out}: " + ", ".join(p.name for p in report.paths)
+          + (f"; JSON in {args.json}" if args.json else ""))
     return 0

@@ -12,6 +12,11 @@ i that can attend to more than one key (row 0 of a causal head is trivially one-
                      appeared earlier: attention to the token *after* an earlier copy of the current
                      one (Olsson et al. 2022). Measured on repeated random sequences [r, r], where
                      the only way to predict the second half is to copy.
+    duplicate token  sum_{j < i, x_j = x_i} P_{i, j}                         over the same rows:
+                     attention to the earlier copy itself (Wang et al. 2022), on the same sequences.
+
+Attention mass says what a head looks at, not whether the model needs it: ``ablation_effects``
+measures the causal side, the rise of the loss when a head's output is replaced by its mean.
 
 A head is flagged as a type when its score passes ``THRESHOLDS`` (a head may carry several flags).
 Rows that are padding (``valid`` False) and keys that are masked out are excluded.
@@ -31,10 +36,13 @@ from torch import Tensor, nn
 
 from attnlab.inspect.record import record
 
-METRICS: tuple[str, ...] = ("entropy", "uniform", "mean_distance", "previous_token", "first_token", "induction")
+METRICS: tuple[str, ...] = ("entropy", "uniform", "mean_distance", "previous_token", "first_token", "induction",
+                            "duplicate_token")
 # score above which a head is given the type (previous_token / first_token / induction: attention mass;
 # uniform: entropy relative to the flat distribution)
-THRESHOLDS: dict[str, float] = {"previous_token": 0.5, "first_token": 0.5, "uniform": 0.9, "induction": 0.3}
+THRESHOLDS: dict[str, float] = {"previous_token": 0.5, "first_token": 0.5, "uniform": 0.9, "induction": 0.3,
+                                "duplicate_token": 0.3}
+PROBE_METRICS = ("induction", "duplicate_token")  # measured on repeated random sequences
 
 
 def row_statistics(
@@ -81,6 +89,8 @@ def row_statistics(
         score = (p * target[:, None]).sum(-1)  # (B, H, T)
         mask = has[:, None, :] & rows
         out["induction"] = ((score * mask).sum((0, 2)), mask.sum((0, 2)).double())
+        duplicate = (p * (same & (pos[None, :] < pos[:, None]) & valid[:, None, :])[:, None]).sum(-1)  # (B, H, T)
+        out["duplicate_token"] = ((duplicate * mask).sum((0, 2)), mask.sum((0, 2)).double())
     return out
 
 
@@ -97,7 +107,9 @@ class HeadRow:
     previous_token: float
     first_token: float
     induction: float
+    duplicate_token: float
     types: str  # e.g. "previous_token", "uniform", "" (none)
+    ablation_loss_increase: float = float("nan")  # nats: loss with the head mean-ablated minus the loss
 
 
 class HeadStats:
@@ -183,9 +195,10 @@ def collect_head_stats(
                         probs, visible = rec.probs[name], ~torch.isneginf(rec.scores[name])
                         s = row_statistics(probs, batch.to(probs.device), visible=visible)
                         if source == "induction":
-                            s = {"induction": s["induction"]}
+                            s = {m: s[m] for m in PROBE_METRICS}
                         elif induction_batches:
-                            s.pop("induction")
+                            for m in PROBE_METRICS:
+                                s.pop(m)
                         stats.add(name, rec.layer[name], s)
     finally:
         model.train(was_training)
@@ -213,3 +226,27 @@ def write_head_table(rows: list[HeadRow], out: Path) -> list[Path]:
 def flagged(rows: list[HeadRow], kind: str) -> list[tuple[int, int]]:
     """(layer, head) of every head carrying the type ``kind``."""
     return [(r.layer, r.head) for r in rows if kind in r.types.split(",")]
+
+
+@torch.no_grad()
+def ablation_effects(model: nn.Module, batches: Iterable[Tensor], n_layer: int, n_head: int,
+                     loss: Callable[[nn.Module, Tensor], Tensor]) -> Tensor:
+    """(n_layer, n_head): the mean rise of ``loss(model, batch)`` (nats) when one head's output
+    (``blocks.{l}.mixer.hook_z``, before W_O) is replaced by its mean over the same batches and positions."""
+    from attnlab.inspect.intervene import ablated, head, run_with_cache
+
+    batches = list(batches)
+    was_training = model.training
+    model.eval()
+    try:
+        caches = [run_with_cache(model, (b,), "blocks.*.mixer.hook_z")[1] for b in batches]
+        reference = {name: torch.cat([c[name] for c in caches]) for name in caches[0]}
+        base = sum(loss(model, b).item() for b in batches) / len(batches)
+        rise = torch.zeros(n_layer, n_head)
+        for layer in range(n_layer):
+            for h in range(n_head):
+                with ablated(model, [head(layer, h)], how="mean", reference=reference):
+                    rise[layer, h] = sum(loss(model, b).item() for b in batches) / len(batches) - base
+    finally:
+        model.train(was_training)
+    return rise

@@ -11,6 +11,7 @@ for the induction score), and write the head table (JSON, CSV, markdown) and its
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from attnlab.inspect.heads import (
     THRESHOLDS,
     HeadRow,
     HeadStats,
+    ablation_effects,
     collect_head_stats,
     flagged,
     repeated_random_tokens,
@@ -192,15 +194,43 @@ def head_report(
              for b in range(max(1, n_batches // 2))]
     stats = collect_head_stats(model, batches, induction_batches=probe)
     rows = stats.rows()
+    if model.config.family == "gpt" and getattr(model, "residual", None) is None:  # the causal side
+        rise = ablation_effects(model, batches, model.config.n_layer, model.config.n_head, next_token_loss)
+        for row in rows:
+            row.ablation_loss_increase = float(rise[row.layer, row.head])
+        rows.sort(key=lambda r: -r.ablation_loss_increase)
     out = Path(out)
     paths = write_head_table(rows, out)
     paths += plots.save(heads_figure(stats), out / "heads", formats)
     return HeadReport(rows, paths, n_batches * batch_size)
 
 
+def next_token_loss(model: nn.Module, window: Tensor) -> Tensor:
+    """Mean next-token cross-entropy of a GPT on windows (B, T): inputs [:, :-1], targets [:, 1:]."""
+    return model(window[:, :-1], targets=window[:, 1:]).loss
+
+
+def heads_json(rows: list[HeadRow]) -> dict:
+    """{"heads": [{layer, head, previous_token, induction, duplicate_token, ablation_loss_increase}, ...]}
+    in the order of ``rows`` (by causal effect when it was measured); NaN (not measured) becomes null."""
+    keys = ("layer", "head", "previous_token", "induction", "duplicate_token", "ablation_loss_increase")
+
+    def clean(v):
+        return None if isinstance(v, float) and math.isnan(v) else v
+
+    return {"heads": [{k: clean(getattr(r, k)) for k in keys} for r in rows]}
+
+
 def summary(rows: list[HeadRow]) -> list[str]:
-    """One line per head type: which (layer, head) carry it."""
+    """The heads ranked by causal effect (when measured), then one line per head type."""
     lines = []
+    ranked = [r for r in rows if not math.isnan(r.ablation_loss_increase)]
+    if ranked:
+        lines.append("heads by causal effect (loss rise when mean-ablated, nats):")
+        for r in ranked[:8]:
+            lines.append(f"  L{r.layer}H{r.head}  {r.ablation_loss_increase:+.4f}   previous-token "
+                         f"{r.previous_token:.2f}  induction {r.induction:.2f}  "
+                         f"duplicate-token {r.duplicate_token:.2f}")
     for kind, cut in THRESHOLDS.items():
         found = flagged(rows, kind)
         heads = ", ".join(f"L{layer}H{h}" for layer, h in found) or "none"
