@@ -48,3 +48,55 @@ def logit_lens(model: nn.Module, idx: Tensor, targets: Tensor | None = None, k: 
         loss = [F.cross_entropy(lg.reshape(-1, lg.size(-1)), targets.reshape(-1), ignore_index=-100).item()
                 for lg in logits]
     return LensResult(["embed", *[f"block {i}" for i in range(L)]], logits, logits.topk(k, dim=-1).indices, loss)
+
+
+def _gpt_and_ids(run_dir, text: str):
+    """A run's GPT (eval mode) and ``text`` as ids (1, T); one-line errors for anything else."""
+    from attnlab.training.runs import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(run_dir)
+    if model.config.family != "gpt":
+        raise ConfigError(f"{run_dir} holds a {model.config.family} model; the lens commands read a gpt")
+    ids = tok.encode(text)
+    if len(ids) < 2:
+        raise ConfigError("give --text of at least two tokens (the lens scores each next token)")
+    if len(ids) > model.config.block_size:
+        raise ConfigError(f"the text has {len(ids)} tokens, more than the context of {model.config.block_size}")
+    return model.eval(), tok, torch.tensor([ids])
+
+
+def lens_report(run_dir, text: str, k: int = 5) -> dict:
+    """The logit lens of a run on ``text``: per layer the next-token loss over the text and, at each
+    position, the k most likely next tokens (as text)."""
+    model, tok, idx = _gpt_and_ids(run_dir, text)
+    lens = logit_lens(model, idx[:, :-1], idx[:, 1:], k=k)
+    return {"text": text, "tokens": [tok.decode([i]) for i in idx[0].tolist()],
+            "layers": [{"name": name, "loss": loss, "top": [[tok.decode([t]) for t in row] for row in top[0].tolist()]}
+                       for name, loss, top in zip(lens.layers, lens.loss, lens.top, strict=True)]}
+
+
+def ablation_report(run_dir, text: str, heads: list[tuple[int, int]], how: str = "zero", k: int = 5) -> dict:
+    """Next-token loss over ``text`` and the top-k next tokens at its end, with and without the given
+    (layer, head)s ablated ("mean": each head's mean over the text's own positions)."""
+    from attnlab.inspect.intervene import ablated, head, run_with_cache
+
+    model, tok, idx = _gpt_and_ids(run_dir, text)
+    c = model.config
+    bad = [(layer, h) for layer, h in heads if not (0 <= layer < c.n_layer and 0 <= h < c.n_head)]
+    if bad or not heads:
+        raise ConfigError(f"--head takes LAYER.HEAD with layer < {c.n_layer} and head < {c.n_head}; got {bad or heads}")
+    _, cache = run_with_cache(model, idx, "blocks.*.mixer.hook_z")
+
+    def measure() -> dict:
+        with torch.no_grad():
+            out = model(idx[:, :-1], targets=idx[:, 1:])
+            last = model(idx).logits[0, -1].softmax(-1)
+        p, t = last.topk(k)
+        top = [[tok.decode([i]), round(v, 4)] for v, i in zip(p.tolist(), t.tolist(), strict=True)]
+        return {"loss": out.loss.item(), "next": top}
+
+    plain = measure()
+    with ablated(model, [head(layer, h) for layer, h in heads], how=how, reference=cache):
+        changed = measure()
+    return {"text": text, "heads": [f"L{layer}H{h}" for layer, h in heads], "how": how, "plain": plain,
+            "ablated": changed, "loss_increase": changed["loss"] - plain["loss"]}

@@ -1,0 +1,65 @@
+"""attnlab lens logit-lens | ablate on a tiny trained GPT: the last layer of the lens is the model itself,
+an ablation report matches the same intervention made in Python, and bad input is one line (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnlab.cli import main
+from attnlab.inspect.intervene import ablated, head
+from attnlab.training.runs import load_model_and_tokenizer
+from tests.helpers import tiny_overrides, write_corpus
+
+TEXT = "the quick fox"  # 13 characters: the tiny run has a context of 16
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lens")
+    corpus = write_corpus(tmp / "corpus.txt")
+    argv = ["train", "configs/shakespeare-char.yaml", *tiny_overrides(corpus, tmp / "runs", name="r", max_iters=10)]
+    assert main(argv) == 0
+    return tmp / "runs" / "r"
+
+
+def test_logit_lens_last_layer_is_the_model(run, tmp_path, capsys):
+    assert main(["lens", "logit-lens", str(run), "--text", TEXT, "--json", str(tmp_path / "lens.json")]) == 0
+    report = json.loads((tmp_path / "lens.json").read_text())
+    model, tok = load_model_and_tokenizer(run)
+    idx = torch.tensor([tok.encode(TEXT)])
+    with torch.no_grad():
+        loss = model.eval()(idx[:, :-1], targets=idx[:, 1:]).loss.item()
+    assert [layer["name"] for layer in report["layers"]] == ["embed", "block 0", "block 1"]
+    assert report["layers"][-1]["loss"] == pytest.approx(loss, abs=1e-6)
+    assert all(len(row) == 5 for row in report["layers"][0]["top"])
+    assert "block 1" in capsys.readouterr().out
+
+
+def test_ablate_reports_the_intervention(run, tmp_path, capsys):
+    argv = ["lens", "ablate", str(run), "--text", TEXT, "--head", "1.0", "--head", "0.1", "--json",
+            str(tmp_path / "a.json")]
+    assert main(argv) == 0
+    r = json.loads((tmp_path / "a.json").read_text())
+    model, tok = load_model_and_tokenizer(run)
+    idx = torch.tensor([tok.encode(TEXT)])
+    with torch.no_grad(), ablated(model.eval(), [head(1, 0), head(0, 1)], how="zero"):
+        loss = model(idx[:, :-1], targets=idx[:, 1:]).loss.item()
+    assert r["heads"] == ["L1H0", "L0H1"] and r["ablated"]["loss"] == pytest.approx(loss, abs=1e-6)
+    assert r["loss_increase"] == pytest.approx(r["ablated"]["loss"] - r["plain"]["loss"])
+    assert "zero-ablated" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["ablate", "--text", TEXT, "--head", "7.0"], "--head takes LAYER.HEAD"),
+    (["ablate", "--text", TEXT, "--head", "one"], "a head is LAYER.HEAD"),
+    (["logit-lens", "--text", "t"], "at least two tokens"),
+    (["logit-lens", "--text", TEXT, "--json", "/nonexistent/dir/x.json"], "folder does not exist"),
+])
+def test_bad_input_is_one_line(run, capsys, argv, message):
+    action, *rest = argv
+    assert main(["lens", action, str(run), *rest]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
