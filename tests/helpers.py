@@ -65,3 +65,15 @@ def with_patterns(model, *args, points: str = "*hook_pattern", **kwargs):
     with capture(model, points) as seen:
         out = model(*args, **kwargs)
     return out, list(seen.values())
+
+
+def train_tiny_run(tmp: Path, name: str = "r", **extra) -> Path:
+    """A tiny shakespeare-char run (10 steps unless ``extra`` says otherwise) trained in ``tmp`` through
+    the CLI; returns its run folder (the corpus is ``tmp / "corpus.txt"``)."""
+    from attnlab.cli import main
+
+    corpus = write_corpus(tmp / "corpus.txt")
+    extra = {"max_iters": 10, **extra}
+    argv = ["train", "configs/shakespeare-char.yaml", *tiny_overrides(corpus, tmp / "runs", name=name, **extra)]
+    assert main(argv) == 0
+    return tmp / "runs" / name

@@ -10,16 +10,13 @@ import torch
 from attnlab.cli import main
 from attnlab.inspect.record import record
 from attnlab.training.runs import load_model_and_tokenizer
-from tests.helpers import tiny_overrides, write_corpus
+from tests.helpers import train_tiny_run
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("inspect")
-    corpus = write_corpus(tmp / "corpus.txt")
-    argv = ["train", "configs/shakespeare-char.yaml", *tiny_overrides(corpus, tmp / "runs", name="r", max_iters=10)]
-    assert main(argv) == 0
-    return tmp / "runs" / "r", corpus
+    return train_tiny_run(tmp), tmp / "corpus.txt"
 
 
 def test_inspect_text_writes_figures_and_json(trained_run, tmp_path, capsys):

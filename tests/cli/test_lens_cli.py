@@ -11,18 +11,14 @@ import torch
 from attnlab.cli import main
 from attnlab.inspect.intervene import ablated, head
 from attnlab.training.runs import load_model_and_tokenizer
-from tests.helpers import tiny_overrides, write_corpus
+from tests.helpers import train_tiny_run
 
 TEXT = "the quick fox"  # 13 characters: the tiny run has a context of 16
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lens")
-    corpus = write_corpus(tmp / "corpus.txt")
-    argv = ["train", "configs/shakespeare-char.yaml", *tiny_overrides(corpus, tmp / "runs", name="r", max_iters=10)]
-    assert main(argv) == 0
-    return tmp / "runs" / "r"
+    return train_tiny_run(tmp_path_factory.mktemp("lens"))
 
 
 def test_logit_lens_last_layer_is_the_model(run, tmp_path, capsys):
