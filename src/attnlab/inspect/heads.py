@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from attnlab.inspect.intervene import ablated, head, run_with_cache
 from attnlab.inspect.record import record
 
 METRICS: tuple[str, ...] = ("entropy", "uniform", "mean_distance", "previous_token", "first_token", "induction",
@@ -233,8 +234,6 @@ def ablation_effects(model: nn.Module, batches: Iterable[Tensor], n_layer: int, 
                      loss: Callable[[nn.Module, Tensor], Tensor]) -> Tensor:
     """(n_layer, n_head): the mean rise of ``loss(model, batch)`` (nats) when one head's output
     (``blocks.{l}.mixer.hook_z``, before W_O) is replaced by its mean over the same batches and positions."""
-    from attnlab.inspect.intervene import ablated, head, run_with_cache
-
     batches = list(batches)
     was_training = model.training
     model.eval()

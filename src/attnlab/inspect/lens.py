@@ -85,7 +85,7 @@ def ablation_report(run_dir, text: str, heads: list[tuple[int, int]], how: str =
     bad = [(layer, h) for layer, h in heads if not (0 <= layer < c.n_layer and 0 <= h < c.n_head)]
     if bad or not heads:
         raise ConfigError(f"--head takes LAYER.HEAD with layer < {c.n_layer} and head < {c.n_head}; got {bad or heads}")
-    _, cache = run_with_cache(model, idx, "blocks.*.mixer.hook_z")
+    cache = run_with_cache(model, idx, "blocks.*.mixer.hook_z")[1] if how == "mean" else None
 
     def measure() -> dict:
         with torch.no_grad():

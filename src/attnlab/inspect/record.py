@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from attnlab.nn.attention import ScoresHooks, causal_mask, combine_masks, scaled_dot_product_attention
+from attnlab.nn.attention import ScoresHooks, causal_mask, combine_masks
+from attnlab.nn.attention.reference import attention_probs
 from attnlab.nn.blocks import Block
 
 WHAT: tuple[str, ...] = ("probs", "scores", "residual", "sublayers")
@@ -129,9 +130,8 @@ def attention_from_qk(
     mask, bias = _select_heads(mask, idx, H), _select_heads(bias, idx, H)
     if is_causal:
         mask = combine_masks(mask, causal_mask(T, S, device=q.device))
-    # probabilities exactly as the eager backend computes them (v is a dummy: only probs are used)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    _, probs = scaled_dot_product_attention(qs, ks, ks[..., :1], mask=mask, bias=bias, scale=scale)
+    probs = attention_probs(qs, ks, mask, bias, scale)  # exactly as the eager backend computes them
     scores = (qs @ ks.transpose(-2, -1)) * scale  # (B, h, T, S)
     if bias is not None:
         scores = scores + bias

@@ -17,7 +17,7 @@ from torch import nn
 from attnlab.models.config import ModelConfig
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.attention.latent import MultiHeadLatentAttention
-from attnlab.nn.blocks import Block, DecoderBlock, PostNormBlock, PostNormDecoderBlock, PreNormBlock
+from attnlab.nn.blocks import Block, compose
 from attnlab.nn.ffn import FeedForward, default_d_ff
 from attnlab.nn.moe import MoEFeedForward
 from attnlab.nn.norms import build_norm
@@ -60,10 +60,7 @@ def build_block(c: ModelConfig, mixer: str = "attention", moe: bool = False, cro
                                 backend=c.attn_backend, cross=True) if cross_attention else None)
     ffn = build_ffn(c, moe)
     norm = partial(build_norm, c.norm, c.d_model, c.norm_eps, c.bias)
-    pre = c.norm_position == "pre"
-    if cross is None:
-        return (PreNormBlock if pre else PostNormBlock)(token_mixer, ffn, norm, c.dropout)
-    return (DecoderBlock if pre else PostNormDecoderBlock)(token_mixer, cross, ffn, norm, c.dropout)
+    return compose(token_mixer, ffn, norm, c.dropout, c.norm_position, cross)
 
 
 def transformer_blocks(c: ModelConfig, n_layer: int | None = None, cross_attention: bool = False) -> nn.ModuleList:

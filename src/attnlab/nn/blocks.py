@@ -172,6 +172,17 @@ class PostNormDecoderBlock(DecoderBlock):
         raise TypeError("a post-norm block normalises the stream itself: no model-level residual scheme")
 
 
+def compose(mixer: Mixer, ffn: nn.Module, norm: Callable[[], nn.Module], dropout: float = 0.0,
+            norm_position: NormPosition = "pre", cross_attn: MultiHeadAttention | None = None) -> Block:
+    """The block class that wires these layers: pre- or post-norm, with cross-attention or without."""
+    if norm_position not in ("pre", "post"):
+        raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
+    pre = norm_position == "pre"
+    if cross_attn is None:
+        return (PreNormBlock if pre else PostNormBlock)(mixer, ffn, norm, dropout)
+    return (DecoderBlock if pre else PostNormDecoderBlock)(mixer, cross_attn, ffn, norm, dropout)
+
+
 def attention_block(
     d_model: int,
     n_heads: int,
@@ -197,9 +208,4 @@ def attention_block(
     mixer = MultiHeadAttention(d_model, n_heads, **mha)
     cross = MultiHeadAttention(d_model, n_heads, cross=True, d_memory=d_memory, **mha) if cross_attention else None
     ffn = FeedForward(d_model, d_ff or default_d_ff(d_model, activation), activation, bias=bias, dropout=dropout)
-    make_norm = partial(build_norm, norm, d_model, norm_eps, bias)
-    if cross is None:
-        cls = PreNormBlock if norm_position == "pre" else PostNormBlock
-        return cls(mixer, ffn, make_norm, dropout)
-    cls = DecoderBlock if norm_position == "pre" else PostNormDecoderBlock
-    return cls(mixer, cross, ffn, make_norm, dropout)
+    return compose(mixer, ffn, partial(build_norm, norm, d_model, norm_eps, bias), dropout, norm_position, cross)
