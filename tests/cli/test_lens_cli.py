@@ -1,5 +1,6 @@
-"""attnlab lens logit-lens | ablate on a tiny trained GPT: the last layer of the lens is the model itself,
-an ablation report matches the same intervention made in Python, and bad input is one line (exit 2)."""
+"""attnlab lens logit-lens | ablate | dla | patch on a tiny trained GPT: the last layer of the lens is the
+model itself, an ablation report matches the same intervention made in Python, the attribution adds up to
+the logit, patching agrees with the Python API, and bad input is one line (exit 2)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,41 @@ def test_ablate_reports_the_intervention(run, tmp_path, capsys):
     assert "zero-ablated" in capsys.readouterr().out
 
 
+def test_dla_parts_add_up_to_the_logit(run, tmp_path, capsys):
+    assert main(["lens", "dla", str(run), "--text", TEXT, "--answer", "e", "--wrong", "a", "--top", "3",
+                 "--json", str(tmp_path / "d.json")]) == 0
+    r = json.loads((tmp_path / "d.json").read_text())
+    model, tok = load_model_and_tokenizer(run)
+    with torch.no_grad():
+        logits = model.eval()(torch.tensor([tok.encode(TEXT)])).logits[0, -1]
+    assert r["total"] == pytest.approx((logits[tok.encode("e")[0]] - logits[tok.encode("a")[0]]).item(), abs=1e-5)
+    assert sum(p["value"] for p in r["parts"]) == pytest.approx(r["total"], abs=1e-4)
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1 + 3
+
+
+def test_patch_reports_the_residual_map_heads_and_paths(run, tmp_path, capsys):
+    argv = ["lens", "patch", str(run), "--clean", TEXT, "--corrupted", "the quick box", "--answer", "e",
+            "--wrong", "a", "--path", "0.0>1.1", "--json", str(tmp_path / "p.json")]
+    assert main(argv) == 0
+    r = json.loads((tmp_path / "p.json").read_text())
+    assert len(r["resid_pre"]) == 2 and len(r["resid_pre"][0]) == len(TEXT)
+    assert r["resid_pre"][0][-3] == pytest.approx(1.0, abs=1e-5)  # the whole difference (f/b) sits there
+    assert all(v == pytest.approx(0.0, abs=1e-5) for v in r["resid_pre"][0][:-3])  # identical positions
+    assert len(r["heads"]) == 2 and len(r["heads"][0]) == 2
+    assert r["paths"][0]["sender"] == "L0H0" and r["paths"][0]["receiver"] == "L1H1"
+    assert "path L0H0 -> L1H1" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("argv", "message"), [
+    (["dla", "--text", TEXT, "--answer", "ee"], "give one token"),
+    (["patch", "--clean", TEXT, "--corrupted", "the fox", "--answer", "e", "--wrong", "a"], "same token count"),
+    (["patch", "--clean", TEXT, "--corrupted", TEXT, "--answer", "e", "--wrong", "a", "--path", "1.0>0.9"],
+     "--path heads need"),
+    (["patch", "--clean", TEXT, "--corrupted", TEXT, "--answer", "e", "--wrong", "a", "--path", "1.0"],
+     "a path is SENDER>RECEIVER"),
+    (["patch", "--clean", TEXT, "--corrupted", TEXT, "--answer", "e", "--wrong", "a", "--path", "1.0>1.1"],
+     "earlier layer"),
+
     (["ablate", "--text", TEXT, "--head", "7.0"], "--head takes LAYER.HEAD"),
     (["ablate", "--text", TEXT, "--head", "one"], "a head is LAYER.HEAD"),
     (["logit-lens", "--text", "t"], "at least two tokens"),

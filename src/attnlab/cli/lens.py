@@ -1,5 +1,6 @@
-"""``attnlab lens logit-lens | ablate``: read every layer's prediction, or knock heads out
-(``attnlab.inspect.lens``)."""
+"""``attnlab lens logit-lens | ablate | dla | patch | probe``: read every layer's prediction, knock heads
+out, split a logit into what each head wrote, patch a clean run into a corrupted one, probe the layers
+(``attnlab.inspect.lens``, ``attnlab.inspect.probes``)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,16 @@ def _head(text: str) -> tuple[int, int]:
     return int(layer), int(head)
 
 
+def _path(text: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    sender, sep, receiver = text.partition(">")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"a path is SENDER>RECEIVER, e.g. 0.1>1.3; got {text!r}")
+    return _head(sender), _head(receiver)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the lens command (with its logit-lens and ablate actions) to the parser."""
-    p = sub.add_parser("lens", help="interpretability lenses on a GPT run: logit-lens, ablate heads")
+    p = sub.add_parser("lens", help="interpretability lenses on a run: logit-lens, ablate, dla, patch (GPT), probe (any)")
     actions = p.add_subparsers(dest="lens_action", required=True)
     a = actions.add_parser("logit-lens", help="each layer's next-token prediction (final norm + unembedding)")
     a.add_argument("run_dir")
@@ -31,6 +39,30 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="zero, or the head's mean over the text's positions")
     a.add_argument("--json", default=None, help="write the report to this file")
     a.set_defaults(func=_cmd_ablate)
+    a = actions.add_parser("dla", help="direct logit attribution: what each head and MLP adds to the next token")
+    a.add_argument("run_dir")
+    a.add_argument("--text", required=True)
+    a.add_argument("--answer", required=True, help="the next token to explain (one token)")
+    a.add_argument("--wrong", default=None, help="explain logit(answer) - logit(wrong) instead")
+    a.add_argument("--top", type=int, default=10, help="parts shown (default 10; --json has all)")
+    a.add_argument("--json", default=None, help="write the report to this file")
+    a.set_defaults(func=_cmd_dla)
+    a = actions.add_parser("patch", help="activation and path patching from a clean text into a corrupted one")
+    a.add_argument("run_dir")
+    a.add_argument("--clean", required=True)
+    a.add_argument("--corrupted", required=True, help="a text of the same token count")
+    a.add_argument("--answer", required=True, help="the clean text's next token")
+    a.add_argument("--wrong", required=True, help="the corrupted text's next token")
+    a.add_argument("--path", type=_path, action="append", default=[], help="SENDER>RECEIVER heads, e.g. 0.1>1.3")
+    a.add_argument("--json", default=None, help="write the report to this file")
+    a.set_defaults(func=_cmd_patch)
+    a = actions.add_parser("probe", help="linear probes per layer with a control task (GPT or BERT run)")
+    a.add_argument("run_dir")
+    a.add_argument("--data", required=True, help='JSON lines {"words": [...], "labels": [...]} (null = skip)')
+    a.add_argument("--seeds", type=int, default=3, help="splits and control tasks to average (default 3)")
+    a.add_argument("--test-fraction", type=float, default=0.25, help="held-out sentences (default 0.25)")
+    a.add_argument("--json", default=None, help="write the report to this file")
+    a.set_defaults(func=_cmd_probe)
 
 
 def _write(report: dict, path: str | None) -> None:
@@ -76,5 +108,61 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
           f"({r['loss_increase']:+.4f} nats)")
     print(f"  next token, plain:   {r['plain']['next']}")
     print(f"  next token, ablated: {r['ablated']['next']}")
+    _write(r, args.json)
+    return 0
+
+
+def _cmd_dla(args: argparse.Namespace) -> int:
+    from attnlab.inspect.lens import dla_report
+
+    _check_json(args.json)
+    if args.top < 1:
+        from attnlab.core.errors import ConfigError
+
+        raise ConfigError("--top must be >= 1")
+    r = dla_report(args.run_dir, args.text, args.answer, args.wrong, top=args.top)
+    what = f"logit({r['answer']!r})" + (f" - logit({r['wrong']!r})" if r["wrong"] is not None else "")
+    print(f"{what} after the text = {r['total']:.4f}; the largest direct parts:")
+    for part in r["parts"][:r["shown"]]:
+        print(f"  {part['name']:>16}  {part['value']:+.4f}")
+    _write(r, args.json)
+    return 0
+
+
+def _cmd_patch(args: argparse.Namespace) -> int:
+    from attnlab.inspect.lens import patch_report
+
+    _check_json(args.json)
+    r = patch_report(args.run_dir, args.clean, args.corrupted, args.answer, args.wrong, args.path)
+    print(f"logit({args.answer!r}) - logit({args.wrong!r}): clean {r['metric_clean']:.4f}, "
+          f"corrupted {r['metric_corrupted']:.4f}; recovered fraction when patched from the clean run:")
+    print("residual stream entering each block, by position (" + " ".join(repr(t) for t in r["tokens"]) + "):")
+    for layer, row in enumerate(r["resid_pre"]):
+        print(f"  block {layer}: " + " ".join(f"{v:+.2f}" for v in row))
+    print("heads (rows: layers):")
+    for layer, row in enumerate(r["heads"]):
+        print(f"  L{layer}: " + " ".join(f"{v:+.2f}" for v in row))
+    for p in r["paths"]:
+        print(f"path {p['sender']} -> {p['receiver']}: {p['recovered']:+.3f}")
+    _write(r, args.json)
+    return 0
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from attnlab.core.errors import ConfigError
+    from attnlab.inspect.probes import probe_report
+
+    _check_json(args.json)
+    if not 1 <= args.seeds <= 20:
+        raise ConfigError("--seeds must be in 1..20")
+    if not 0 < args.test_fraction < 1:
+        raise ConfigError(f"--test-fraction must be in (0, 1), got {args.test_fraction}")
+    r = probe_report(args.run_dir, args.data, seeds=range(args.seeds), test_fraction=args.test_fraction)
+    print(f"{r['words']} labelled words in {r['sentences']} sentences, classes {r['classes']}; "
+          f"held-out accuracy, mean +- sd over {args.seeds} seeds (majority class {r['majority']:.3f}):")
+    print(f"{'layer':>8}  {'probe':>13}  {'control':>13}  {'selectivity':>13}")
+    for p in r["layers"]:
+        print(f"{p['layer']:>8}  {p['accuracy']:.3f} +- {p['accuracy_sd']:.3f}  {p['control']:.3f} +- "
+              f"{p['control_sd']:.3f}  {p['selectivity']:+.3f} +- {p['selectivity_sd']:.3f}")
     _write(r, args.json)
     return 0

@@ -50,16 +50,18 @@ def logit_lens(model: nn.Module, idx: Tensor, targets: Tensor | None = None, k: 
     return LensResult(["embed", *[f"block {i}" for i in range(L)]], logits, logits.topk(k, dim=-1).indices, loss)
 
 
-def _gpt_and_ids(run_dir, text: str):
-    """A run's GPT (eval mode) and ``text`` as ids (1, T); one-line errors for anything else."""
+def _gpt_and_ids(run_dir, text: str, min_tokens: int = 2, model=None):
+    """A run's GPT (eval mode) and ``text`` as ids (1, T); one-line errors for anything else.
+    ``model``: a (model, tokenizer) already loaded from the run."""
     from attnlab.training.runs import load_model_and_tokenizer
 
-    model, tok = load_model_and_tokenizer(run_dir)
+    model, tok = model or load_model_and_tokenizer(run_dir)
     if model.config.family != "gpt":
         raise ConfigError(f"{run_dir} holds a {model.config.family} model; the lens commands read a gpt")
     ids = tok.encode(text)
-    if len(ids) < 2:
-        raise ConfigError("give --text of at least two tokens (the lens scores each next token)")
+    if len(ids) < min_tokens:
+        raise ConfigError("give --text of at least two tokens (the lens scores each next token)"
+                          if min_tokens == 2 else "give a text of at least one token")
     if len(ids) > model.config.block_size:
         raise ConfigError(f"the text has {len(ids)} tokens, more than the context of {model.config.block_size}")
     return model.eval(), tok, torch.tensor([ids])
@@ -100,3 +102,60 @@ def ablation_report(run_dir, text: str, heads: list[tuple[int, int]], how: str =
         changed = measure()
     return {"text": text, "heads": [f"L{layer}H{h}" for layer, h in heads], "how": how, "plain": plain,
             "ablated": changed, "loss_increase": changed["loss"] - plain["loss"]}
+
+
+def _one_token(tok, text: str, what: str) -> int:
+    ids = tok.encode(text)
+    if len(ids) != 1:
+        raise ConfigError(f"{what} {text!r} is {len(ids)} tokens for this tokenizer; give one token")
+    return ids[0]
+
+
+def dla_report(run_dir, text: str, answer: str, wrong: str | None = None, top: int = 10) -> dict:
+    """Direct logit attribution of the next token after ``text``: each head's, MLP's and the embeddings'
+    direct share of logit(answer) (- logit(wrong)), ranked by size (``inspect.circuits``)."""
+    from attnlab.inspect.circuits import direct_logit_attribution
+
+    model, tok, idx = _gpt_and_ids(run_dir, text, min_tokens=1)
+    a = _one_token(tok, answer, "--answer")
+    w = None if wrong is None else _one_token(tok, wrong, "--wrong")
+    attr = direct_logit_attribution(model, idx, a, w)
+    ranked = attr.ranked()
+    return {"text": text, "answer": answer, "wrong": wrong, "total": float(attr.total[0]),
+            "parts": [{"name": n, "value": v} for n, v in ranked], "shown": min(top, len(ranked))}
+
+
+def patch_report(run_dir, clean: str, corrupted: str, answer: str, wrong: str,
+                 paths: list[tuple[tuple[int, int], tuple[int, int]]] = ()) -> dict:
+    """Activation patching from the run on ``clean`` into the run on ``corrupted`` (same token count),
+    metric logit(answer) - logit(wrong) after the text: the recovered fraction for the residual stream
+    at each layer and position, for each head, and for each sender -> receiver head path."""
+    from attnlab.inspect.circuits import path_patch
+    from attnlab.inspect.intervene import head, logit_difference, patch_recovery, residual_patching, run_with_cache
+
+    model, tok, x_clean = _gpt_and_ids(run_dir, clean, min_tokens=1)
+    x_corr = _gpt_and_ids(run_dir, corrupted, min_tokens=1, model=(model, tok))[2]
+    if x_clean.shape != x_corr.shape:
+        raise ConfigError(f"--clean is {x_clean.size(1)} tokens and --corrupted {x_corr.size(1)}: patching "
+                          "lines positions up, so give texts of the same token count")
+    c = model.config
+    bad = [p for p in paths for (layer, h) in p if not (0 <= layer < c.n_layer and 0 <= h < c.n_head)]
+    if bad:
+        raise ConfigError(f"--path heads need layer < {c.n_layer} and head < {c.n_head}; got {bad}")
+    backward = [f"{s[0]}.{s[1]}>{r[0]}.{r[1]}" for s, r in paths if s[0] >= r[0]]
+    if backward:
+        raise ConfigError(f"--path {backward[0]}: the sender must sit in an earlier layer than the receiver")
+    metric = logit_difference(_one_token(tok, answer, "--answer"), _one_token(tok, wrong, "--wrong"))
+    T = x_clean.size(1)
+    grid = residual_patching(model, x_clean, x_corr, metric, c.n_layer, T)
+    _, cache = run_with_cache(model, x_clean, "blocks.*.mixer.hook_z")
+    heads = [[patch_recovery(model, x_clean, x_corr, [head(layer, h)], metric, clean_cache=cache).recovered
+              for h in range(c.n_head)] for layer in range(c.n_layer)]
+    base = patch_recovery(model, x_clean, x_corr, [], metric)
+    path_rows = [{"sender": f"L{s[0]}H{s[1]}", "receiver": f"L{r[0]}H{r[1]}",
+                  "recovered": path_patch(model, x_clean, x_corr, head(*s), head(*r), metric).recovered}
+                 for s, r in paths]
+    return {"clean": clean, "corrupted": corrupted, "answer": answer, "wrong": wrong,
+            "tokens": [tok.decode([i]) for i in x_corr[0].tolist()],
+            "metric_clean": base.clean, "metric_corrupted": base.corrupted,
+            "resid_pre": grid.tolist(), "heads": heads, "paths": path_rows}
