@@ -70,17 +70,20 @@ def test_patch_reports_the_residual_map_heads_and_paths(run, tmp_path, capsys):
     assert r["resid_pre"][0][-3] == pytest.approx(1.0, abs=1e-5)  # the whole difference (f/b) sits there
     assert all(v == pytest.approx(0.0, abs=1e-5) for v in r["resid_pre"][0][:-3])  # identical positions
     assert len(r["heads"]) == 2 and len(r["heads"][0]) == 2
-    assert r["paths"][0]["sender"] == "L0H0" and r["paths"][0]["receiver"] == "L1H1"
+    assert r["paths"][0]["sender"] == "L0H0" and r["paths"][0]["receivers"] == ["L1H1"]
+    assert len(r["all_heads_of_layer"]) == 2
     assert "path L0H0 -> L1H1" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["dla", "--text", TEXT, "--answer", "ee"], "give one token"),
+    (["patch", "--clean", TEXT, "--corrupted", TEXT, "--answer", "e", "--wrong", "e"], "the same token"),
     (["patch", "--clean", TEXT, "--corrupted", "the fox", "--answer", "e", "--wrong", "a"], "same token count"),
     (["patch", "--clean", TEXT, "--corrupted", TEXT, "--answer", "e", "--wrong", "a", "--path", "1.0>0.9"],
      "--path heads need"),
     (["patch", "--clean", TEXT, "--corrupted", TEXT, "--answer", "e", "--wrong", "a", "--path", "1.0"],
      "a path is SENDER>RECEIVER"),
+    (["patch", "--clean", TEXT, "--corrupted", TEXT, "--answer", "e", "--wrong", "a"], "nothing to recover"),
     (["patch", "--clean", TEXT, "--corrupted", TEXT, "--answer", "e", "--wrong", "a", "--path", "1.0>1.1"],
      "earlier layer"),
 

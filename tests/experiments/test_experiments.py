@@ -139,3 +139,16 @@ def test_structure_discovery(tmp_path):
     held = r["checks"]["regular_within_2pct"] and r["checks"]["nested_within_2pct"] and \
         r["checks"]["nested_head_tracks_agreement"]
     assert record["claim_held"] == held
+
+
+def test_faithfulness(tmp_path):
+    """Quick mode: one seed, so the rule must answer "not decidable" and the claim cannot hold."""
+    record, r = run_quick_experiment("faithfulness", tmp_path)
+    assert r["vit"]["accuracy"]["mean"] > 0.5  # the ViT learns the placed digits even in 150 steps
+    for setting in ("vit", "minilm"):
+        table = r[setting]["methods"]
+        assert set(table) == {"attention", "rollout", "gradient_x_input", "integrated_gradients", "occlusion",
+                              "lime", "kernel_shap", "random"}
+        assert all(0 <= t["deletion"]["mean"] <= 1 and 0 <= t["in_region"]["mean"] <= 1 for t in table.values())
+        assert r[setting]["decision"]["verdict"] == "not decidable (fewer than 3 seeds)"
+    assert record["claim_held"] is False

@@ -92,6 +92,43 @@ def test_path_patching_restores_nothing_along_a_path_that_does_not_exist(planted
         assert r.patched == pytest.approx(r.corrupted, abs=1e-5), (sender, receiver)
 
 
+def test_the_direct_path_is_the_senders_difference_added_to_the_receivers_input():
+    """through_mlps=False keeps only the direct path: the receiver's input is the corrupted stream plus
+    (z_S^clean - z_S^corrupted) W_O^S, computed here by hand; with the MLPs recomputed the answer differs."""
+    from attnlab.inspect.circuits import head_output
+    from attnlab.inspect.intervene import patched
+    from attnlab.nn.hooks import capture, hooks
+
+    model = gpt()
+    clean, corrupted = tokens(1, B=2), tokens(2, B=2)
+    metric = logit_difference(correct=3, wrong=5)
+    sender, receiver = head(0, 1), head(2, 3)
+    direct = path_patch(model, clean, corrupted, sender, receiver, metric, through_mlps=False)
+    _, cc = run_with_cache(model, clean, sender.point)
+    _, cx = run_with_cache(model, corrupted, sender.point)
+    attention = model.blocks[0].mixer
+    delta = head_output(attention, cc[sender.point], 1) - head_output(attention, cx[sender.point], 1)
+    with torch.no_grad(), capture(model, receiver.point) as seen, \
+            hooks(model, {"blocks.2.hook_resid_pre": lambda x, name: x + delta}):
+        model(corrupted)
+    with torch.no_grad(), patched(model, [receiver], seen):
+        by_hand = float(metric(model(corrupted)))
+    assert direct.patched == pytest.approx(by_hand, abs=1e-5)
+    through = path_patch(model, clean, corrupted, sender, receiver, metric)
+    assert abs(through.patched - direct.patched) > 1e-4  # the MLPs of blocks 0 and 1 carry part of it
+
+
+def test_path_patching_to_a_group_of_receivers(planted):
+    """A group is each receiver on its own path, patched together: here only L1H0 reads C, so adding the
+    empty L1H1 changes nothing, and receivers in two layers are accepted."""
+    model, clean, corrupted, metric = planted
+    one = path_patch(model, clean, corrupted, head(0, 0), head(1, 0), metric)
+    two = path_patch(model, clean, corrupted, head(0, 0), [head(1, 0), head(1, 1)], metric)
+    assert two.patched == pytest.approx(one.patched, abs=1e-5)
+    with pytest.raises(ConfigError, match="at least one receiver"):
+        path_patch(model, clean, corrupted, head(0, 0), [], metric)
+
+
 def test_path_patching_from_some_positions_only(planted):
     model, clean, corrupted, metric = planted
     nowhere = path_patch(model, clean, corrupted, Site(head(0, 0).point, 0, (0,)), head(1, 0), metric)

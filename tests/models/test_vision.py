@@ -301,6 +301,12 @@ def test_train_eval_inspect_through_the_cli(tmp_path, capsys):
     Image.fromarray(digit.numpy()).save(tmp_path / "digit.png")
     assert main(["inspect", str(run), "--image", str(tmp_path / "digit.png"), "--out", str(tmp_path / "s.png")]) == 0
     assert "rollout peaks at patch" in capsys.readouterr().out and (tmp_path / "s.png").stat().st_size > 1000
+    assert main(["inspect", str(run), "--image", str(tmp_path / "digit.png"), "--faithfulness",
+                 str(tmp_path / "f.json"), "--samples", "20"]) == 0
+    f = json.loads((tmp_path / "f.json").read_text())
+    assert len(f["features"]) == 4 and len(f["methods"]) == 8  # 2x2 patches; every method, random included
+    aucs = [m["deletion_auc"] for m in f["methods"]]
+    assert aucs == sorted(aucs) and "deletion" in capsys.readouterr().out
     _png(tmp_path / "big.png", size=28)
     (tmp_path / "broken.png").write_bytes(b"not a png at all")
     for bad, message in (("big.png", "28x28 pixels but the model takes 8x8"), ("broken.png", "not an image"),
@@ -312,6 +318,9 @@ def test_train_eval_inspect_through_the_cli(tmp_path, capsys):
     capsys.readouterr()
     assert main(["inspect", str(tmp_path / "cnn"), "--image", str(tmp_path / "digit.png")]) == 2
     assert "needs a vit" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path / "cnn"), "--image", str(tmp_path / "digit.png"), "--faithfulness",
+                 str(tmp_path / "c.json")]) == 2
+    assert "explains a vit run" in capsys.readouterr().err
 
 
 def test_normalize_uses_train_statistics():

@@ -16,6 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--head", type=int, default=None, help="head of the single-head figure (default: 0)")
     p.add_argument("--out", default=None, help="output: a folder for --text (default ./inspect), a PNG for "
                    "--image (default saliency.png)")
+    p.add_argument("--faithfulness", default=None, metavar="JSON",
+                   help="instead: score attention, rollout, gradient x input, integrated gradients, occlusion, LIME, "
+                   "KernelSHAP and a random order by deletion/insertion AUC on this input; write them to JSON")
+    p.add_argument("--samples", type=int, default=200, help="model calls for LIME and KernelSHAP (default 200)")
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("heads", help="per-head statistics and head types (previous-token, induction, ...)")
@@ -37,6 +41,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     if (args.text is None) == (args.image is None):
         raise ConfigError("give one input to inspect: --text \"...\" or --image path.png")
+    if args.faithfulness is not None:
+        return _faithfulness(args)
     if args.image is not None:
         from attnlab.inspect.saliency import inspect_image
 
@@ -50,6 +56,28 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     paths = inspect_text(args.run_dir, args.text, out, layer=args.layer, head=args.head)
     print(f"wrote {len(paths)} files to {out}: " + ", ".join(p.name for p in paths))
     return 0
+
+def _faithfulness(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from attnlab.core.errors import ConfigError
+    from attnlab.core.fileio import atomic_write_text
+    from attnlab.inspect.faithfulness import run_report
+
+    if not Path(args.faithfulness).parent.is_dir():
+        raise ConfigError(f"--faithfulness {args.faithfulness}: its folder does not exist")
+    if not 10 <= args.samples <= 100_000:
+        raise ConfigError("--samples must be in 10..100000")
+    r = run_report(args.run_dir, text=args.text, image=args.image, resize=args.resize, n_samples=args.samples)
+    print(f"explaining {r['explained']} (p = {r['probability']:.3f}) over {len(r['features'])} features; "
+          "most faithful first (deletion AUC: lower is better; insertion AUC: higher is better):")
+    for row in r["methods"]:
+        print(f"  {row['method']:>21}  deletion {row['deletion_auc']:.3f}  insertion {row['insertion_auc']:.3f}  "
+              f"top {row['top']}")
+    atomic_write_text(Path(args.faithfulness), json.dumps(r, indent=1, ensure_ascii=False) + "\n")
+    return 0
+
 
 def _cmd_heads(args: argparse.Namespace) -> int:
     """Per-head statistics (entropy, distance, previous-token / first-token / induction / duplicate-token /

@@ -14,16 +14,17 @@ def _head(text: str) -> tuple[int, int]:
     return int(layer), int(head)
 
 
-def _path(text: str) -> tuple[tuple[int, int], tuple[int, int]]:
-    sender, sep, receiver = text.partition(">")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"a path is SENDER>RECEIVER, e.g. 0.1>1.3; got {text!r}")
-    return _head(sender), _head(receiver)
+def _path(text: str) -> tuple[tuple[int, int], list[tuple[int, int]]]:
+    sender, sep, receivers = text.partition(">")
+    if not sep or not receivers:
+        raise argparse.ArgumentTypeError(f"a path is SENDER>RECEIVER[,RECEIVER...], e.g. 0.1>1.3 or 0.1>1.2,1.3; "
+                                         f"got {text!r}")
+    return _head(sender), [_head(r) for r in receivers.split(",")]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add the lens command (with its logit-lens and ablate actions) to the parser."""
-    p = sub.add_parser("lens", help="interpretability lenses on a run: logit-lens, ablate, dla, patch (GPT), probe (any)")
+    """Add the lens command (logit-lens, ablate, dla, patch, probe) to the parser."""
+    p = sub.add_parser("lens", help="lenses on a run: logit-lens, ablate, dla, patch (GPT); probe (GPT or BERT)")
     actions = p.add_subparsers(dest="lens_action", required=True)
     a = actions.add_parser("logit-lens", help="each layer's next-token prediction (final norm + unembedding)")
     a.add_argument("run_dir")
@@ -53,7 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--corrupted", required=True, help="a text of the same token count")
     a.add_argument("--answer", required=True, help="the clean text's next token")
     a.add_argument("--wrong", required=True, help="the corrupted text's next token")
-    a.add_argument("--path", type=_path, action="append", default=[], help="SENDER>RECEIVER heads, e.g. 0.1>1.3")
+    a.add_argument("--path", type=_path, action="append", default=[],
+                   help="SENDER>RECEIVER[,RECEIVER...] heads, e.g. 0.1>1.3 or 0.1>1.2,1.3 (repeatable)")
+    a.add_argument("--direct", action="store_true",
+                   help="paths skip the MLPs (frozen): only the direct route through the residual stream")
     a.add_argument("--json", default=None, help="write the report to this file")
     a.set_defaults(func=_cmd_patch)
     a = actions.add_parser("probe", help="linear probes per layer with a control task (GPT or BERT run)")
@@ -133,17 +137,18 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     from attnlab.inspect.lens import patch_report
 
     _check_json(args.json)
-    r = patch_report(args.run_dir, args.clean, args.corrupted, args.answer, args.wrong, args.path)
+    r = patch_report(args.run_dir, args.clean, args.corrupted, args.answer, args.wrong, args.path,
+                     through_mlps=not args.direct)
     print(f"logit({args.answer!r}) - logit({args.wrong!r}): clean {r['metric_clean']:.4f}, "
           f"corrupted {r['metric_corrupted']:.4f}; recovered fraction when patched from the clean run:")
     print("residual stream entering each block, by position (" + " ".join(repr(t) for t in r["tokens"]) + "):")
     for layer, row in enumerate(r["resid_pre"]):
         print(f"  block {layer}: " + " ".join(f"{v:+.2f}" for v in row))
-    print("heads (rows: layers):")
+    print("heads (rows: layers; last column: all heads of the layer at once):")
     for layer, row in enumerate(r["heads"]):
-        print(f"  L{layer}: " + " ".join(f"{v:+.2f}" for v in row))
+        print(f"  L{layer}: " + " ".join(f"{v:+.2f}" for v in row) + f"  | {r['all_heads_of_layer'][layer]:+.2f}")
     for p in r["paths"]:
-        print(f"path {p['sender']} -> {p['receiver']}: {p['recovered']:+.3f}")
+        print(f"path {p['sender']} -> {', '.join(p['receivers'])}: {p['recovered']:+.3f}")
     _write(r, args.json)
     return 0
 

@@ -23,6 +23,7 @@ EXPERIMENTS: dict[str, str] = {
     "scaling": "attnlab.experiments.scaling",
     "word-vectors": "attnlab.experiments.word_vectors",
     "chomsky": "attnlab.experiments.chomsky",
+    "faithfulness": "attnlab.experiments.faithfulness",
 }
 
 

@@ -13,26 +13,29 @@ is removed from each part; RMSNorm: s = sqrt(mean(r_L^2) + eps)) makes the norm 
 
 exactly: each part's term is its direct effect on the answer (not through later layers).
 
-Path patching (Wang et al. 2022, "IOI"), with the conventions of ``intervene.patch_recovery``: run the
-corrupted input, but let the sender head S carry its clean output *only along the direct path into the
-receiver head R* (a later layer):
+Path patching (Wang et al. 2022, "IOI"), with the conventions of ``intervene.patch_recovery``: let the
+sender head S carry its clean output into the corrupted run *only along the paths that end in the
+receiver heads R* (later layers):
 
-    x_R = corrupted resid entering R's block + (z_S^clean - z_S^corrupted) W_O^S
-    z_R' = R's output on x_R;   patched run = corrupted run with R's output replaced by z_R'
+    run 1: the corrupted input; S's output <- its clean value; every other head frozen at its corrupted
+           value; the MLPs recomputed (or frozen too: the direct path only); the receivers recomputed
+           -> z_R'
+    run 2: the corrupted input with each receiver's output <- z_R'; the rest as usual
 
-and report recovered = (m(patched) - m(corrupted)) / (m(clean) - m(corrupted)). Components between S and
-R keep their corrupted values, so only the path S -> R is restored; R's effect then flows on as usual.
+and report recovered = (m(run 2) - m(corrupted)) / (m(clean) - m(corrupted)): the part of the clean
+behaviour that flows from S through R.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError
-from attnlab.inspect.intervene import Inputs, Metric, PatchResult, Site, call, patched
+from attnlab.inspect.intervene import Inputs, Metric, PatchResult, Site, call, patched, run_with_cache
 from attnlab.nn.hooks import capture, hook_points, hooks
 
 
@@ -145,29 +148,42 @@ def _layer_of(site: Site) -> tuple[str, int]:
 
 
 @torch.no_grad()
-def path_patch(model: nn.Module, clean: Inputs, corrupted: Inputs, sender: Site, receiver: Site,
-               metric: Metric) -> PatchResult:
-    """Path patching from ``sender`` to ``receiver`` (two head sites, the sender in an earlier layer of
-    the same stack): see the module docstring. Returns clean, corrupted and patched values of ``metric``."""
-    s_stack, s_layer = _layer_of(sender)
-    r_stack, r_layer = _layer_of(receiver)
-    if s_stack != r_stack or s_layer >= r_layer:
-        raise ConfigError(f"the sender ({sender.point}) must sit in an earlier layer of the receiver's stack "
-                          f"({receiver.point})")
-    with capture(model, sender.point) as seen_clean:
-        out_clean = call(model, clean)
-    with capture(model, sender.point) as seen_corr:
-        out_corr = call(model, corrupted)
-    attention = _module(model, sender.point)
-    delta = (head_output(attention, seen_clean[sender.point], sender.head)
-             - head_output(attention, seen_corr[sender.point], sender.head))  # (B, T, C)
-    if sender.positions is not None:  # only these positions of the sender carry their clean output
-        keep = torch.zeros(delta.size(1), 1, dtype=delta.dtype)
-        keep[list(sender.positions)] = 1
-        delta = delta * keep
-    entry = f"{r_stack}.{r_layer}.hook_resid_pre"
-    with capture(model, receiver.point) as seen_r, hooks(model, {entry: lambda x, name: x + delta}):
+def path_patch(model: nn.Module, clean: Inputs, corrupted: Inputs, sender: Site, receivers: Site | Sequence[Site],
+               metric: Metric, through_mlps: bool = True) -> PatchResult:
+    """Path patching from the ``sender`` head to one receiver head or a group of them (a circuit often
+    spreads a job over several heads), all in later layers of the same stack (see the module docstring).
+    ``through_mlps``: the MLPs between them are recomputed, so the path may pass through them (Wang et
+    al.'s convention); False freezes them too and keeps only the direct path through the residual stream.
+    Returns the metric on the clean, corrupted and patched runs."""
+    receivers = [receivers] if isinstance(receivers, Site) else list(receivers)
+    if not receivers:
+        raise ConfigError("path patching needs at least one receiver head")
+    stack, s_layer = _layer_of(sender)
+    for receiver in receivers:
+        r_stack, r_layer = _layer_of(receiver)
+        if r_stack != stack or s_layer >= r_layer:
+            raise ConfigError(f"the sender ({sender.point}) must sit in an earlier layer of the receiver's stack "
+                              f"({receiver.point})")
+    frozen = [n for n in hook_points(model) if n.startswith(f"{stack}.")
+              and (n.endswith(".hook_z") or (not through_mlps and n.endswith(".hook_ffn_out")))]
+    out_clean, clean_cache = run_with_cache(model, clean, [sender.point])
+    out_corr, corr_cache = run_with_cache(model, corrupted, frozen)
+
+    def freeze(point: str):
+        recomputed = [r.head for r in receivers if r.point == point]
+
+        def fn(x: Tensor, name: str) -> Tensor:
+            new = corr_cache[point].clone()
+            for h in recomputed:
+                new[:, h] = x[:, h]
+            if point == sender.point:
+                new[sender.index()] = clean_cache[point][sender.index()]
+            return new
+
+        return fn
+
+    with capture(model, *{r.point for r in receivers}) as source, hooks(model, {p: freeze(p) for p in frozen}):
         call(model, corrupted)
-    with patched(model, [receiver], seen_r):
+    with patched(model, receivers, source):
         out_patched = call(model, corrupted)
     return PatchResult(float(metric(out_clean)), float(metric(out_corr)), float(metric(out_patched)))

@@ -126,7 +126,7 @@ def dla_report(run_dir, text: str, answer: str, wrong: str | None = None, top: i
 
 
 def patch_report(run_dir, clean: str, corrupted: str, answer: str, wrong: str,
-                 paths: list[tuple[tuple[int, int], tuple[int, int]]] = ()) -> dict:
+                 paths: list[tuple[tuple[int, int], list[tuple[int, int]]]] = (), through_mlps: bool = True) -> dict:
     """Activation patching from the run on ``clean`` into the run on ``corrupted`` (same token count),
     metric logit(answer) - logit(wrong) after the text: the recovered fraction for the residual stream
     at each layer and position, for each head, and for each sender -> receiver head path."""
@@ -139,23 +139,33 @@ def patch_report(run_dir, clean: str, corrupted: str, answer: str, wrong: str,
         raise ConfigError(f"--clean is {x_clean.size(1)} tokens and --corrupted {x_corr.size(1)}: patching "
                           "lines positions up, so give texts of the same token count")
     c = model.config
-    bad = [p for p in paths for (layer, h) in p if not (0 <= layer < c.n_layer and 0 <= h < c.n_head)]
+    bad = [(layer, h) for s, rs in paths for (layer, h) in (s, *rs)
+           if not (0 <= layer < c.n_layer and 0 <= h < c.n_head)]
     if bad:
         raise ConfigError(f"--path heads need layer < {c.n_layer} and head < {c.n_head}; got {bad}")
-    backward = [f"{s[0]}.{s[1]}>{r[0]}.{r[1]}" for s, r in paths if s[0] >= r[0]]
+    backward = [f"{s[0]}.{s[1]}>{r[0]}.{r[1]}" for s, rs in paths for r in rs if s[0] >= r[0]]
     if backward:
         raise ConfigError(f"--path {backward[0]}: the sender must sit in an earlier layer than the receiver")
-    metric = logit_difference(_one_token(tok, answer, "--answer"), _one_token(tok, wrong, "--wrong"))
+    a, w = _one_token(tok, answer, "--answer"), _one_token(tok, wrong, "--wrong")
+    if a == w:
+        raise ConfigError("--answer and --wrong are the same token: their logit difference is always 0")
+    metric = logit_difference(a, w)
+    base = patch_recovery(model, x_clean, x_corr, [], metric)
+    if base.clean == base.corrupted:
+        raise ConfigError("the clean and corrupted texts give the same logit difference: there is nothing to recover")
     T = x_clean.size(1)
     grid = residual_patching(model, x_clean, x_corr, metric, c.n_layer, T)
     _, cache = run_with_cache(model, x_clean, "blocks.*.mixer.hook_z")
     heads = [[patch_recovery(model, x_clean, x_corr, [head(layer, h)], metric, clean_cache=cache).recovered
               for h in range(c.n_head)] for layer in range(c.n_layer)]
-    base = patch_recovery(model, x_clean, x_corr, [], metric)
-    path_rows = [{"sender": f"L{s[0]}H{s[1]}", "receiver": f"L{r[0]}H{r[1]}",
-                  "recovered": path_patch(model, x_clean, x_corr, head(*s), head(*r), metric).recovered}
-                 for s, r in paths]
-    return {"clean": clean, "corrupted": corrupted, "answer": answer, "wrong": wrong,
+    path_rows = [{"sender": f"L{s[0]}H{s[1]}", "receivers": [f"L{r[0]}H{r[1]}" for r in rs],
+                  "recovered": path_patch(model, x_clean, x_corr, head(*s), [head(*r) for r in rs], metric,
+                                          through_mlps).recovered}
+                 for s, rs in paths]
+    layers = [patch_recovery(model, x_clean, x_corr, [head(layer, h) for h in range(c.n_head)], metric,
+                             clean_cache=cache).recovered for layer in range(c.n_layer)]
+    return {"clean": clean, "corrupted": corrupted, "answer": answer, "wrong": wrong, "all_heads_of_layer": layers,
+            "paths_through_mlps": through_mlps,
             "tokens": [tok.decode([i]) for i in x_corr[0].tolist()],
             "metric_clean": base.clean, "metric_corrupted": base.corrupted,
             "resid_pre": grid.tolist(), "heads": heads, "paths": path_rows}
