@@ -69,9 +69,10 @@ def _gpt_and_ids(run_dir, text: str, min_tokens: int = 2, model=None):
 
 def lens_report(run_dir, text: str, k: int = 5) -> dict:
     """The logit lens of a run on ``text``: per layer the next-token loss over the text and, at each
-    position, the k most likely next tokens (as text)."""
+    position (the last one included: what would follow the text), the k most likely next tokens."""
     model, tok, idx = _gpt_and_ids(run_dir, text)
-    lens = logit_lens(model, idx[:, :-1], idx[:, 1:], k=k)
+    targets = torch.cat([idx[:, 1:], torch.full((1, 1), -100)], dim=1)  # nothing to score after the text
+    lens = logit_lens(model, idx, targets, k=k)
     return {"text": text, "tokens": [tok.decode([i]) for i in idx[0].tolist()],
             "layers": [{"name": name, "loss": loss, "top": [[tok.decode([t]) for t in row] for row in top[0].tolist()]}
                        for name, loss, top in zip(lens.layers, lens.loss, lens.top, strict=True)]}
