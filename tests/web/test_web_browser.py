@@ -178,6 +178,27 @@ def test_conv_tab_shows_the_receptive_field_against_an_attention_row(page):
     assert "the attention row is non-zero on 11 inputs" in summary  # causal attention: positions 0..10
 
 
+def test_lens_tab_knocks_out_heads_and_reads_every_layer(page, server, tmp_path):
+    """Click a head: the page shows what /api/lens returns for that head knocked out, the logit lens of
+    every layer, and downloads the numbers."""
+    page.click("#tab-lens")
+    page.wait_for_selector('body[data-lens-runs="1"]')
+    assert page.inner_text("#lens-ablated").strip() == ""  # nothing knocked out yet
+    page.fill("#lens-input", TEXT)
+    page.click('#lens-heads button[data-key="1.0"]')
+    page.wait_for_selector('body[data-lens-runs="2"]')
+    assert "L1H0" in page.inner_text("#lens-loss") and "off" in page.get_attribute(
+        '#lens-heads button[data-key="1.0"]', "class")
+    want = httpx.post(server + "/api/lens", json={"text": TEXT, "ablate": [[1, 0]]}).json()
+    shown = [float(x) for x in page.locator("#lens-ablated .bar-p").all_inner_texts()]
+    assert shown == pytest.approx([t["p"] for t in want["ablated_next_token"]], abs=1e-4)
+    with page.expect_download() as info:
+        page.click("#download-json")
+    data = json.loads(info.value.path().read_text(encoding="utf-8"))
+    assert data["heads"] == ["L1H0"] and [layer["name"] for layer in data["layers"]] == ["embed", "block 0",
+                                                                                         "block 1"]
+
+
 def test_downloads_png_and_json(page, tmp_path):
     run_text(page, TEXT)
     page.select_option("#head", "1")

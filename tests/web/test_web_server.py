@@ -401,3 +401,31 @@ def test_the_worker_thread_stops_with_the_app(run_dir):
         assert len(workers) == 1
     workers[0].join(timeout=5)
     assert not workers[0].is_alive()
+
+
+def test_lens_endpoint_matches_the_python_api(client, run_dir):
+    """/api/lens: the last layer of the lens is the model's own next-token distribution; knocking out a head
+    gives what ``ablated`` gives in Python; bad heads and fields are one-line 400s."""
+    from attnlab.inspect.intervene import ablated, head
+
+    r = client.post("/api/lens", json={"text": "the quick", "ablate": [[1, 0]], "how": "zero"})
+    assert r.status_code == 200, r.text
+    view = r.json()
+    model, tok = load_model_and_tokenizer(run_dir)
+    idx = torch.tensor([tok.encode("the quick")])
+    with torch.no_grad():
+        plain = model.eval()(idx).logits[0, -1].softmax(-1)
+        with ablated(model, [head(1, 0)]):
+            knocked = model(idx).logits[0, -1].softmax(-1)
+    assert view["layer_names"] == ["embed", "block 0", "block 1"] and view["heads"] == ["L1H0"]
+    assert view["layers"][-1]["top"][0]["p"] == pytest.approx(plain.max().item(), abs=1e-4)
+    assert view["next_token"][0]["p"] == pytest.approx(plain.max().item(), abs=1e-4)
+    assert view["ablated_next_token"][0]["p"] == pytest.approx(knocked.max().item(), abs=1e-4)
+    assert view["ablated_loss"] != view["loss"]
+    none = client.post("/api/lens", json={"text": "the quick"}).json()
+    assert none["ablated_next_token"] is None and none["heads"] == []
+    for body, message in (({"text": "the", "ablate": [[5, 0]]}, "layer < 2"),
+                          ({"text": "the", "how": "half"}, "how"),
+                          ({"text": "the", "ablate": [[0, 0]], "path": "/etc"}, "path")):
+        bad = client.post("/api/lens", json=body)
+        assert bad.status_code == 400 and message in bad.json()["error"], (body, bad.text)

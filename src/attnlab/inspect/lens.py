@@ -78,31 +78,75 @@ def lens_report(run_dir, text: str, k: int = 5) -> dict:
                        for name, loss, top in zip(lens.layers, lens.loss, lens.top, strict=True)]}
 
 
-def ablation_report(run_dir, text: str, heads: list[tuple[int, int]], how: str = "zero", k: int = 5) -> dict:
-    """Next-token loss over ``text`` and the top-k next tokens at its end, with and without the given
-    (layer, head)s ablated ("mean": each head's mean over the text's own positions)."""
-    from attnlab.inspect.intervene import ablated, head, run_with_cache
-
-    model, tok, idx = _gpt_and_ids(run_dir, text)
+def check_heads(model: nn.Module, heads: list[tuple[int, int]], what: str = "--head") -> None:
+    """One line naming the bounds when a (layer, head) is outside the model."""
     c = model.config
     bad = [(layer, h) for layer, h in heads if not (0 <= layer < c.n_layer and 0 <= h < c.n_head)]
-    if bad or not heads:
-        raise ConfigError(f"--head takes LAYER.HEAD with layer < {c.n_layer} and head < {c.n_head}; got {bad or heads}")
-    cache = run_with_cache(model, idx, "blocks.*.mixer.hook_z")[1] if how == "mean" else None
+    if bad:
+        raise ConfigError(f"{what} takes LAYER.HEAD with layer < {c.n_layer} and head < {c.n_head}; got {bad}")
+
+
+@torch.no_grad()
+def ablation_on(model: nn.Module, tok, idx: Tensor, heads: list[tuple[int, int]], how: str = "zero",
+                k: int = 5) -> dict:
+    """Next-token loss over idx (1, T) (None for one token) and the top-k next tokens after it, plain and
+    with the (layer, head)s ablated ("mean": each head's mean over the text's own positions); no heads:
+    "ablated" is None."""
+    from attnlab.inspect.intervene import ablated, head, run_with_cache
+
+    if how not in ("zero", "mean"):
+        raise ConfigError(f"ablate by 'zero' or 'mean', not {how!r}")
+    check_heads(model, heads)
+    cache = run_with_cache(model, idx, "blocks.*.mixer.hook_z")[1] if how == "mean" and heads else None
 
     def measure() -> dict:
-        with torch.no_grad():
-            out = model(idx[:, :-1], targets=idx[:, 1:])
-            last = model(idx).logits[0, -1].softmax(-1)
-        p, t = last.topk(k)
-        top = [[tok.decode([i]), round(v, 4)] for v, i in zip(p.tolist(), t.tolist(), strict=True)]
-        return {"loss": out.loss.item(), "next": top}
+        loss = model(idx[:, :-1], targets=idx[:, 1:]).loss.item() if idx.size(1) > 1 else None
+        p, t = model(idx).logits[0, -1].softmax(-1).topk(k)
+        return {"loss": loss, "next": [[tok.decode([i]), round(v, 4)] for v, i in zip(p.tolist(), t.tolist(),
+                                                                                    strict=True)]}
 
     plain = measure()
+    if not heads:
+        return {"heads": [], "how": how, "plain": plain, "ablated": None, "loss_increase": None}
     with ablated(model, [head(layer, h) for layer, h in heads], how=how, reference=cache):
         changed = measure()
-    return {"text": text, "heads": [f"L{layer}H{h}" for layer, h in heads], "how": how, "plain": plain,
-            "ablated": changed, "loss_increase": changed["loss"] - plain["loss"]}
+    rise = None if plain["loss"] is None else changed["loss"] - plain["loss"]
+    return {"heads": [f"L{layer}H{h}" for layer, h in heads], "how": how, "plain": plain, "ablated": changed,
+            "loss_increase": rise}
+
+
+def ablation_report(run_dir, text: str, heads: list[tuple[int, int]], how: str = "zero", k: int = 5) -> dict:
+    """``ablation_on`` for a run and a text of at least two tokens; at least one head."""
+    model, tok, idx = _gpt_and_ids(run_dir, text)
+    if not heads:
+        raise ConfigError("give at least one --head LAYER.HEAD")
+    return {"text": text, **ablation_on(model, tok, idx, heads, how, k)}
+
+
+@torch.no_grad()
+def explorer_view(model: nn.Module, tok, ids: list[int], heads: list[tuple[int, int]], how: str = "zero",
+                  k: int = 10) -> dict:
+    """What the explorer's lens tab shows for token ids: the logit lens at the position after the text
+    (each layer's top-k with probabilities, and its loss over the text) and the next-token distribution,
+    plain and with the heads ablated."""
+    idx = torch.tensor([ids])
+    targets = torch.cat([idx[:, 1:], torch.full((1, 1), -100)], dim=1)
+    lens = logit_lens(model, idx, targets if len(ids) > 1 else None, k=k)
+    probs = lens.logits[:, 0, -1].softmax(-1)  # (L+1, V) after the text
+    layers = []
+    for i, name in enumerate(lens.layers):
+        p, t = probs[i].topk(k)
+        layers.append({"name": name, "loss": None if lens.loss is None else lens.loss[i],
+                       "top": [{"token": tok.decode([j]), "p": round(v, 4)} for v, j in zip(p.tolist(), t.tolist(),
+                                                                                           strict=True)]})
+    ab = ablation_on(model, tok, idx, heads, how, k)
+
+    def bars(r: dict | None) -> list[dict] | None:
+        return None if r is None else [{"token": token, "p": p} for token, p in r["next"]]
+
+    return {"tokens": [tok.decode([i]) for i in ids], "layers": layers, "heads": ab["heads"], "how": how,
+            "next_token": bars(ab["plain"]), "ablated_next_token": bars(ab["ablated"]),
+            "loss": ab["plain"]["loss"], "ablated_loss": None if ab["ablated"] is None else ab["ablated"]["loss"]}
 
 
 def _one_token(tok, text: str, what: str) -> int:

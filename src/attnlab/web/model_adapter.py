@@ -104,6 +104,9 @@ class ExplorerAdapter:
     def image_maps(self, data: bytes, resize: bool = False) -> dict[str, Any]:
         raise ConfigError(self.info.message or f"the explorer takes text for a {self.info.family} run, not an image")
 
+    def lens(self, text: str, ablate: list[tuple[int, int]], how: str = "zero") -> dict[str, Any]:
+        raise ConfigError(self.info.message or f"the lens tab reads a gpt run; this one is {self.info.family}")
+
     def describe(self) -> dict[str, Any]:
         return dict(self.info.__dict__)
 
@@ -181,6 +184,18 @@ class GPTAdapter(ExplorerAdapter):
             "layers": [m.round(decimals=DIGITS).tolist() for m in maps],
             "next_token": self.next_token_top10(logits[-1]),
         }
+
+    def lens(self, text: str, ablate: list[tuple[int, int]], how: str = "zero") -> dict[str, Any]:
+        """The lens tab: the logit lens after the text and the next token with heads ablated
+        (``attnlab.inspect.lens.explorer_view``)."""
+        from attnlab.inspect.lens import check_heads, explorer_view
+
+        heads = [(int(layer), int(h)) for layer, h in ablate]
+        check_heads(self.model, heads, "ablate")
+        if len(set(heads)) != len(heads):
+            raise ConfigError("ablate names a head twice")
+        view = explorer_view(self.model, self.tokenizer, self.encode(text), heads, how)
+        return {**view, "layer_names": [layer["name"] for layer in view["layers"]]}
 
     def next_token_top10(self, logits: torch.Tensor) -> list[dict[str, Any]]:
         """softmax(logits) (V,) -> the 10 most likely next tokens, most likely first."""

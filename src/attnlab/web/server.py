@@ -8,6 +8,8 @@
                            key), and a gpt's top-10 next tokens or a bert's top-10 guesses at each [MASK]
     POST /api/image        {"image": "<base64 or data: URL>", "resize": false} (vit) -> top-5 classes,
                            [CLS] -> patch attention per layer/head and rollout on the patch grid
+    POST /api/lens         {"text": "...", "ablate": [[layer, head], ...], "how": "zero" | "mean"} (gpt) ->
+                           the logit lens after the text, and the next token plain and with the heads ablated
 
 Limits (issue 9, item 5):
 
@@ -38,13 +40,13 @@ import ipaddress
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab.core.errors import AttnlabError, ConfigError
@@ -214,6 +216,15 @@ class TextRequest(BaseModel):
     mask: list[int] = []  # bert: token positions ([CLS] = 0) to replace by [MASK]
 
 
+class LensRequest(BaseModel):
+    """The lens tab: a text and the heads to knock out (zero, or their mean over the text's positions)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str
+    ablate: list[Annotated[list[int], Field(min_length=2, max_length=2)]] = Field(default=[], max_length=4096)
+    how: Literal["zero", "mean"] = "zero"
+
+
 class ImageRequest(BaseModel):
     """An image for a vit run: the file's bytes in base64 (optionally as a data: URL), never a path."""
 
@@ -312,6 +323,13 @@ def create_app(
         if adapter.info.input != "text":
             raise ConfigError(f"this {adapter.info.family} run takes an image: POST it to /api/image")
         return await gate.run(app.state.adapter.attention_maps, req.text, req.mask)
+
+    @app.post("/api/lens")
+    async def lens(req: LensRequest) -> dict[str, Any]:
+        if not adapter.info.supported or adapter.info.family != "gpt":
+            raise ConfigError(adapter.info.message or f"the lens tab reads a gpt run; this one is "
+                              f"{adapter.info.family}")
+        return await gate.run(app.state.adapter.lens, req.text, req.ablate, req.how)
 
     @app.post("/api/image")
     async def image(req: ImageRequest) -> dict[str, Any]:

@@ -692,12 +692,14 @@ function switchTab(name) {
 }
 
 function currentFigure() {
-  return { text: $("heatmap"), image: $("image-canvas"), toy: $("toy-canvas"), conv: $("conv-canvas") }[state.tab];
+  return { text: $("heatmap"), image: $("image-canvas"), toy: $("toy-canvas"), conv: $("conv-canvas"),
+           lens: $("lens-canvas") }[state.tab];
 }
 
 function currentData() {
   if (state.tab === "toy") return toyLast;
   if (state.tab === "conv") return convLast;
+  if (state.tab === "lens") return state.lens || null;
   if (state.tab === "image") {
     if (!state.image) return null;
     return { run: state.info.run_name, map: state.imageLayer < 0 ? "rollout" : "attention",
