@@ -158,3 +158,37 @@ def test_patching_an_attention_pattern(planted):
         again = model(corrupted).logits
     assert torch.allclose(again, base, atol=1e-5)
     assert same.patched != pytest.approx(same.corrupted, abs=1e-3)  # the clean pattern moves the answer
+
+
+@pytest.mark.parametrize("family", ["bert", "seq2seq", "vit"])
+def test_path_patching_serves_every_family(family):
+    """The same sites by name: BERT blocks, a seq2seq decoder's self-attention feeding its cross-attention,
+    ViT blocks. A sender whose output the corruption does not change restores nothing; one that it does
+    change moves the receiver's output."""
+    from attnlab.models import ModelConfig
+
+    torch.manual_seed(0)
+    small = dict(n_layer=2, n_head=4, d_model=32, attn_backend="sdpa", init_std=0.2)
+    if family == "bert":
+        model = build_model(ModelConfig.from_mapping(dict(family="bert", vocab_size=30, block_size=16, **small)))
+        clean, corrupted = (tokens(8, T=9) + 5,), (tokens(9, T=9) + 5,)
+        sender, receiver, read = head(0, 1), head(1, 2), lambda out: out.hidden_states[:, 0, 0].mean()
+    elif family == "seq2seq":
+        model = build_model(ModelConfig.from_mapping(dict(family="seq2seq", vocab_size=25, block_size=16, **small)))
+        src = tokens(9, T=7) + 2
+        clean, corrupted = (src, tokens(10, T=5) + 2), (src, tokens(11, T=5) + 2)
+        sender, receiver = head(0, 1, prefix="decoder"), head(1, 3, prefix="decoder", module="cross_attn")
+        read = lambda out: out.logits[:, -1, 0].mean()  # noqa: E731
+    else:
+        model = build_model(ModelConfig.from_mapping(dict(family="vit", n_classes=3, image_size=8, patch_size=4,
+                                                          **small)))
+        g = torch.Generator().manual_seed(0)
+        clean, corrupted = (torch.randn(2, 1, 8, 8, generator=g),), (torch.randn(2, 1, 8, 8, generator=g),)
+        sender, receiver = head(0, 1), head(1, 2)
+        torch.nn.init.normal_(model.head.weight)
+        read = lambda out: out.logits[:, 0].mean()  # noqa: E731
+    model.eval()
+    same = path_patch(model, corrupted, corrupted, sender, receiver, read)
+    assert same.patched == pytest.approx(same.corrupted, abs=1e-6)
+    moved = path_patch(model, clean, corrupted, sender, receiver, read)
+    assert abs(moved.patched - moved.corrupted) > 1e-6

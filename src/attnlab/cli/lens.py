@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.core.errors import ConfigError
+
 
 def _head(text: str) -> tuple[int, int]:
     layer, sep, head = text.partition(".")
@@ -83,19 +85,19 @@ def _check_json(path: str | None) -> None:
     from pathlib import Path
 
     if path and not Path(path).parent.is_dir():
-        from attnlab.core.errors import ConfigError
-
         raise ConfigError(f"--json {path}: its folder does not exist")
+
+
+def _at_least_one(value: int, flag: str) -> None:
+    if value < 1:
+        raise ConfigError(f"{flag} must be >= 1")
 
 
 def _cmd_logit_lens(args: argparse.Namespace) -> int:
     from attnlab.inspect.lens import lens_report
 
     _check_json(args.json)
-    if args.k < 1:
-        from attnlab.core.errors import ConfigError
-
-        raise ConfigError("--k must be >= 1")
+    _at_least_one(args.k, "--k")
     report = lens_report(args.run_dir, args.text, k=args.k)
     for layer in report["layers"]:
         print(f"{layer['name']:>8}  loss {layer['loss']:.4f}  next after the text: {layer['top'][-1]!r}")
@@ -120,10 +122,7 @@ def _cmd_dla(args: argparse.Namespace) -> int:
     from attnlab.inspect.lens import dla_report
 
     _check_json(args.json)
-    if args.top < 1:
-        from attnlab.core.errors import ConfigError
-
-        raise ConfigError("--top must be >= 1")
+    _at_least_one(args.top, "--top")
     r = dla_report(args.run_dir, args.text, args.answer, args.wrong, top=args.top)
     what = f"logit({r['answer']!r})" + (f" - logit({r['wrong']!r})" if r["wrong"] is not None else "")
     print(f"{what} after the text = {r['total']:.4f}; the largest direct parts:")
@@ -154,7 +153,6 @@ def _cmd_patch(args: argparse.Namespace) -> int:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from attnlab.core.errors import ConfigError
     from attnlab.inspect.probes import probe_report
 
     _check_json(args.json)

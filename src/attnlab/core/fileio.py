@@ -42,3 +42,14 @@ def default_cache_dir() -> Path:
     if configured:
         return Path(configured).expanduser()
     return Path.home() / ".cache" / "attnlab"
+
+
+def check_regular_file(path: Path, what: str, error: type[Exception]) -> None:
+    """Raise ``error`` in one line unless ``path`` is a regular file (reading a FIFO blocks forever; a
+    device such as /dev/zero never ends)."""
+    if not path.exists():
+        raise error(f"{what} not found: {path}")
+    if path.is_dir():
+        raise error(f"{what} is a directory, not a file: {path}")
+    if not path.is_file():
+        raise error(f"{what} is not a regular file (a FIFO, device or socket): {path}")

@@ -8,8 +8,10 @@ key and value at the edge and raises ``ConfigError`` with one line naming the pr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -36,6 +38,15 @@ def _type_name(tp: Any) -> str:
     if origin in (Union, types.UnionType):
         return " | ".join(_type_name(a) for a in typing.get_args(tp))
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+INT_LIMIT = 2**63  # integers in a config fit in a signed 64-bit integer (torch's seeds and sizes)
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """repr(value), cut to ``limit`` characters (a 400-digit number stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
@@ -74,25 +85,33 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
             return value.lower() in ("true", "yes", "1")
     elif tp is int:
+        number = None
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
+            number = value
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        elif isinstance(value, str):
             try:
-                f = float(value)
-                if f.is_integer():
-                    return int(f)
+                number = int(value)
             except ValueError:
-                pass
+                with contextlib.suppress(ValueError, OverflowError):
+                    f = float(value)
+                    number = int(f) if f.is_integer() else None
+        if number is not None:
+            if not -INT_LIMIT <= number < INT_LIMIT:
+                raise ConfigError(f"'{key}' = {_shown(value)} is outside the range of a 64-bit integer")
+            return number
     elif tp is float:
+        number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
+            number = float(value) if abs(value) < 1e308 or isinstance(value, float) else math.inf
+        elif isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is not None:
+            if not math.isfinite(number):
+                raise ConfigError(f"'{key}' must be a finite number, got {_shown(value)}")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value

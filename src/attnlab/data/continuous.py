@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.core.errors import DataError
+from attnlab.core.fileio import check_regular_file
 
 GENERATED = ("generated:set-interaction", "generated:peaks")
 
@@ -128,6 +129,7 @@ def _float(text: str, where: str) -> float:
 
 def read_csv(path: Path, target: str = "target", element_names: list[str] | None = None) -> ContinuousData:
     """Rows of feature values, or of ``name:value`` sets, plus a target column (see the module doc)."""
+    check_regular_file(path, "data file", DataError)
     try:
         raw = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:

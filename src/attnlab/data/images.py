@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import DataError
+from attnlab.core.fileio import check_regular_file
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
@@ -128,8 +129,7 @@ def read_image(path: str | Path, channels: int, size: int | None = None, resize:
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"image not found: {path}")
+    check_regular_file(path, "image", DataError)
     if channels not in (1, 3):
         raise DataError(f"images can be read with 1 (grey) or 3 (RGB) channels, not {channels}")
     try:

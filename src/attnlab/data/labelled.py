@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.core.errors import DataError
+from attnlab.core.fileio import check_regular_file
 
 
 @dataclass
@@ -41,8 +42,7 @@ class LabelledText:
 def read_labelled(path: str | Path) -> LabelledText:
     """Read (text, label) rows from ``.csv`` or ``.jsonl``; any problem raises DataError naming the file."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"labelled data file not found: {path}")
+    check_regular_file(path, "labelled data file", DataError)
     try:
         raw = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import ConfigError, DataError
+from attnlab.core.fileio import check_regular_file
 
 if TYPE_CHECKING:
     from attnlab.tokenizers import Tokenizer
@@ -89,8 +90,7 @@ class PairSplits:
 def read_pair_file(path: str | Path) -> list[Pair]:
     """Pairs from a .tsv (source TAB target) or .jsonl ({"source", "target"}) file; bad rows raise DataError."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"pair file not found: {path}")
+    check_regular_file(path, "pair file", DataError)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from attnlab.core.errors import DataError
-from attnlab.core.fileio import CACHE_DIR_ENV, atomic_path, default_cache_dir
+from attnlab.core.fileio import CACHE_DIR_ENV, atomic_path, check_regular_file, default_cache_dir
 from attnlab.data.corpora import BUILTIN_CORPORA, shakespeare_corpus
 
 TOKEN_CACHE_VERSION = b"attnlab-token-cache-v1"
@@ -59,11 +59,8 @@ def read_text(path: Path) -> str:
 
 
 def _read_bytes(path: Path) -> bytes:
-    """The bytes of a data file that exists, is a file, and is not empty."""
-    if not path.exists():
-        raise DataError(f"data file not found: {path}")
-    if path.is_dir():
-        raise DataError(f"data file is a directory, not a text file: {path}")
+    """The bytes of a data file that exists, is a regular file, and is not empty."""
+    check_regular_file(path, "data file", DataError)
     try:
         raw = path.read_bytes()
     except OSError as err:

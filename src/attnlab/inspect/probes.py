@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError, DataError
+from attnlab.core.fileio import check_regular_file
 from attnlab.nn.hooks import capture
 
 
@@ -49,8 +50,7 @@ class WordLabels:
 def read_word_labels(path: str | Path, limit: int = 100_000) -> WordLabels:
     """Read ``{"words": [...], "labels": [...]}`` lines; one-line DataErrors for anything malformed."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: not a regular file")
+    check_regular_file(path, "word-label file", DataError)
     sentences, labels = [], []
     with path.open(encoding="utf-8", errors="strict") as f:
         try:

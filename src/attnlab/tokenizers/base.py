@@ -11,7 +11,7 @@ from typing import ClassVar
 from tokenizers import Tokenizer as HFTokenizer
 
 from attnlab.core.errors import TokenizerError
-from attnlab.core.fileio import atomic_write_text
+from attnlab.core.fileio import atomic_write_text, check_regular_file
 
 TOKENIZER_FILE = "tokenizer.json"
 DEFAULT_BPE_VOCAB_SIZE = 1024
@@ -71,8 +71,7 @@ class Tokenizer(ABC):
 
 def read_tokenizer_file(file: Path) -> str:
     """Read a tokenizer file as UTF-8 text; any failure raises ``TokenizerError`` naming it."""
-    if not file.exists():
-        raise TokenizerError(f"tokenizer file not found: {file}")
+    check_regular_file(file, "tokenizer file", TokenizerError)
     try:
         return file.read_text(encoding="utf-8")
     except UnicodeDecodeError:

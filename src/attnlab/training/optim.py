@@ -27,3 +27,11 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = True)
     ]
     kernel = {"fused": True} if fused else {"foreach": True}
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **kernel)
+
+
+@torch.no_grad()
+def state_is_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    """Every weight and every floating-point optimiser state (Adam's moments) is finite: one host sync."""
+    tensors = [*model.parameters()] + [v for st in optimizer.state.values() for v in st.values()
+                                       if torch.is_tensor(v) and v.is_floating_point()]
+    return not tensors or bool(torch.stack([t.isfinite().all() for t in tensors]).all())

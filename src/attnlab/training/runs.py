@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,19 @@ def load_model_and_tokenizer(path: str | Path):
     return from_pretrained(path), load_tokenizer(path)
 
 
+def strict_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A metrics record that strict JSON readers accept: a non-finite number becomes null and its key is
+    listed under "nonfinite" (with its value as text: "nan", "inf", "-inf")."""
+    bad = {k: str(v) for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)}
+    if not bad:
+        return record
+    return {**{k: None if k in bad else v for k, v in record.items()}, "nonfinite": bad}
+
+
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
+    """Append one record to ``metrics.jsonl`` as strict JSON (``strict_record``; NaN is never written)."""
     with open(run_dir / METRICS, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(strict_record(record), allow_nan=False) + "\n")
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,7 +35,7 @@ from attnlab.training.config import TrainConfig
 from attnlab.training.loop import evaluate_model, train_step
 from attnlab.training.mfu import mfu, peak_flops
 from attnlab.training.moe_log import MoELog
-from attnlab.training.optim import make_optimizer
+from attnlab.training.optim import make_optimizer, state_is_finite
 from attnlab.training.profiling import StepProfiler
 from attnlab.training.runs import append_metrics, read_metrics, save_train_config, truncate_metrics
 from attnlab.training.schedule import lr_at
@@ -311,10 +312,16 @@ class Trainer:
                                     **({"mfu": f"{utilisation:.1%}"} if utilisation is not None else {}))
                     t_log, units_since_log, pause_time = now, 0, 0.0
                 improved = False
-                if self.step % cfg.eval_interval == 0 or done:
+                evaluating = self.step % cfg.eval_interval == 0 or done
+                stop = distributed.any_true(self._stop.requested is not None, self.device, self.dist)
+                if evaluating or self.step % ckpt_every == 0 or stop:
+                    self._check_finite()  # nothing non-finite is evaluated, saved or called good
+                if evaluating:
                     t_eval = time.perf_counter()
                     losses = self.evaluate()
                     last_val = losses["val"]
+                    if not all(math.isfinite(v) for v in losses.values()):
+                        self._diverged(f"the evaluation after step {self.step} is not finite ({losses})")
                     improved = self.best_val is None or last_val < self.best_val
                     self.best_val = last_val if improved else self.best_val
                     extra = {k: v for k, v in losses.items() if k not in ("train", "val")}
@@ -327,7 +334,6 @@ class Trainer:
                     say(f"step {self.step}: {train_part}val loss {last_val:.4f}{shown}")
                     pause_time += time.perf_counter() - t_eval
                     pause_total += time.perf_counter() - t_eval
-                stop = distributed.any_true(self._stop.requested is not None, self.device, self.dist)
                 if self.step % ckpt_every == 0 or done or stop:
                     t_save = time.perf_counter()
                     self.save(is_best=improved)
@@ -373,12 +379,18 @@ class Trainer:
         say(f"step {self.step + 1}: non-finite {what}; update skipped ({bad_steps} in a row)")
         limit = 1 if self.cfg.on_nonfinite == "stop" else self.cfg.max_nonfinite_steps
         if bad_steps >= limit:
-            good = list_checkpoints(self.run_dir)
-            kept = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint had been written yet"
-            raise TrainingDiverged(
-                f"non-finite {what} in {bad_steps} consecutive step(s), last at step {self.step + 1}; "
-                f"training stopped and {kept}"
-            )
+            self._diverged(f"non-finite {what} in {bad_steps} consecutive step(s), last at step {self.step + 1}")
+
+    def _check_finite(self) -> None:
+        """Stop (``_diverged``) when a weight or optimiser moment is not finite, before it is evaluated or saved."""
+        if distributed.any_true(not state_is_finite(self.model, self.optimizer), self.device, self.dist):
+            self._diverged(f"the weights or optimiser state are not finite after step {self.step}")
+
+    def _diverged(self, reason: str) -> None:
+        """Stop without saving: only finite states are saved, so the newest checkpoint is the last good one."""
+        good = list_checkpoints(self.run_dir)
+        kept = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint had been written yet"
+        raise TrainingDiverged(f"{reason}; training stopped and {kept}")
 
     # -- outputs -------------------------------------------------------------------------------
 
