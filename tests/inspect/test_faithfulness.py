@@ -130,7 +130,8 @@ def test_inspect_faithfulness_on_a_gpt_run(tmp_path, capsys):
     r = json.loads(out.read_text())
     assert r["features"] == list("the quick") and {m["method"] for m in r["methods"]} == set(METHODS)
     assert r["explained"].startswith("next token") and "insertion" in capsys.readouterr().out
-    for argv, message in ((["--samples", "5"], "--samples must be"), ([], "--faithfulness /nonexistent")):
+    for argv, message in ((["--samples", "5"], "--samples: must be an integer >= 10"),
+                          ([], "--faithfulness /nonexistent")):
         target = "/nonexistent/f.json" if not argv else str(out)
         assert main(["inspect", str(run), "--text", "the", "--faithfulness", target, *argv]) == 2
         err = capsys.readouterr().err.strip()

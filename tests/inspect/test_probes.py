@@ -101,7 +101,8 @@ def test_probe_cli_on_a_gpt_run(tmp_path, data, capsys):
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--seeds", "0"], "--seeds must be"),
+    (["--seeds", "0"], "--seeds: must be an integer >= 1"),
+    (["--seeds", "21"], "--seeds must be in 1..20"),
     (["--test-fraction", "1.5"], "--test-fraction must be"),
 ])
 def test_probe_cli_bad_options_are_one_line(tmp_path, data, capsys, extra, message):

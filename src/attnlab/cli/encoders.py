@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.cli.errors import at_least
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the import-hf, embed, probe commands to the parser."""
@@ -17,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir")
     p.add_argument("--text", action="append", required=True, help="a sentence; repeat for several")
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean")
-    p.add_argument("--max-len", type=int, default=None, help="tokens per sentence (default: the model's context)")
+    p.add_argument("--max-len", type=at_least(3), default=None,
+                   help="tokens per sentence (default: the model's context)")
     p.add_argument("--vectors", action="store_true", help="print the embeddings as JSON lines")
     p.set_defaults(func=_cmd_embed)
 

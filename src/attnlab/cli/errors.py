@@ -19,3 +19,42 @@ def unknown_name(kind: str, name: str, options: list[str]) -> ConfigError:
     """A one-line error for a misspelt benchmark/experiment name, with the closest match."""
     hint = did_you_mean(name, options) or f"; choose one of {', '.join(options)}"
     return ConfigError(f"unknown {kind} '{name}'{hint}")
+
+
+def at_least(low: int):
+    """An argparse type: an integer >= ``low`` that fits in 64 bits, else a one-line usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value < 2**63:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text[:40]}")
+        return value
+
+    return parse
+
+
+def seed(text: str) -> int:
+    """An argparse type: a seed, any integer of 64 bits."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not -(2**63) <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must fit in a 64-bit integer, got {text[:40]}")
+    return value
+
+
+def finite(text: str) -> float:
+    """An argparse type: a finite number (no nan, inf)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value

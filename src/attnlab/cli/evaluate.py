@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnlab.cli.errors import at_least
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the eval command to the parser."""
     p = sub.add_parser("eval", help="loss, perplexity or accuracy of a run on its data (or --data)")
     p.add_argument("run_dir")
     p.add_argument("--data", default=None)
-    p.add_argument("--eval-iters", type=int, default=100, help="batches per split (tasks with a small "
+    p.add_argument("--eval-iters", type=at_least(1), default=100, help="batches per split (tasks with a small "
                    "finite split evaluate all of it)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=at_least(1), default=32)
     p.add_argument("--splits", nargs="+", default=None, help="default: the task's, e.g. train val")
     p.set_defaults(func=_cmd_eval)
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.cli.errors import at_least
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the explore command to the parser."""
     p = sub.add_parser("explore", help="the offline web explorer: attention maps, toy example, conv vs attention")
     p.add_argument("run_dir")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=at_least(1), default=8000)
     p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only); anything "
                    "else makes the unauthenticated explorer reachable from the network")
     p.set_defaults(func=_cmd_explore)

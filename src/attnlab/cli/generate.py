@@ -6,18 +6,20 @@ import argparse
 import sys
 from pathlib import Path
 
+from attnlab.cli.errors import at_least, finite, seed
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the sample, translate commands to the parser."""
     p = sub.add_parser("sample", help="generate text from a trained run (streams tokens)")
     p.add_argument("run_dir")
     p.add_argument("--prompt", default="\n")
-    p.add_argument("--max-new-tokens", type=int, default=300)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=at_least(0), default=300)
+    p.add_argument("--temperature", type=finite, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=at_least(1), default=None)
+    p.add_argument("--top-p", type=finite, default=None)
+    p.add_argument("--seed", type=seed, default=None)
+    p.add_argument("--num-samples", type=at_least(1), default=1)
     p.add_argument("--no-cache", action="store_true", help="re-run the whole context every step")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (faster after a "
                    "one-off compilation of some seconds)")
@@ -28,9 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir")
     p.add_argument("--text", action="append", help="a source string (repeatable)")
     p.add_argument("--file", default=None, help="translate every non-empty line of this file")
-    p.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
-    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha for beam search (0 = none)")
-    p.add_argument("--max-len", type=int, default=None, help="most target tokens (default: the model's context)")
+    p.add_argument("--beam", type=at_least(1), default=1, help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", type=finite, default=0.6, help="GNMT alpha for beam search (0 = none)")
+    p.add_argument("--max-len", type=at_least(1), default=None,
+                   help="most target tokens (default: the model's context)")
     p.set_defaults(func=_cmd_translate)
 
 
@@ -44,6 +47,11 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     model, tok = load_model_and_tokenizer(args.run_dir)
+    family = model.config.family
+    if family != "gpt":
+        other = {"seq2seq": "attnlab translate", "bert": "attnlab embed or attnlab explore (masked guesses)"}
+        raise ConfigError(f"sample continues text with a gpt run; {args.run_dir} holds a {family} model"
+                          + (f" (use {other[family]})" if family in other else ""))
     model.to(device)
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, use_cache=not args.no_cache, seed=args.seed,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.cli.errors import at_least, seed
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the inspect, heads commands to the parser."""
@@ -12,22 +14,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text", default=None, help="the text to run through the model")
     p.add_argument("--image", default=None, help="an image file (png, jpg, ...) for a vit run")
     p.add_argument("--resize", action="store_true", help="resize an image of another size to the model's")
-    p.add_argument("--layer", type=int, default=None, help="layer of the single-head figure (default: last)")
-    p.add_argument("--head", type=int, default=None, help="head of the single-head figure (default: 0)")
+    p.add_argument("--layer", type=at_least(0), default=None, help="layer of the single-head figure (default: last)")
+    p.add_argument("--head", type=at_least(0), default=None, help="head of the single-head figure (default: 0)")
     p.add_argument("--out", default=None, help="output: a folder for --text (default ./inspect), a PNG for "
                    "--image (default saliency.png)")
     p.add_argument("--faithfulness", default=None, metavar="JSON",
                    help="instead: score attention, rollout, gradient x input, integrated gradients, occlusion, LIME, "
                    "KernelSHAP and a random order by deletion/insertion AUC on this input; write them to JSON")
-    p.add_argument("--samples", type=int, default=200, help="model calls for LIME and KernelSHAP (default 200)")
+    p.add_argument("--samples", type=at_least(10), default=200,
+                   help="model calls for LIME and KernelSHAP (default 200)")
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("heads", help="per-head statistics and head types (previous-token, induction, ...)")
     p.add_argument("run_dir")
     p.add_argument("--data", required=True, help="text file (or 'shakespeare') to measure the heads on")
-    p.add_argument("--n-batches", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-batches", type=at_least(1), default=8)
+    p.add_argument("--batch-size", type=at_least(1), default=16)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--out", default="heads", help="output folder (default ./heads)")
     p.add_argument("--json", default=None, help='also write {"heads": [...]} (layer, head, previous_token, '
                    "induction, duplicate_token, ablation_loss_increase) to this file")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.cli.errors import at_least, finite
 from attnlab.core.errors import ConfigError
 
 
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a = actions.add_parser("logit-lens", help="each layer's next-token prediction (final norm + unembedding)")
     a.add_argument("run_dir")
     a.add_argument("--text", required=True)
-    a.add_argument("--k", type=int, default=5, help="top tokens per position (default 5)")
+    a.add_argument("--k", type=at_least(1), default=5, help="top tokens per position (default 5)")
     a.add_argument("--json", default=None, help="write the full report to this file")
     a.set_defaults(func=_cmd_logit_lens)
     a = actions.add_parser("ablate", help="the next-token loss and prediction with heads knocked out")
@@ -47,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--text", required=True)
     a.add_argument("--answer", required=True, help="the next token to explain (one token)")
     a.add_argument("--wrong", default=None, help="explain logit(answer) - logit(wrong) instead")
-    a.add_argument("--top", type=int, default=10, help="parts shown (default 10; --json has all)")
+    a.add_argument("--top", type=at_least(1), default=10, help="parts shown (default 10; --json has all)")
     a.add_argument("--json", default=None, help="write the report to this file")
     a.set_defaults(func=_cmd_dla)
     a = actions.add_parser("patch", help="activation and path patching from a clean text into a corrupted one")
@@ -65,8 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a = actions.add_parser("probe", help="linear probes per layer with a control task (GPT or BERT run)")
     a.add_argument("run_dir")
     a.add_argument("--data", required=True, help='JSON lines {"words": [...], "labels": [...]} (null = skip)')
-    a.add_argument("--seeds", type=int, default=3, help="splits and control tasks to average (default 3)")
-    a.add_argument("--test-fraction", type=float, default=0.25, help="held-out sentences (default 0.25)")
+    a.add_argument("--seeds", type=at_least(1), default=3, help="splits and control tasks to average (default 3)")
+    a.add_argument("--test-fraction", type=finite, default=0.25, help="held-out sentences (default 0.25)")
     a.add_argument("--json", default=None, help="write the report to this file")
     a.set_defaults(func=_cmd_probe)
 

@@ -31,7 +31,9 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = True)
 
 @torch.no_grad()
 def state_is_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
-    """Every weight and every floating-point optimiser state (Adam's moments) is finite: one host sync."""
+    """Every weight and every floating-point optimiser state (Adam's moments) is finite: one host sync.
+    Under FSDP this rank's shards only (DTensor.to_local); the trainer combines the ranks' answers."""
     tensors = [*model.parameters()] + [v for st in optimizer.state.values() for v in st.values()
                                        if torch.is_tensor(v) and v.is_floating_point()]
-    return not tensors or bool(torch.stack([t.isfinite().all() for t in tensors]).all())
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return not local or bool(torch.stack([t.isfinite().all() for t in local]).all())

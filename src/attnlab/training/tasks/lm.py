@@ -37,6 +37,24 @@ class LanguageModelTask(Task):
         self.data = TextDataset(source, self.tokenizer, val_fraction=cfg.val_fraction)
         self.data.check_block_size(cfg.model.block_size)
         cfg.model.vocab_size = self.tokenizer.vocab_size
+        self.sample_ids = self._sample_prompt() if cfg.sample_tokens > 0 else []
+
+    def _sample_prompt(self) -> list[int]:
+        """The ids the end-of-training sample starts from, checked now rather than after the training:
+        a prompt outside the vocabulary is a one-line error; the default (a newline) falls back to the
+        corpus's first token when the corpus has no newline."""
+        from attnlab.core.errors import AttnlabError, ConfigError
+        from attnlab.training.config import TrainConfig
+
+        prompt = self.cfg.sample_prompt
+        try:
+            ids = self.tokenizer.encode(prompt)
+        except AttnlabError as e:
+            if prompt != TrainConfig.sample_prompt:
+                raise ConfigError(f"sample_prompt {prompt[:40]!r} cannot be encoded by this run's tokenizer: "
+                                  f"{str(e).splitlines()[0]}") from None
+            ids = []
+        return ids or self.data.train_ids[:1].tolist()
 
     def batch(self, split: str, batch_size: int, generator: torch.Generator,
               shard: tuple[int, int] = (0, 1)) -> Batch:
@@ -61,8 +79,7 @@ class LanguageModelTask(Task):
         if cfg.sample_tokens <= 0:
             return None
         device = next(model.parameters()).device
-        ids = self.tokenizer.encode(cfg.sample_prompt) or [0]
-        idx = torch.tensor([ids[-cfg.model.block_size:]], device=device)
+        idx = torch.tensor([self.sample_ids[-cfg.model.block_size:]], device=device)
         sampling = SamplingConfig(max_new_tokens=cfg.sample_tokens, temperature=0.8, top_k=None, seed=cfg.seed)
         out = generate(model, idx, sampling)
         text = self.tokenizer.decode(out[0].tolist())
