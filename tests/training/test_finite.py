@@ -1,10 +1,13 @@
-"""Finite or not saved (issue 21, item 1): a non-finite number is refused at the config edge; a state the
-update left non-finite (weights, optimiser moments) or a non-finite evaluation stops the run before it is
-evaluated, saved or called best, naming the last checkpoint that is truly good; metrics.jsonl is strict JSON."""
+"""Finite or not saved, and no dead ends (issue 21, items 1 and 5): a non-finite number is refused at the
+config edge; a state the update left non-finite (weights, optimiser moments) or a non-finite evaluation
+stops the run before it is evaluated, saved or called best, naming the last checkpoint that is truly
+good; metrics.jsonl is strict JSON; a kill in the first checkpoint write or inside the best/ swap leaves
+a run that resumes."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -119,3 +122,93 @@ def test_metrics_are_strict_json(corpus, tmp_path, monkeypatch):
     records = [json.loads(line, parse_constant=refuse) for line in lines]
     skipped = [r for r in records if "skipped" in r]
     assert skipped and skipped[0]["loss"] is None and skipped[0]["nonfinite"]["loss"] == "nan"
+
+
+# ------------------------------------------------------------------------------ no dead ends (issue 21, item 5)
+
+
+def test_a_run_killed_in_its_first_checkpoint_write_resumes_to_the_same_run(corpus, tmp_path, monkeypatch, capsys):
+    """The first checkpoint's folder is written but never renamed into place (the process dies there):
+    `attnlab resume` used to find "no valid checkpoint" and `train` "already holds a run". Now resume
+    trains it again from step 0 and ends bit-identical to a run that was never interrupted."""
+    from attnlab.training import checkpoint as ckpt
+
+    real_replace = ckpt.os.replace
+
+    def die(src, dst):
+        if ".tmp-step-" in str(src):
+            raise SystemExit("killed")  # what a kill -9 leaves: the .tmp folder, nothing renamed
+        return real_replace(src, dst)
+
+    overrides = tiny_overrides(corpus, tmp_path / "runs", name="first", max_iters=10, eval_interval=5)
+    monkeypatch.setattr(ckpt.os, "replace", die)
+    with pytest.raises(SystemExit):
+        main(["train", "configs/shakespeare-char.yaml", *overrides])
+    monkeypatch.setattr(ckpt.os, "replace", real_replace)
+    run = tmp_path / "runs" / "first"
+    assert list(run.glob("checkpoints/.tmp-step-*")) and list_checkpoints(run) == []
+    assert main(["train", "configs/shakespeare-char.yaml", *overrides]) == 2  # no silent overwrite
+    capsys.readouterr()
+    assert main(["resume", str(run)]) == 0
+    assert "training it from step 0" in capsys.readouterr().out
+    assert main(["train", "configs/shakespeare-char.yaml",
+                 *tiny_overrides(corpus, tmp_path / "runs", name="whole", max_iters=10, eval_interval=5)]) == 0
+    a, b = load_file(run / "model.safetensors"), load_file(tmp_path / "runs" / "whole" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    assert steps == sorted(steps)  # the lost attempt's records were cut before the restart
+
+
+def test_resume_still_refuses_a_folder_whose_checkpoints_are_all_damaged(corpus, tmp_path, capsys):
+    overrides = tiny_overrides(corpus, tmp_path / "runs", name="bad", max_iters=5, eval_interval=5)
+    assert main(["train", "configs/shakespeare-char.yaml", *overrides]) == 0
+    run = tmp_path / "runs" / "bad"
+    for c in [*list_checkpoints(run), run / "checkpoints" / "best"]:
+        (c / "model.safetensors").write_bytes(b"damaged")
+    capsys.readouterr()
+    assert main(["resume", str(run)]) == 2
+    assert "no valid checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("left", ["old", "tmp", "both"])
+def test_a_kill_inside_the_best_swap_loses_nothing(corpus, tmp_path, left):
+    """best/ is swapped in by two renames (best -> .old-best, .tmp-best -> best); killed between them, the
+    next resume used to delete both complete copies. Now it puts one back."""
+    from attnlab.training.checkpoint import best_checkpoint, remove_stale_temporaries
+
+    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="swap", max_iters=10, eval_interval=5))
+    trainer.train()
+    root = trainer.run_dir / "checkpoints"
+    best = root / "best"
+    if left in ("tmp", "both"):
+        shutil.copytree(best, root / ".tmp-best-999")
+    if left in ("old", "both"):
+        best.rename(root / ".old-best-999")
+    else:
+        shutil.rmtree(best)
+    remove_stale_temporaries(trainer.run_dir)
+    assert best_checkpoint(trainer.run_dir) == best and not list(root.glob(".*"))
+
+
+def test_links_and_occupied_folders_are_refused(corpus, tmp_path, capsys):
+    """A metrics.jsonl or checkpoints/ that is a symbolic link would make training write (or prune) outside
+    the run; import-hf --out into a folder that holds anything would overwrite it."""
+    overrides = tiny_overrides(corpus, tmp_path / "runs", name="links", max_iters=5, eval_interval=5)
+    assert main(["train", "configs/shakespeare-char.yaml", *overrides]) == 0
+    run = tmp_path / "runs" / "links"
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("")
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").symlink_to(outside)
+    capsys.readouterr()
+    assert main(["resume", str(run), "max_iters=10"]) == 2
+    assert "symbolic link" in capsys.readouterr().err and outside.read_text() == ""
+    (run / "metrics.jsonl").unlink()
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(run / "checkpoints", elsewhere)
+    (run / "checkpoints").symlink_to(elsewhere)
+    assert main(["resume", str(run), "max_iters=10"]) == 2
+    assert "symbolic link" in capsys.readouterr().err and any(elsewhere.iterdir())
+    assert main(["import-hf", str(tmp_path), "--out", str(elsewhere)]) == 2
+    err = capsys.readouterr().err
+    assert "not found" in err or "not an empty folder" in err

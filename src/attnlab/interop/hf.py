@@ -371,6 +371,8 @@ def import_hf(directory: str | Path, out: str | Path) -> tuple[torch.nn.Module, 
     directory, out = Path(directory), Path(out)
     if not directory.is_dir():
         raise CheckpointError(f"Hugging Face model folder not found: {directory}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"--out {out} is not an empty folder; import into a new one (nothing is overwritten)")
     kind = _read_hf_config(directory).get("model_type")
     if kind == "bert":
         model, missing = load_bert(directory)

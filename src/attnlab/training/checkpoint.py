@@ -61,6 +61,7 @@ def save_checkpoint(
     CheckpointError is raised; the previous checkpoints are untouched and stay loadable.
     """
     root = Path(run_dir) / CHECKPOINTS
+    refuse_links(run_dir)
     final = root / f"step-{step:07d}"
     tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
     try:
@@ -111,10 +112,42 @@ def _replace_dir_with_links(src: Path, dst: Path) -> None:
 def remove_stale_temporaries(run_dir: Path) -> None:
     """Delete what a killed writer left behind: ``.tmp-*`` folders and ``.*.tmp`` files."""
     run_dir = Path(run_dir)
-    for path in [*(run_dir / CHECKPOINTS).glob(".tmp-*"), *(run_dir / CHECKPOINTS).glob(".old-*")]:
+    root = run_dir / CHECKPOINTS
+    if not (root / BEST).exists():  # killed between the two renames that swap best/ in: put one back
+        for candidate in sorted(root.glob(f".tmp-{BEST}-*")) + sorted(root.glob(f".old-{BEST}-*")):
+            try:
+                verify_checkpoint(candidate)
+            except CheckpointError:
+                continue
+            os.replace(candidate, root / BEST)
+            break
+    for path in [*root.glob(".tmp-*"), *root.glob(".old-*")]:
         shutil.rmtree(path, ignore_errors=True)
     for path in run_dir.glob(".*.tmp"):
         path.unlink(missing_ok=True)
+
+
+def refuse_links(run_dir: Path) -> None:
+    """A run folder whose checkpoints/ (or a checkpoint in it) or metrics.jsonl is a symbolic link is
+    refused: pruning deletes folders there and training appends there, never outside the run."""
+    root = Path(run_dir) / CHECKPOINTS
+    inside = root.iterdir() if root.is_dir() and not root.is_symlink() else ()
+    links = [p for p in [root, Path(run_dir) / "metrics.jsonl", *inside] if p.is_symlink()]
+    if links:
+        raise CheckpointError(f"{links[0]} is a symbolic link; a run folder's checkpoints must be inside it")
+
+
+def resume_point(run_dir: Path, run_config: Path) -> Path | None:
+    """Where ``resume`` starts: the newest checkpoint that verifies (after tidying what a killed writer
+    left, ``remove_stale_temporaries``). None when the run stopped before its first checkpoint was
+    complete (its ``run_config`` is there, no checkpoint is): training it again from step 0 with the same
+    seeds is the same run. A CheckpointError when the folder is not a run, or every checkpoint is damaged."""
+    refuse_links(run_dir)
+    remove_stale_temporaries(run_dir)
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None and (list_checkpoints(run_dir) or not run_config.is_file()):
+        raise CheckpointError(f"resume=true but {run_dir} has no valid checkpoint")
+    return checkpoint
 
 
 def best_checkpoint(run_dir: Path) -> Path | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,15 @@ def strict_record(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
-    """Append one record to ``metrics.jsonl`` as strict JSON (``strict_record``; NaN is never written)."""
-    with open(run_dir / METRICS, "a", encoding="utf-8") as f:
+    """Append one record to ``metrics.jsonl`` as strict JSON (``strict_record``; NaN is never written).
+    A symbolic link in its place is refused: the run never writes outside its folder."""
+    path = run_dir / METRICS
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        what = "is a symbolic link" if path.is_symlink() else f"cannot be written ({e.strerror})"
+        raise CheckpointError(f"{path} {what}; refusing to write metrics outside the run") from None
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
         f.write(json.dumps(strict_record(record), allow_nan=False) + "\n")
 
 

@@ -24,20 +24,14 @@ import torch
 from attnlab.core import runtime
 from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.training import distributed
-from attnlab.training.checkpoint import (
-    latest_checkpoint,
-    list_checkpoints,
-    load_trainer_state,
-    remove_stale_temporaries,
-    save_checkpoint,
-)
+from attnlab.training.checkpoint import list_checkpoints, load_trainer_state, resume_point, save_checkpoint
 from attnlab.training.config import TrainConfig
 from attnlab.training.loop import evaluate_model, train_step
 from attnlab.training.mfu import mfu, peak_flops
 from attnlab.training.moe_log import MoELog
 from attnlab.training.optim import make_optimizer, state_is_finite
 from attnlab.training.profiling import StepProfiler
-from attnlab.training.runs import append_metrics, read_metrics, save_train_config, truncate_metrics
+from attnlab.training.runs import RUN_CONFIG, append_metrics, read_metrics, save_train_config, truncate_metrics
 from attnlab.training.schedule import lr_at
 from attnlab.training.signals import StopRequest
 
@@ -89,11 +83,9 @@ class Trainer:
         self._runtime_before = runtime.apply(wanted, self.log)
         name = cfg.name or default_run_name(preset)
         self.run_dir = Path(cfg.out_dir) / name
-        if cfg.resume:
-            remove_stale_temporaries(self.run_dir)  # left by a run that was killed mid-write
-        checkpoint = latest_checkpoint(self.run_dir) if cfg.resume else None
+        checkpoint = resume_point(self.run_dir, self.run_dir / RUN_CONFIG) if cfg.resume else None
         if cfg.resume and checkpoint is None:
-            raise CheckpointError(f"resume=true but {self.run_dir} has no valid checkpoint")
+            self.log(f"{self.run_dir} stopped before its first checkpoint was complete; training it from step 0")
         if not cfg.resume and (self.run_dir / "checkpoints").exists():
             raise ConfigError(
                 f"run folder {self.run_dir} already holds a run; pass resume=true or another name="
@@ -136,6 +128,8 @@ class Trainer:
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_train_config(self.run_dir, cfg)
+            if cfg.resume and checkpoint is None:
+                truncate_metrics(self.run_dir, 0)
         distributed.barrier(self.dist)
 
     # -- state -------------------------------------------------------------------------------
