@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import attnlab.models
 from attnlab.core.errors import CheckpointError, ConfigError
+from attnlab.core.manifest import write_manifest
 from attnlab.core.schema import from_dict
 from attnlab.models import ModelConfig, build_model
 from attnlab.models.base import CONFIG_NAME, WEIGHTS_NAME, read_config
@@ -234,7 +235,7 @@ def test_save_and_load_round_trip(tmp_path, name):
         for (k, v), (k2, v2) in zip(model.state_dict().items(), loaded.state_dict().items()):
             assert k == k2 and torch.equal(v, v2)
     # no temporary files left behind by the atomic writes
-    assert sorted(p.name for p in out_dir.iterdir()) == sorted([CONFIG_NAME, WEIGHTS_NAME])
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted([CONFIG_NAME, WEIGHTS_NAME, "manifest.json"])
 
 
 def test_config_json_contains_the_config(tmp_path):
@@ -259,10 +260,23 @@ def saved(tmp_path) -> Path:
     return tmp_path
 
 
-def _edit_config(folder: Path, **changes) -> None:
+def _edit_config(folder: Path, resign: bool = True, **changes) -> None:
+    """Edit config.json; ``resign``: rewrite the manifest too (as someone who means it would), so the
+    checks behind the manifest are what is tested."""
     data = json.loads((folder / CONFIG_NAME).read_text())
     data.update(changes)
     (folder / CONFIG_NAME).write_text(json.dumps(data))
+    if resign:
+        write_manifest(folder, names=(CONFIG_NAME, WEIGHTS_NAME))
+
+
+def test_an_edited_config_is_refused_by_the_manifest(saved):
+    """A shape-preserving edit (n_head 4 -> 1) would load and compute something else: the hash stops it."""
+    _edit_config(saved, resign=False, n_head=1)
+    with pytest.raises(CheckpointError) as err:
+        attnlab.models.from_pretrained(saved)
+    _assert_one_line_naming(err, CONFIG_NAME)
+    assert "manifest hash" in str(err.value)
 
 
 def _assert_one_line_naming(err: pytest.ExceptionInfo, filename: str) -> None:

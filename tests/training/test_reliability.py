@@ -18,6 +18,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.core.errors import CheckpointError
+from attnlab.core.manifest import sha256
 from attnlab.models.registry import from_pretrained
 from attnlab.training import checkpoint as ckpt
 from attnlab.training.checkpoint import best_checkpoint, latest_checkpoint, list_checkpoints, load_trainer_state
@@ -200,7 +201,7 @@ def test_malicious_pickle_trainer_state_is_refused(corpus, tmp_path):
     assert not marker.exists()
     # an attacker who also rewrites the manifest still gets refused on resume, and nothing runs
     manifest = json.loads((newest / "manifest.json").read_text())
-    manifest["files"]["trainer_state.pt"] = ckpt._sha256(newest / "trainer_state.pt")
+    manifest["files"]["trainer_state.pt"] = sha256(newest / "trainer_state.pt")
     (newest / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError):
         Trainer(tiny_config(corpus, tmp_path / "runs", name="victim", resume=True, max_iters=20))

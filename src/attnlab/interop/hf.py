@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_path, atomic_write_text
+from attnlab.core.manifest import write_manifest
 from attnlab.models import BertConfig, GPTConfig
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
@@ -384,4 +385,5 @@ def import_hf(directory: str | Path, out: str | Path) -> tuple[torch.nn.Module, 
     has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "vocab.txt").is_file()
     if has_tokenizer:
         load_tokenizer(directory).save(out)
+        write_manifest(out)  # config, weights and now the tokenizer
     return model, missing, has_tokenizer

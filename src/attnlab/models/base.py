@@ -14,6 +14,7 @@ from torch import nn
 from attnlab import __version__
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_path, atomic_write_text
+from attnlab.core.manifest import verify_manifest, write_manifest
 from attnlab.models.config import CONFIG_VERSION, ModelConfig
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
@@ -68,12 +69,14 @@ class PretrainedModel(nn.Module):
         atomic_write_text(directory / CONFIG_NAME, json.dumps({**meta, **dataclasses.asdict(self.config)}, indent=2))
         with atomic_path(directory / WEIGHTS_NAME) as tmp:
             save_model(self, str(tmp), metadata={"format": "pt", "attnlab_version": __version__})
+        write_manifest(directory, names=(CONFIG_NAME, WEIGHTS_NAME))  # a caller that adds files rewrites it
         return directory
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> Self:
         """Rebuild the model from its config and load its weights (strict: every tensor must match)."""
         directory = Path(directory)
+        verify_manifest(directory)  # refuses altered files in one line; warns on a folder without a manifest
         config = read_config(directory)
         weights = directory / WEIGHTS_NAME
         if not weights.is_file():

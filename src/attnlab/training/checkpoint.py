@@ -16,8 +16,6 @@ mirrored at the top of the run folder so ``attnlab sample runs/NAME`` works mid-
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 from pathlib import Path
@@ -26,20 +24,12 @@ from typing import Any
 import torch
 
 from attnlab.core.errors import CheckpointError
-from attnlab.core.fileio import atomic_path, atomic_write_text
+from attnlab.core.fileio import atomic_path
+from attnlab.core.manifest import MANIFEST_NAME, REQUIRED, read_manifest, verify_manifest, write_manifest
 
 CHECKPOINTS = "checkpoints"
 STATE_NAME = "trainer_state.pt"
-MANIFEST_NAME = "manifest.json"
 BEST = "best"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -71,8 +61,7 @@ def save_checkpoint(
         assets.save(tmp)  # the task's: tokenizer.json, class names, ...
         with atomic_path(tmp / STATE_NAME) as f:
             torch.save(trainer_state, f)
-        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if not p.name.startswith(".")}
-        atomic_write_text(tmp / MANIFEST_NAME, json.dumps({"step": step, "files": files}, indent=2))
+        write_manifest(tmp, step)  # last: a folder with a manifest is complete
         _fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
@@ -80,10 +69,11 @@ def save_checkpoint(
         _fsync_dir(root)
         if is_best:
             _replace_dir_with_links(final, root / BEST)
-        for file in sorted(final.iterdir()):  # mirror the newest model at the top of the run folder
-            if file.name not in (STATE_NAME, MANIFEST_NAME):
-                with atomic_path(Path(run_dir) / file.name) as dst:
-                    shutil.copyfile(file, dst)
+        mirrored = tuple(f.name for f in sorted(final.iterdir()) if f.name not in (STATE_NAME, MANIFEST_NAME))
+        for name in mirrored:  # mirror the newest model at the top of the run folder, then its manifest
+            with atomic_path(Path(run_dir) / name) as dst:
+                shutil.copyfile(final / name, dst)
+        write_manifest(Path(run_dir), step, mirrored)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         reason = e.strerror or str(e)
@@ -171,16 +161,13 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def verify_checkpoint(path: Path) -> int:
-    """Return the checkpoint's step if every file matches its manifest hash, else raise."""
-    try:
-        manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
-        files, step = manifest["files"], int(manifest["step"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path / MANIFEST_NAME} is unreadable: {e}") from None
-    for name, digest in files.items():
-        file = path / name
-        if not file.is_file() or _sha256(file) != digest:
-            raise CheckpointError(f"{file} is missing or does not match its manifest hash")
+    """Return the checkpoint's step if every file matches its manifest hash and the step matches the
+    folder's name, else raise CheckpointError."""
+    if read_manifest(path) is None:
+        raise CheckpointError(f"{path} has no {MANIFEST_NAME}: an incomplete checkpoint")
+    step = verify_manifest(path, required=(*REQUIRED, STATE_NAME))
+    if step is None or (path.name.startswith("step-") and path.name != f"step-{step:07d}"):
+        raise CheckpointError(f"{path / MANIFEST_NAME} says step {step}, which is not the folder's")
     return step
 
 
@@ -205,3 +192,39 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
     except Exception as e:  # pickle.UnpicklingError, RuntimeError (truncated zip), ...
         line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"cannot load {file} safely: {line}") from None
+
+
+def check_trainer_state(state: Any, optimizer: torch.optim.Optimizer, checkpoint: Path) -> None:
+    """Validate a loaded trainer state against the optimiser it will be loaded into, before any
+    ``load_state_dict`` (a crafted state with wrong-shaped moments used to crash the process): the step
+    is the checkpoint's; every saved moment is a floating tensor of its parameter's shape; RNG states are
+    byte tensors of the right size. One CheckpointError line naming the file otherwise."""
+    file, step = checkpoint / STATE_NAME, verify_checkpoint(checkpoint)
+
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"{file} does not fit this run: {why}")
+
+    if not isinstance(state, dict) or not isinstance(state.get("optimizer"), dict):
+        raise bad("no optimizer state")
+    if state.get("step") != step:
+        raise bad(f"its step {state.get('step')!r} is not the checkpoint's {step}")
+    saved, groups = state["optimizer"].get("state"), state["optimizer"].get("param_groups")
+    ours = [p for g in optimizer.param_groups for p in g["params"]]
+    if not isinstance(saved, dict) or not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
+        raise bad("its optimizer has another layout")
+    indices = [i for g in groups for i in (g.get("params") if isinstance(g, dict) else None) or []]
+    if sorted(indices) != list(range(len(ours))):
+        raise bad(f"its optimizer covers {len(indices)} parameters, this model has {len(ours)}")
+    for index, moments in saved.items():
+        if not isinstance(moments, dict) or index not in range(len(ours)):
+            raise bad(f"optimizer state entry {index!r}")
+        shape = tuple(ours[index].shape)
+        for name, t in moments.items():
+            if not torch.is_tensor(t) or (t.dim() > 0 and (tuple(t.shape) != shape or not t.is_floating_point())):
+                raise bad(f"{name} of parameter {index} is {getattr(t, 'shape', type(t).__name__)}, not {shape}")
+    size = torch.Generator().get_state().numel()
+    for key in ("batch_rng", "torch_rng"):
+        for rng in state.get(f"{key}_per_rank") or [state.get(key)]:
+            if not torch.is_tensor(rng) or rng.dtype != torch.uint8 or rng.dim() != 1 or (
+                    key == "batch_rng" and rng.numel() != size):
+                raise bad(f"{key} is not a random-generator state")

@@ -23,8 +23,8 @@ import torch
 
 from attnlab.core import runtime
 from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
+from attnlab.training import checkpoint as ckpt
 from attnlab.training import distributed
-from attnlab.training.checkpoint import list_checkpoints, load_trainer_state, resume_point, save_checkpoint
 from attnlab.training.config import TrainConfig
 from attnlab.training.loop import evaluate_model, train_step
 from attnlab.training.mfu import mfu, peak_flops
@@ -83,7 +83,7 @@ class Trainer:
         self._runtime_before = runtime.apply(wanted, self.log)
         name = cfg.name or default_run_name(preset)
         self.run_dir = Path(cfg.out_dir) / name
-        checkpoint = resume_point(self.run_dir, self.run_dir / RUN_CONFIG) if cfg.resume else None
+        checkpoint = ckpt.resume_point(self.run_dir, self.run_dir / RUN_CONFIG) if cfg.resume else None
         if cfg.resume and checkpoint is None:
             self.log(f"{self.run_dir} stopped before its first checkpoint was complete; training it from step 0")
         if not cfg.resume and (self.run_dir / "checkpoints").exists():
@@ -115,6 +115,7 @@ class Trainer:
             self.ddp = DistributedDataParallel(self.model, device_ids=ids)
         self.optimizer = make_optimizer(self.model, cfg, fused=not self.sharded)
         if state is not None:
+            ckpt.check_trainer_state(state, self.optimizer, checkpoint)
             self._restore_state(state)
         wrapped = self.ddp or self.model
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
@@ -159,7 +160,7 @@ class Trainer:
             diff = ", ".join(f"{k}={theirs[k]!r} (config says {ours[k]!r})" for k in ours if theirs[k] != ours[k])
             raise CheckpointError(f"{checkpoint} was trained with a different model: {diff}")
         self.model.load_state_dict(loaded.state_dict())
-        return load_trainer_state(checkpoint)
+        return ckpt.load_trainer_state(checkpoint)
 
     def _restore_state(self, state: dict[str, Any]) -> None:
         """Optimiser moments, step, best val loss and RNG states (after the model is wrapped)."""
@@ -190,7 +191,7 @@ class Trainer:
         model = self.plain_model()  # collective under FSDP
         path = None
         if self.dist.is_main:
-            path = save_checkpoint(self.run_dir, self.step, model, self.task, state,
+            path = ckpt.save_checkpoint(self.run_dir, self.step, model, self.task, state,
                                    keep=self.cfg.keep_checkpoints, is_best=is_best)
         distributed.barrier(self.dist)
         return path
@@ -382,7 +383,7 @@ class Trainer:
 
     def _diverged(self, reason: str) -> None:
         """Stop without saving: only finite states are saved, so the newest checkpoint is the last good one."""
-        good = list_checkpoints(self.run_dir)
+        good = ckpt.list_checkpoints(self.run_dir)
         kept = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint had been written yet"
         raise TrainingDiverged(f"{reason}; training stopped and {kept}")
 
