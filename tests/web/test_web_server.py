@@ -188,6 +188,29 @@ def test_a_stalled_body_gets_408():
     assert b"not received within" in sent[1]["body"]
 
 
+def test_a_trickled_body_gets_408_within_its_total_deadline():
+    """One byte at a time, each well inside the per-chunk wait, used to keep a connection forever: the
+    deadline is for the whole body."""
+    import time
+
+    sent = []
+
+    async def app(scope, receive, send):
+        raise AssertionError("the app must not see a body that never finished")
+
+    async def receive():  # a byte every 20 ms, never the last
+        await asyncio.sleep(0.02)
+        return {"type": "http.request", "body": b"x", "more_body": True}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "headers": [(b"content-type", b"application/json")]}
+    start = time.perf_counter()
+    asyncio.run(BodyLimitMiddleware(app, max_bytes=10_000, timeout_s=0.3)(scope, receive, send))
+    assert sent[0]["status"] == 408 and time.perf_counter() - start < 1.0
+
+
 def test_no_file_outside_the_static_folder_is_served(client):
     for path in ("/static/../server.py", "/static/%2e%2e/server.py", "/static/..%2fserver.py",
                  "/static//etc/passwd", "/etc/passwd", "/static/%2e%2e/%2e%2e/models/gpt.py"):
@@ -349,6 +372,10 @@ def test_a_foreign_host_header_is_refused(run_dir):
         assert r.status_code == 403 and "another site" in r.json()["error"]
         same = c.post("/api/attention", json={"text": "the"}, headers={"origin": "http://127.0.0.1:8000"})
         assert same.status_code == 200
+        # another server on this machine (another port) is another origin
+        for origin in ("http://localhost:3000", "http://127.0.0.1:3000", "http://127.0.0.1"):
+            r = c.post("/api/attention", json={"text": "the"}, headers={"origin": origin})
+            assert r.status_code == 403, origin
 
 
 def test_only_loopback_binds_without_a_warning():

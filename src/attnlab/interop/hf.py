@@ -36,6 +36,7 @@ from attnlab.core.manifest import write_manifest
 from attnlab.models import BertConfig, GPTConfig
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
+from attnlab.models.size import check_fits
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_python", "gelu_pytorch")
@@ -121,6 +122,7 @@ def load_gpt2(directory: str | Path) -> GPT:
                          n_head=cfg["n_head"], d_model=cfg["n_embd"], norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
                          bias=True, activation="gelu", positions="learned", dropout=0.0)
     config.validate()
+    check_fits(config, f"{directory / 'config.json'}: the model")  # before reading or building anything
     try:
         tensors = load_file(str(directory / "model.safetensors"))
     except (SafetensorError, OSError) as e:
@@ -315,6 +317,7 @@ def load_bert(directory: str | Path) -> tuple:
 
     directory = Path(directory)
     config = hf_bert_model_config(_read_hf_config(directory), directory / "config.json")
+    check_fits(config, f"{directory / 'config.json'}: the model")
     tensors = read_hf_weights(directory)
     renamed = {}
     for key, t in tensors.items():  # legacy TF names, and folders with or without the "bert." prefix

@@ -16,6 +16,7 @@ from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_path, atomic_write_text
 from attnlab.core.manifest import verify_manifest, write_manifest
 from attnlab.models.config import CONFIG_VERSION, ModelConfig
+from attnlab.models.size import check_fits
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 
@@ -78,6 +79,7 @@ class PretrainedModel(nn.Module):
         directory = Path(directory)
         verify_manifest(directory)  # refuses altered files in one line; warns on a folder without a manifest
         config = read_config(directory)
+        check_fits(config, f"{directory / CONFIG_NAME}: the model")  # before anything is allocated
         weights = directory / WEIGHTS_NAME
         if not weights.is_file():
             raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}")

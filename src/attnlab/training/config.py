@@ -110,6 +110,9 @@ class ContinuousOptions:
 DEVICE_SPEC = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
+MAX_VOCAB = 2**20  # a learned vocabulary's largest size (large LLM vocabularies are ~100k-260k)
+
+
 @dataclass
 class TrainConfig:
     """A run: data, tokenizer, optimisation, evaluation, logging. YAML presets: attnlab/presets/."""
@@ -181,6 +184,8 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"'{key}' must be >= 1, got {getattr(self, key)}")
+        if self.bpe_vocab_size > MAX_VOCAB:  # the Rust trainer aborts the process on an absurd size
+            raise ConfigError(f"'bpe_vocab_size' must be <= {MAX_VOCAB:,}, got {self.bpe_vocab_size:,}")
         for key in ("warmup_iters", "sample_tokens", "profile_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"'{key}' must be >= 0, got {getattr(self, key)}")

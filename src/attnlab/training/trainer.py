@@ -69,6 +69,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, preset: str | None = None, log=print) -> None:
         from attnlab.models.registry import build_model
+        from attnlab.models.size import check_fits
         from attnlab.training.tasks import build_task
 
         self.device = distributed.resolve_device(cfg.device)
@@ -91,10 +92,12 @@ class Trainer:
                 f"run folder {self.run_dir} already holds a run; pass resume=true or another name="
             )
 
+        check_fits(cfg.model, "the model", batch_size=cfg.batch_size)  # before the data and the tokenizer
         # data, tokenizer/class names (from the checkpoint when resuming); fills vocab_size etc.
         self.task = build_task(cfg, assets=checkpoint, world_size=self.dist.world_size)
         self.tokenizer = getattr(self.task, "tokenizer", None)
         cfg.model.validate()
+        check_fits(cfg.model, "the model", batch_size=cfg.batch_size)  # sizes before allocation, now with the vocab
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model).to(self.device)
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process (global batches)

@@ -25,7 +25,7 @@ Limits (issue 9, item 5):
   until the computation really ends, so a slow model cannot pile up work);
 * the run folder is fixed at start-up: no request names a file, unknown JSON fields are refused;
 * on a loopback address it answers only Host headers naming this machine (no DNS rebinding) and no
-  browser request sent from another site's page (Origin header);
+  browser request sent from another origin's page (the Origin header must name this host and port);
 * every error is JSON ``{"error": "one line"}``.
 """
 
@@ -133,7 +133,8 @@ class InferenceGate:
 
 
 class BodyLimitMiddleware:
-    """Reads a request body up to ``max_bytes`` (413 beyond it; 408 if it stalls), then replays it.
+    """Reads a request body up to ``max_bytes`` (413 beyond it; 408 unless all of it arrives within
+    ``timeout_s``, however it trickles), then replays it.
 
     A declared Content-Length over the limit is refused before one byte of the body is read.
     """
@@ -152,9 +153,10 @@ class BodyLimitMiddleware:
             if int(declared) > self.max_bytes:
                 return await _error(413, too_large)(scope, receive, send)
         chunks, size, more = [], 0, True
+        deadline = asyncio.get_running_loop().time() + self.timeout_s  # for the WHOLE body, not each chunk
         while more:
             try:
-                message = await asyncio.wait_for(receive(), self.timeout_s)
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
             except TimeoutError:
                 return await _error(408, f"request body not received within {self.timeout_s:g} s")(scope, receive, send)
             if message["type"] == "http.disconnect":
@@ -193,7 +195,7 @@ class HostGuard:
                 return await _error(400, f"unexpected Host header '{host[:100]}': open the explorer at "
                                          "the address it printed")(scope, receive, send)
             origin = headers.get(b"origin", b"").decode("latin-1")  # sent by browsers with every POST
-            if origin and self._name(origin.split("://", 1)[-1]) not in self.allowed_hosts:
+            if origin and origin.split("://", 1)[-1].rstrip("/").lower() != host.lower():  # host AND port
                 return await _error(403, f"requests from another site ('{origin[:100]}') are refused")(
                     scope, receive, send)
         return await self.app(scope, receive, send)

@@ -1,0 +1,87 @@
+"""Sizes before allocation: how much memory a model will take, estimated from its config alone, so an
+absurd config (``n_layer=100000``, a config.json with 10^8 layers) is refused in one line instead of
+allocating gigabytes first.
+
+For a transformer of L layers (L_x of them decoder layers with cross-attention), width d, feed-forward
+width f (4d by default, 8d/3 for SwiGLU, which has three matrices), E experts, vocabulary V, context T:
+
+    parameters P ~ L (4 d^2 + k d f E) + 4 d^2 L_x + V d + T d      (k = 2, or 3 for SwiGLU)
+    inference   ~ 4 P bytes (fp32 weights)
+    training    ~ 16 P bytes (weights, gradients, Adam's two moments)
+                  + activations ~ 4 B T L (34 d + 5 H T) bytes    (Korthikanti et al. 2022, fp32, no
+                                                                   recomputation; the H T term is the
+                                                                   attention scores of the eager path)
+
+The estimates are lower bounds up to small terms (norms, biases); they are for refusing the impossible,
+not for planning a run to the last megabyte.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnlab.core.errors import ConfigError
+
+
+def layers(config: Any) -> int:
+    """All transformer layers of a config (an encoder-decoder counts both stacks; its decoder depth
+    defaults to the encoder's)."""
+    n = getattr(config, "n_layer", 0) or 0
+    if hasattr(config, "n_decoder_layer"):
+        n += config.n_decoder_layer or n
+    return n
+
+
+def parameter_estimate(config: Any) -> int:
+    """P of the module docstring (0 for a config without a width, e.g. a CNN: nothing to estimate)."""
+    d = getattr(config, "d_model", None)
+    if not isinstance(d, int):
+        return 0
+    swiglu = getattr(config, "activation", "") == "swiglu"
+    f = getattr(config, "d_ff", None) or (8 * d // 3 if swiglu else 4 * d)
+    experts = max(1, getattr(config, "moe_experts", 0) or 0)
+    vocab = getattr(config, "vocab_size", None) or 0
+    context = getattr(config, "block_size", None) or 0
+    cross = layers(config) - (getattr(config, "n_layer", 0) or 0)  # decoder layers also cross-attend
+    return layers(config) * (4 * d * d + (3 if swiglu else 2) * d * f * experts) + cross * 4 * d * d \
+        + (vocab + context) * d
+
+
+def training_bytes(config: Any, batch_size: int) -> int:
+    """Training memory of the module docstring: 16 P plus the activations of one batch."""
+    d, T = getattr(config, "d_model", 0) or 0, getattr(config, "block_size", 0) or 0
+    H = getattr(config, "n_head", 1) or 1
+    return 16 * parameter_estimate(config) + 4 * batch_size * T * layers(config) * (34 * d + 5 * H * T)
+
+
+def available_bytes() -> int | None:
+    """Memory the system can still give (MemAvailable on Linux; physical memory elsewhere), None if unknown."""
+    import os
+
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_fits(config: Any, what: str, batch_size: int | None = None, where: str = "") -> None:
+    """Refuse, in one line with the estimate, a model whose inference (``batch_size`` None) or training
+    memory exceeds what this machine has available."""
+    available = available_bytes()
+    params = parameter_estimate(config)
+    need = 4 * params if batch_size is None else training_bytes(config, batch_size)
+    if available is not None and need > available:
+        verb = "load" if batch_size is None else "train"
+        raise ConfigError(f"{where}{what} has about {params / 1e6:,.0f}M parameters: to {verb} it needs about "
+                          f"{_gib(need)}, and this machine has {_gib(available)} available; make it smaller")
