@@ -63,3 +63,14 @@ def test_a_corpus_without_newlines_samples_from_its_first_token(tmp_path):
     assert main(["train", "configs/shakespeare-char.yaml", *tiny_overrides(corpus, tmp_path / "runs", name="flat",
                                                                           sample_tokens=5)]) == 0
     assert (run / "samples.txt").read_text().startswith("a")
+
+
+def test_inspect_text_on_a_seq2seq_run_is_one_line_and_leaves_no_folder(tmp_path, capsys):
+    argv = ["train", "configs/seq2seq-reverse.yaml", f"out_dir={tmp_path}", "name=s", "max_iters=2",
+            "eval_interval=2", "progress=false", "mfu=false", "sample_tokens=0"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "s"), "--text", "abc", "--out", str(tmp_path / "insp")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds a seq2seq model" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "insp").exists()

@@ -212,3 +212,17 @@ def test_links_and_occupied_folders_are_refused(corpus, tmp_path, capsys):
     assert main(["import-hf", str(tmp_path), "--out", str(elsewhere)]) == 2
     err = capsys.readouterr().err
     assert "not found" in err or "not an empty folder" in err
+
+
+@pytest.mark.parametrize("name", ["null", "true", "1.50", "#x", "it's"])
+def test_resume_finds_a_run_whatever_its_folder_is_called(corpus, tmp_path, capsys, name):
+    """Folder names that YAML reads as something else used to send resume to the wrong place."""
+    overrides = tiny_overrides(corpus, tmp_path / "runs", max_iters=5, eval_interval=5)
+    overrides = [o for o in overrides if not o.startswith("name=")]
+    quoted = "'" + name.replace("'", "''") + "'"
+    assert main(["train", "configs/shakespeare-char.yaml", *overrides, f"name={quoted}"]) == 0
+    run = tmp_path / "runs" / name
+    assert run.is_dir()
+    capsys.readouterr()
+    assert main(["resume", str(run), "max_iters=10"]) == 0
+    assert f"resumed {run} from step 5" in capsys.readouterr().out

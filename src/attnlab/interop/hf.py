@@ -388,5 +388,7 @@ def import_hf(directory: str | Path, out: str | Path) -> tuple[torch.nn.Module, 
     has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "vocab.txt").is_file()
     if has_tokenizer:
         load_tokenizer(directory).save(out)
-        write_manifest(out)  # config, weights and now the tokenizer
+    # what the source lacked (the explorer warns that such a head guesses at random)
+    atomic_write_text(out / "imported.json", json.dumps({"source": str(directory), "fresh_heads": missing}, indent=1))
+    write_manifest(out)  # config, weights, the tokenizer and imported.json
     return model, missing, has_tokenizer

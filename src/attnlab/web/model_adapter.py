@@ -56,6 +56,7 @@ class ModelInfo:
     in_channels: int = 0  # vit: 1 (grey) or 3 (RGB)
     max_upload_bytes: int = 0  # vit: the largest image file accepted
     mask_token: str = ""  # bert: the token the user types to ask for guesses
+    warning: str = ""  # shown on the page: e.g. an imported model whose MLM head is a fresh init
 
 
 def read_family(run_dir: Path) -> str:
@@ -206,6 +207,15 @@ MASK_EXAMPLES = ("the quick brown [MASK] jumps over the lazy dog.", "To be, or n
                  "the [MASK] fox")
 
 
+def read_imported(run_dir: Path) -> dict[str, Any]:
+    """``imported.json`` of a folder written by ``attnlab import-hf`` ({} for any other folder)."""
+    try:
+        data = json.loads((Path(run_dir) / "imported.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 class BertAdapter(ExplorerAdapter):
     """Masked LM: [CLS] text [SEP], bidirectional maps, and the MLM head's top 10 at every [MASK]."""
 
@@ -224,6 +234,10 @@ class BertAdapter(ExplorerAdapter):
             mask_token="[MASK]",
         )
         self.info.example = next((t for t in MASK_EXAMPLES if self._fits(t)), "[MASK]")
+        fresh = read_imported(run_dir).get("fresh_heads", [])
+        if any(name.startswith("mlm") for name in fresh):
+            self.info.warning = ("this model was imported without its masked-LM head: the head is randomly "
+                                 "initialised, so the [MASK] guesses below mean nothing (the attention maps do)")
 
     def _fits(self, text: str) -> bool:
         ids = self.tokenizer.encode(text)

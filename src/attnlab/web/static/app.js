@@ -241,12 +241,21 @@ function renderNextToken() {
   }
   const box = $("mask-guesses");
   box.innerHTML = "";
+  box.className = "";
+  if (state.info.warning) {  // e.g. an import whose MLM head is a fresh init: say so beside its guesses
+    const w = document.createElement("p");
+    w.id = "mask-warning";
+    w.className = "hint error";
+    w.textContent = `warning: ${state.info.warning}`;
+    box.appendChild(w);
+  }
   if (!state.result.masked.length) {
-    box.textContent = "no [MASK] in this text: type [MASK] or click a token";
-    box.className = "hint";
+    const none = document.createElement("p");
+    none.className = "hint";
+    none.textContent = "no [MASK] in this text: type [MASK] or click a token";
+    box.appendChild(none);
     return;
   }
-  box.className = "";
   state.result.masked.forEach(({ position, guesses }) => {
     const head = document.createElement("div");
     head.className = "mask-position";
