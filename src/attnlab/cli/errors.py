@@ -21,14 +21,19 @@ def unknown_name(kind: str, name: str, options: list[str]) -> ConfigError:
     return ConfigError(f"unknown {kind} '{name}'{hint}")
 
 
+def _number(text: str, kind: type, what: str):
+    """``kind(text)``, or a one-line usage error saying what was expected."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
 def at_least(low: int):
     """An argparse type: an integer >= ``low`` that fits in 64 bits, else a one-line usage error."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        value = _number(text, int, "an integer")
         if not low <= value < 2**63:
             raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text[:40]}")
         return value
@@ -38,10 +43,7 @@ def at_least(low: int):
 
 def seed(text: str) -> int:
     """An argparse type: a seed, any integer of 64 bits."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    value = _number(text, int, "an integer")
     if not -(2**63) <= value < 2**63:
         raise argparse.ArgumentTypeError(f"must fit in a 64-bit integer, got {text[:40]}")
     return value
@@ -51,10 +53,7 @@ def finite(text: str) -> float:
     """An argparse type: a finite number (no nan, inf)."""
     import math
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _number(text, float, "a number")
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
     return value
