@@ -23,7 +23,9 @@ def run(tmp_path_factory):
 
 
 def test_logit_lens_last_layer_is_the_model(run, tmp_path, capsys):
-    assert main(["lens", "logit-lens", str(run), "--text", TEXT, "--json", str(tmp_path / "lens.json")]) == 0
+    assert main(["lens", "logit-lens", str(run), "--text", TEXT, "--json", str(tmp_path / "lens.json"),
+                 "--figure", str(tmp_path / "lens.png")]) == 0
+    assert (tmp_path / "lens.png").stat().st_size > 1000
     report = json.loads((tmp_path / "lens.json").read_text())
     model, tok = load_model_and_tokenizer(run)
     idx = torch.tensor([tok.encode(TEXT)])
@@ -63,7 +65,8 @@ def test_dla_parts_add_up_to_the_logit(run, tmp_path, capsys):
 
 def test_patch_reports_the_residual_map_heads_and_paths(run, tmp_path, capsys):
     argv = ["lens", "patch", str(run), "--clean", TEXT, "--corrupted", "the quick box", "--answer", "e",
-            "--wrong", "a", "--path", "0.0>1.1", "--json", str(tmp_path / "p.json")]
+            "--wrong", "a", "--path", "0.0>1.1", "--json", str(tmp_path / "p.json"), "--figure",
+            str(tmp_path / "p.png")]
     assert main(argv) == 0
     r = json.loads((tmp_path / "p.json").read_text())
     assert len(r["resid_pre"]) == 2 and len(r["resid_pre"][0]) == len(TEXT)
@@ -73,6 +76,7 @@ def test_patch_reports_the_residual_map_heads_and_paths(run, tmp_path, capsys):
     assert r["paths"][0]["sender"] == "L0H0" and r["paths"][0]["receivers"] == ["L1H1"]
     assert len(r["all_heads_of_layer"]) == 2
     assert "path L0H0 -> L1H1" in capsys.readouterr().out
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -91,6 +95,7 @@ def test_patch_reports_the_residual_map_heads_and_paths(run, tmp_path, capsys):
     (["ablate", "--text", TEXT, "--head", "one"], "a head is LAYER.HEAD"),
     (["logit-lens", "--text", "t"], "at least two tokens"),
     (["logit-lens", "--text", TEXT, "--json", "/nonexistent/dir/x.json"], "folder does not exist"),
+    (["logit-lens", "--text", TEXT, "--figure", "/nonexistent/dir/x.png"], "--figure /nonexistent"),
 ])
 def test_bad_input_is_one_line(run, capsys, argv, message):
     action, *rest = argv

@@ -92,7 +92,8 @@ def test_probe_cli_on_a_gpt_run(tmp_path, data, capsys):
     run = train_tiny_run(tmp_path, block_size=96)  # a sentence is up to ~60 characters
     out = tmp_path / "p.json"
     assert main(["lens", "probe", str(run), "--data", str(data / "pos.jsonl"), "--seeds", "2",
-                 "--json", str(out)]) == 0
+                 "--json", str(out), "--figure", str(tmp_path / "probe.png")]) == 0
+    assert (tmp_path / "probe.png").stat().st_size > 1000
     r = json.loads(out.read_text())
     assert [p["layer"] for p in r["layers"]] == ["embed", "block 0", "block 1"]
     assert r["classes"] == ["ADJ", "ADP", "ADV", "DET", "NOUN", "VERB"] and r["seeds"] == [0, 1]

@@ -34,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--text", required=True)
     a.add_argument("--k", type=at_least(1), default=5, help="top tokens per position (default 5)")
     a.add_argument("--json", default=None, help="write the full report to this file")
+    a.add_argument("--figure", default=None, help="draw the loss per layer to this PNG")
     a.set_defaults(func=_cmd_logit_lens)
     a = actions.add_parser("ablate", help="the next-token loss and prediction with heads knocked out")
     a.add_argument("run_dir")
@@ -62,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--direct", action="store_true",
                    help="paths skip the MLPs (frozen): only the direct route through the residual stream")
     a.add_argument("--json", default=None, help="write the report to this file")
+    a.add_argument("--figure", default=None, help="draw the residual and head maps to this PNG")
     a.set_defaults(func=_cmd_patch)
     a = actions.add_parser("probe", help="linear probes per layer with a control task (GPT or BERT run)")
     a.add_argument("run_dir")
@@ -69,6 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--seeds", type=at_least(1), default=3, help="splits and control tasks to average (default 3)")
     a.add_argument("--test-fraction", type=finite, default=0.25, help="held-out sentences (default 0.25)")
     a.add_argument("--json", default=None, help="write the report to this file")
+    a.add_argument("--figure", default=None, help="draw probe and control accuracy per layer to this PNG")
     a.set_defaults(func=_cmd_probe)
 
 
@@ -82,11 +85,19 @@ def _write(report: dict, path: str | None) -> None:
         atomic_write_text(Path(path), json.dumps(report, indent=1, ensure_ascii=False) + "\n")
 
 
-def _check_json(path: str | None) -> None:
+def _check_json(path: str | None, figure: str | None = None) -> None:
     from pathlib import Path
 
-    if path and not Path(path).parent.is_dir():
-        raise ConfigError(f"--json {path}: its folder does not exist")
+    for flag, value in (("--json", path), ("--figure", figure)):
+        if value and not Path(value).parent.is_dir():
+            raise ConfigError(f"{flag} {value}: its folder does not exist")
+
+
+def _figure(draw: str, report: dict, path: str | None) -> None:
+    if path:
+        from attnlab.inspect import lens_figures
+
+        print(f"wrote {getattr(lens_figures, draw)(report, path)}")
 
 
 def _at_least_one(value: int, flag: str) -> None:
@@ -97,12 +108,13 @@ def _at_least_one(value: int, flag: str) -> None:
 def _cmd_logit_lens(args: argparse.Namespace) -> int:
     from attnlab.inspect.lens import lens_report
 
-    _check_json(args.json)
+    _check_json(args.json, args.figure)
     _at_least_one(args.k, "--k")
     report = lens_report(args.run_dir, args.text, k=args.k)
     for layer in report["layers"]:
         print(f"{layer['name']:>8}  loss {layer['loss']:.4f}  next after the text: {layer['top'][-1]!r}")
     _write(report, args.json)
+    _figure("logit_lens_figure", report, args.figure)
     return 0
 
 
@@ -136,7 +148,7 @@ def _cmd_dla(args: argparse.Namespace) -> int:
 def _cmd_patch(args: argparse.Namespace) -> int:
     from attnlab.inspect.lens import patch_report
 
-    _check_json(args.json)
+    _check_json(args.json, args.figure)
     r = patch_report(args.run_dir, args.clean, args.corrupted, args.answer, args.wrong, args.path,
                      through_mlps=not args.direct)
     print(f"logit({args.answer!r}) - logit({args.wrong!r}): clean {r['metric_clean']:.4f}, "
@@ -150,13 +162,14 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     for p in r["paths"]:
         print(f"path {p['sender']} -> {', '.join(p['receivers'])}: {p['recovered']:+.3f}")
     _write(r, args.json)
+    _figure("patching_figure", r, args.figure)
     return 0
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
     from attnlab.inspect.probes import probe_report
 
-    _check_json(args.json)
+    _check_json(args.json, args.figure)
     if not 1 <= args.seeds <= 20:
         raise ConfigError("--seeds must be in 1..20")
     if not 0 < args.test_fraction < 1:
@@ -169,4 +182,5 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         print(f"{p['layer']:>8}  {p['accuracy']:.3f} +- {p['accuracy_sd']:.3f}  {p['control']:.3f} +- "
               f"{p['control_sd']:.3f}  {p['selectivity']:+.3f} +- {p['selectivity_sd']:.3f}")
     _write(r, args.json)
+    _figure("probe_figure", r, args.figure)
     return 0

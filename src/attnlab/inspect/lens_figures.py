@@ -1,0 +1,76 @@
+"""Figures of the lens commands, drawn from their JSON reports (``attnlab.inspect.lens``, ``.probes``):
+
+    logit lens   next-token loss of each layer's stream read through the final norm and unembedding
+    patching     recovered fraction: residual stream (layers x positions) and heads (layers x heads)
+    probes       probe and control accuracy per layer (mean +- sd over seeds), the majority class
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnlab.inspect.plots import _plt, token_label
+
+
+def _save(fig, path: str | Path, tight: bool = True) -> Path:
+    import warnings
+
+    path = Path(path)
+    with warnings.catch_warnings():  # a character the font lacks is drawn as a box: not worth a warning each
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+        if tight:
+            fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
+def logit_lens_figure(report: dict, path: str | Path) -> Path:
+    """Loss per layer, with each layer's top next token after the text written above its point."""
+    plt = _plt()
+    layers = report["layers"]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(layers)), 3.2))
+    xs = range(len(layers))
+    ax.plot(xs, [layer["loss"] for layer in layers], marker="o")
+    for x, layer in zip(xs, layers, strict=True):
+        ax.annotate(token_label(layer["top"][-1][0]), (x, layer["loss"]), textcoords="offset points",
+                    xytext=(0, 6), ha="center", fontsize=8)
+    ax.set_xticks(list(xs), [layer["name"] for layer in layers])
+    ax.set_ylabel("next-token loss over the text (nats)")
+    ax.set_title("logit lens: each layer read as if it were the last (label: top token after the text)", fontsize=9)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def patching_figure(report: dict, path: str | Path) -> Path:
+    """The recovered fraction for the residual stream (layers x positions) and for each head."""
+    plt = _plt()
+    resid, heads = report["resid_pre"], report["heads"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(max(6.0, 0.35 * len(report["tokens"]) + 4), 3.2), layout="constrained",
+                               gridspec_kw={"width_ratios": [max(1, len(report["tokens"]) // 2), 1]})
+    for ax, grid, xlabels, title in ((a, resid, [token_label(t, 4) for t in report["tokens"]], "residual stream"),
+                                     (b, heads, [str(h) for h in range(len(heads[0]))], "heads")):
+        image = ax.imshow(grid, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
+        ax.set_xticks(range(len(xlabels)), xlabels, fontsize=7, rotation=90 if ax is a else 0)
+        ax.set_yticks(range(len(grid)), [f"L{i}" for i in range(len(grid))], fontsize=8)
+        ax.set_title(f"{title}: recovered fraction", fontsize=9)
+    fig.colorbar(image, ax=[a, b], shrink=0.8)
+    return _save(fig, path, tight=False)
+
+
+def probe_figure(report: dict, path: str | Path) -> Path:
+    """Probe and control accuracy per layer with their sd over seeds, and the majority-class line."""
+    plt = _plt()
+    layers = report["layers"]
+    xs = list(range(len(layers)))
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(layers)), 3.2))
+    for key, label in (("accuracy", "probe"), ("control", "control task")):
+        ax.errorbar(xs, [p[key] for p in layers], yerr=[p[f"{key}_sd"] for p in layers], marker="o", capsize=3,
+                    label=label)
+    ax.axhline(report["majority"], color="grey", linestyle="--", label="majority class")
+    ax.set_xticks(xs, [p["layer"] for p in layers], fontsize=8)
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title(f"linear probes, {len(report['seeds'])} seeds (selectivity = probe - control)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
