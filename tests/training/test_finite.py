@@ -226,3 +226,28 @@ def test_resume_finds_a_run_whatever_its_folder_is_called(corpus, tmp_path, caps
     capsys.readouterr()
     assert main(["resume", str(run), "max_iters=10"]) == 0
     assert f"resumed {run} from step 5" in capsys.readouterr().out
+
+
+def test_a_full_disk_while_mirroring_names_the_right_checkpoint_and_mixes_nothing(corpus, tmp_path, monkeypatch):
+    """The checkpoint itself was complete when the disk filled during the copy to the run's top level: the
+    message used to name it as lost, and the top level held config.json and weights of different steps.
+    Now the copies are staged, so the top level stays one consistent (older) model that still verifies."""
+    from attnlab.core.manifest import read_manifest, verify_manifest
+    from attnlab.training import checkpoint as ckpt
+
+    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="mirror", max_iters=20, eval_interval=10))
+    real_copy, copies = ckpt.shutil.copyfile, []
+
+    def copy_that_fills_the_disk(src, dst, *a, **k):
+        copies.append(dst)
+        if "step-0000020" in str(src) and str(dst).endswith("model.safetensors.mirror.tmp"):
+            raise OSError(28, "No space left on device")
+        return real_copy(src, dst, *a, **k)
+
+    monkeypatch.setattr(ckpt.shutil, "copyfile", copy_that_fills_the_disk)
+    with pytest.raises(Exception, match=r"step-0000020 is complete, but the copy at the top.*resume from"):
+        trainer.train()
+    run = trainer.run_dir
+    assert list_checkpoints(run)[-1].name == "step-0000020"
+    assert read_manifest(run)["step"] == 10 and verify_manifest(run) == 10  # the top level: step 10, whole
+    assert not list(run.glob(".*.tmp"))

@@ -54,6 +54,8 @@ def save_checkpoint(
     refuse_links(run_dir)
     final = root / f"step-{step:07d}"
     tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
+    staged: list[tuple[Path, Path]] = []
+    complete = False
     try:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -67,16 +69,27 @@ def save_checkpoint(
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(root)
+        complete = True
         if is_best:
             _replace_dir_with_links(final, root / BEST)
+        # mirror the newest model at the top of the run folder: every file is copied beside its place
+        # first (a full disk stops here, with the top level untouched), then all are renamed in, then
+        # the manifest that vouches for them
         mirrored = tuple(f.name for f in sorted(final.iterdir()) if f.name not in (STATE_NAME, MANIFEST_NAME))
-        for name in mirrored:  # mirror the newest model at the top of the run folder, then its manifest
-            with atomic_path(Path(run_dir) / name) as dst:
-                shutil.copyfile(final / name, dst)
+        for name in mirrored:
+            staged.append((Path(run_dir) / f".{name}.mirror.tmp", Path(run_dir) / name))
+            shutil.copyfile(final / name, staged[-1][0])
+        for src, dst in staged:
+            os.replace(src, dst)
         write_manifest(Path(run_dir), step, mirrored)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        for src, _ in staged:
+            src.unlink(missing_ok=True)
         reason = e.strerror or str(e)
+        if complete:
+            raise CheckpointError(f"checkpoint {final} is complete, but the copy at the top of {run_dir} could "
+                                  f"not be updated ({reason}); load or resume from {final}") from None
         raise CheckpointError(
             f"cannot write checkpoint {final} ({reason}); the previous checkpoint is kept"
         ) from None
