@@ -74,3 +74,14 @@ def test_inspect_text_on_a_seq2seq_run_is_one_line_and_leaves_no_folder(tmp_path
     err = capsys.readouterr().err.strip()
     assert "holds a seq2seq model" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "insp").exists()
+
+
+def test_a_csv_field_over_the_csv_limit_is_one_data_error(tmp_path):
+    """A 5 MB field used to end in the catch-all (exit 1): now it is a DataError naming the file."""
+    from attnlab.core.errors import DataError
+    from attnlab.data.labelled import read_labelled
+
+    big = tmp_path / "big.csv"
+    big.write_text("text,label\n" + "a" * 5_000_000 + ",x\nb,y\n")
+    with pytest.raises(DataError, match=r"big\.csv: field larger than field limit"):
+        read_labelled(big)

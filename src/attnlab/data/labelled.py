@@ -62,13 +62,17 @@ def read_labelled(path: str | Path) -> LabelledText:
             labels.append(str(row["label"]))
     elif path.suffix.lower() in (".csv", ".tsv"):
         reader = csv.DictReader(raw.splitlines(), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-        if reader.fieldnames is None or "text" not in reader.fieldnames or "label" not in reader.fieldnames:
-            raise DataError(f"{path}: the header must name a 'text' and a 'label' column, got {reader.fieldnames}")
-        for n, row in enumerate(reader, 2):
-            if row["text"] is None or row["label"] is None:
-                raise DataError(f"{path}:{n}: the row has too few columns")
-            texts.append(row["text"])
-            labels.append(row["label"].strip())
+        try:
+            if reader.fieldnames is None or "text" not in reader.fieldnames or "label" not in reader.fieldnames:
+                raise DataError(f"{path}: the header must name a 'text' and a 'label' column, got "
+                                f"{reader.fieldnames}")
+            for n, row in enumerate(reader, 2):
+                if row["text"] is None or row["label"] is None:
+                    raise DataError(f"{path}:{n}: the row has too few columns")
+                texts.append(row["text"])
+                labels.append(row["label"].strip())
+        except csv.Error as e:  # e.g. a field over the csv module's limit (128 KiB)
+            raise DataError(f"{path}: {e}") from None
     else:
         raise DataError(f"{path}: labelled data must be .csv, .tsv or .jsonl")
     if len(texts) < 4:
