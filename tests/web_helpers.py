@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from attnlab.training.trainer import Trainer
+from attnlab.web.connections import uvicorn_config
 
 from .helpers import tiny_config, write_corpus
 
@@ -23,15 +24,16 @@ def train_tiny_run(root: Path, **extra) -> Path:
 
 
 @contextlib.contextmanager
-def running_server(app) -> Iterator[str]:
-    """Serve ``app`` with uvicorn in a thread on a free 127.0.0.1 port; yields the base URL."""
+def running_server(app, settings=None) -> Iterator[str]:
+    """Serve ``app`` with uvicorn in a thread on a free 127.0.0.1 port, its connections guarded as
+    ``attnlab explore`` guards them (``settings``: GuardSettings, default the explorer's); yields the URL."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", limit_concurrency=256, timeout_keep_alive=5)
+    config = uvicorn_config(app, settings=settings, log_level="warning")  # guarded as `attnlab explore` serves
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

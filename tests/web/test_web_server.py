@@ -17,10 +17,10 @@ from attnlab.cli import main
 from attnlab.core.errors import CheckpointError
 from attnlab.training.runs import load_model_and_tokenizer
 from attnlab.web import server as web_server
+from attnlab.web.limits import BodyLimitMiddleware
 from attnlab.web.model_adapter import GPTAdapter, load_adapter
 from attnlab.web.server import (
     STATIC_DIR,
-    BodyLimitMiddleware,
     ExplorerRefusal,
     InferenceGate,
     create_app,
@@ -387,11 +387,14 @@ def test_only_loopback_binds_without_a_warning():
 
 def test_cli_explore_binds_loopback_by_default(run_dir, monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: calls.append(dict(kw, app=app)))
+    monkeypatch.setattr("uvicorn.Server.run", lambda self, *a, **kw: calls.append(dict(
+        host=self.config.host, port=self.config.port, app=self.config.app, guard=self.config.guard)))
     assert main(["explore", str(run_dir), "--port", "8765"]) == 0
     assert calls[-1]["host"] == "127.0.0.1" and calls[-1]["port"] == 8765
+    assert calls[-1]["guard"].settings.header_timeout_s == 5.0  # every connection guarded
     with TestClient(calls[-1]["app"], base_url="http://127.0.0.1:8765") as c:  # guarded against rebinding
-        assert c.get("/api/health").status_code == 200
+        health = c.get("/api/health")
+        assert health.status_code == 200 and health.headers["connection"] == "close"  # one request each
         assert c.get("/api/health", headers={"host": "evil.example"}).status_code == 400
     captured = capsys.readouterr()
     assert "http://127.0.0.1:8765/" in captured.out and captured.err == ""

@@ -25,6 +25,7 @@ import torch
 
 from attnlab.core.errors import CheckpointError
 from attnlab.core.fileio import atomic_path
+from attnlab.core.killpoints import kill_point
 from attnlab.core.manifest import MANIFEST_NAME, REQUIRED, read_manifest, verify_manifest, write_manifest
 
 CHECKPOINTS = "checkpoints"
@@ -60,9 +61,10 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp)
+        kill_point("checkpoint.writing")
         assets.save(tmp)  # the task's: tokenizer.json, class names, ...
-        with atomic_path(tmp / STATE_NAME) as f:
-            torch.save(trainer_state, f)
+        with atomic_path(tmp / STATE_NAME) as f:  # is_best: so a resume can finish publishing it
+            torch.save({**trainer_state, "is_best": is_best}, f)
         write_manifest(tmp, step)  # last: a folder with a manifest is complete
         _fsync_dir(tmp)
         if final.exists():
@@ -70,18 +72,8 @@ def save_checkpoint(
         os.replace(tmp, final)
         _fsync_dir(root)
         complete = True
-        if is_best:
-            _replace_dir_with_links(final, root / BEST)
-        # mirror the newest model at the top of the run folder: every file is copied beside its place
-        # first (a full disk stops here, with the top level untouched), then all are renamed in, then
-        # the manifest that vouches for them
-        mirrored = tuple(f.name for f in sorted(final.iterdir()) if f.name not in (STATE_NAME, MANIFEST_NAME))
-        for name in mirrored:
-            staged.append((Path(run_dir) / f".{name}.mirror.tmp", Path(run_dir) / name))
-            shutil.copyfile(final / name, staged[-1][0])
-        for src, dst in staged:
-            os.replace(src, dst)
-        write_manifest(Path(run_dir), step, mirrored)
+        kill_point("checkpoint.renamed")
+        _publish(Path(run_dir), final, step, is_best, staged)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         for src, _ in staged:
@@ -94,8 +86,45 @@ def save_checkpoint(
             f"cannot write checkpoint {final} ({reason}); the previous checkpoint is kept"
         ) from None
     for old in list_checkpoints(run_dir)[:-keep]:
+        kill_point("prune")
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _publish(run_dir: Path, final: Path, step: int, is_best: bool, staged: list[tuple[Path, Path]]) -> None:
+    """After ``final`` is in place: link it as best/ (``is_best``), then mirror it at the top of the run
+    folder: every file is copied beside its place first (a full disk stops here, with the top level
+    untouched, ``staged`` lists the copies to clean up), then all are renamed in, then the manifest
+    that vouches for them."""
+    if is_best:
+        _replace_dir_with_links(final, run_dir / CHECKPOINTS / BEST)
+    mirrored = tuple(f.name for f in sorted(final.iterdir()) if f.name not in (STATE_NAME, MANIFEST_NAME))
+    for name in mirrored:
+        staged.append((run_dir / f".{name}.mirror.tmp", run_dir / name))
+        shutil.copyfile(final / name, staged[-1][0])
+    kill_point("mirror.staged")
+    for src, dst in staged:
+        os.replace(src, dst)
+        kill_point("mirror.renaming")
+    kill_point("mirror.manifest")
+    write_manifest(run_dir, step, mirrored)
+
+
+def finish_publishing(run_dir: Path, checkpoint: Path) -> None:
+    """A kill after ``checkpoint`` was renamed into place but before best/ or the top-level copy caught up
+    with it (its last step, or a best/ that no later evaluation replaces, would be lost): do that now."""
+    step = (read_manifest(checkpoint) or {}).get("step")
+    state = load_trainer_state(checkpoint)
+    best = Path(run_dir) / CHECKPOINTS / BEST
+    relink = bool(state.get("is_best")) and (read_manifest(best) or {}).get("step") != step
+    if relink or (read_manifest(Path(run_dir)) or {}).get("step") != step:
+        staged: list[tuple[Path, Path]] = []
+        try:
+            _publish(Path(run_dir), checkpoint, step, relink, staged)
+        except OSError as e:
+            for src, _ in staged:
+                src.unlink(missing_ok=True)
+            raise CheckpointError(f"cannot update {run_dir} from {checkpoint} ({e.strerror or e})") from None
 
 
 def _replace_dir_with_links(src: Path, dst: Path) -> None:
@@ -108,6 +137,7 @@ def _replace_dir_with_links(src: Path, dst: Path) -> None:
     old = dst.with_name(f".old-{dst.name}-{os.getpid()}")
     if dst.exists():
         os.replace(dst, old)
+        kill_point("best.swap")
     os.replace(tmp, dst)
     shutil.rmtree(old, ignore_errors=True)
 
@@ -150,6 +180,8 @@ def resume_point(run_dir: Path, run_config: Path) -> Path | None:
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None and (list_checkpoints(run_dir) or not run_config.is_file()):
         raise CheckpointError(f"resume=true but {run_dir} has no valid checkpoint")
+    if checkpoint is not None:
+        finish_publishing(run_dir, checkpoint)
     return checkpoint
 
 

@@ -14,8 +14,13 @@
 Limits (issue 9, item 5):
 
 * binds 127.0.0.1 unless ``host`` says otherwise (a warning is printed when it does);
-* a request body larger than ``max_body_bytes`` is refused with 413 before the app sees it, and a
-  body that does not arrive within ``timeout_s`` with 408;
+* every connection is guarded (web/connections.py): its request head must arrive within 5 s, it carries
+  one request; over 64 connections of one client still sending their requests, or 512 open in all,
+  the oldest stalled one (still sending after 1 s) is closed to make room: slow clients cannot starve
+  the rest;
+* a request body larger than ``max_body_bytes`` is refused with 413 before the app sees it, a body
+  that does not arrive in whole within ``timeout_s`` with 408, and bodies beyond a budget for all of
+  them at once (room for what the queue can take, and two more) with 503 (web/limits.py);
 * model input is bounded by the adapter (characters, then tokens <= the model's context): 400;
   an image upload by its file size (413 beyond ``MAX_UPLOAD_BYTES``) and pixel dimensions (400), and
   it must be the model's size unless the user asks to resize it (400 naming the size expected);
@@ -50,6 +55,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab.core.errors import AttnlabError, ConfigError
+from attnlab.web.connections import GuardSettings, uvicorn_config
+from attnlab.web.limits import BodyBudget, BodyLimitMiddleware, HostGuard, error_response, return_large_frees
 from attnlab.web.model_adapter import MAX_UPLOAD_BYTES, ExplorerAdapter, load_adapter
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -78,11 +85,6 @@ class ExplorerRefusal(Exception):
         super().__init__(message)
         self.status = status
         self.retry_after_s = retry_after_s
-
-
-def _error(status: int, message: str, retry_after_s: int | None = None) -> JSONResponse:
-    headers = {"retry-after": str(retry_after_s)} if retry_after_s is not None else None
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 class InferenceGate:
@@ -130,81 +132,6 @@ class InferenceGate:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-class BodyLimitMiddleware:
-    """Reads a request body up to ``max_bytes`` (413 beyond it; 408 unless all of it arrives within
-    ``timeout_s``, however it trickles), then replays it.
-
-    A declared Content-Length over the limit is refused before one byte of the body is read.
-    """
-
-    def __init__(self, app: Any, max_bytes: int, timeout_s: float) -> None:
-        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
-            return await self.app(scope, receive, send)
-        too_large = f"request body too large: the explorer accepts at most {self.max_bytes} bytes"
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                return await _error(400, "invalid Content-Length header")(scope, receive, send)
-            if int(declared) > self.max_bytes:
-                return await _error(413, too_large)(scope, receive, send)
-        chunks, size, more = [], 0, True
-        deadline = asyncio.get_running_loop().time() + self.timeout_s  # for the WHOLE body, not each chunk
-        while more:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
-            except TimeoutError:
-                return await _error(408, f"request body not received within {self.timeout_s:g} s")(scope, receive, send)
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                return await _error(413, too_large)(scope, receive, send)
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: wait for the disconnect as usual
-
-        return await self.app(scope, replay, send)
-
-
-class HostGuard:
-    """Answers only requests whose Host header names this machine (blocks DNS rebinding: a web page
-    elsewhere cannot point its own domain at 127.0.0.1 and script the explorer through the browser)."""
-
-    def __init__(self, app: Any, allowed_hosts: set[str]) -> None:
-        self.app, self.allowed_hosts = app, allowed_hosts
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope["headers"])
-            host = headers.get(b"host", b"").decode("latin-1")
-            if self._name(host) not in self.allowed_hosts:
-                return await _error(400, f"unexpected Host header '{host[:100]}': open the explorer at "
-                                         "the address it printed")(scope, receive, send)
-            origin = headers.get(b"origin", b"").decode("latin-1")  # sent by browsers with every POST
-            if origin and origin.split("://", 1)[-1].rstrip("/").lower() != host.lower():  # host AND port
-                return await _error(403, f"requests from another site ('{origin[:100]}') are refused")(
-                    scope, receive, send)
-        return await self.app(scope, receive, send)
-
-    @staticmethod
-    def _name(host: str) -> str:
-        """'127.0.0.1:8000' -> '127.0.0.1', '[::1]:8000' -> '[::1]' (lower case)."""
-        host = host.lower().rstrip("/")
-        return host if host.endswith("]") or ":" not in host else host.rsplit(":", 1)[0]
 
 
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "[::1]"}
@@ -290,25 +217,25 @@ def create_app(
 
     @app.exception_handler(AttnlabError)
     async def user_error(request: Request, e: AttnlabError) -> JSONResponse:
-        return _error(400, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return error_response(400, str(e).splitlines()[0] if str(e) else type(e).__name__)
 
     @app.exception_handler(ExplorerRefusal)
     async def refusal(request: Request, e: ExplorerRefusal) -> JSONResponse:
-        return _error(e.status, str(e), e.retry_after_s)
+        return error_response(e.status, str(e), e.retry_after_s)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0] if e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-        return _error(400, f"bad request: {where}: {first.get('msg', 'invalid')}"[:300])
+        return error_response(400, f"bad request: {where}: {first.get('msg', 'invalid')}"[:300])
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        return _error(e.status_code, str(e.detail))
+        return error_response(e.status_code, str(e.detail))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception) -> JSONResponse:
-        return _error(500, f"internal error: {type(e).__name__}")
+        return error_response(500, f"internal error: {type(e).__name__}")
 
     @app.get("/api/health")
     async def health() -> dict[str, Any]:
@@ -348,7 +275,8 @@ def create_app(
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     # outermost: the body limit runs before routing, validation or any handler
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, timeout_s=timeout_s)
+    app.state.budget = BodyBudget((gate.capacity + 2) * max_body_bytes)  # what the gate can take, and two more
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, timeout_s=timeout_s, budget=app.state.budget)
     if allowed_hosts is not None:
         app.add_middleware(HostGuard, allowed_hosts={h.lower() for h in allowed_hosts})
     return app
@@ -394,5 +322,6 @@ def serve(
         print(warning, file=sys.stderr)
     shown = f"[{host}]" if ":" in host else host
     print(f"attnlab explorer for {Path(run_dir).resolve()} on http://{shown}:{port}/  (Ctrl-C to stop)")
-    # limit_concurrency: beyond this many open connections uvicorn itself answers 503
-    uvicorn.run(app, host=host, port=port, log_level="warning", limit_concurrency=256, timeout_keep_alive=5)
+    return_large_frees()  # memory returns to its level after a burst of uploads
+    # every connection guarded: a head deadline, one request each, a limit per client (web/connections.py)
+    uvicorn.Server(uvicorn_config(app, host, port, GuardSettings(), log_level="warning")).run()

@@ -1,0 +1,41 @@
+"""Named moments where a test can kill the process with SIGKILL, exactly there (fault injection).
+
+The crash-safety guarantees are about windows a random ``kill -9`` rarely hits: inside the first
+checkpoint write, between the two renames that swap ``best/`` in, halfway through mirroring the
+newest model at the top of the run folder. Each such place calls ``kill_point(name)``; with
+
+    ATTNLAB_KILL_AT=best.swap:2 attnlab train ...
+
+the process kills itself (SIGKILL: no handler, no cleanup, as ``kill -9``) the 2nd time it reaches
+``best.swap``. Unset, as in every normal run, a call is one environment lookup. The names are
+``KILL_POINTS``; tests/training/test_kill_points.py and benchmarks/kill_trials.py use them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+KILL_POINTS = {
+    "checkpoint.writing": "weights written into the temporary folder, trainer state and manifest not yet",
+    "checkpoint.renamed": "the checkpoint renamed into place, best/ and the top level not yet updated",
+    "best.swap": "the old best/ moved aside, the new one not yet renamed in",
+    "mirror.staged": "the top-level copies staged beside their places, none renamed in",
+    "mirror.renaming": "the first top-level file renamed in, the others not",
+    "mirror.manifest": "every top-level file renamed in, their manifest not yet written",
+    "prune": "an older checkpoint about to be deleted",
+}
+_passed: dict[str, int] = {}
+
+
+def kill_point(name: str) -> None:
+    """SIGKILL this process if ``ATTNLAB_KILL_AT`` names ``name`` (``name`` or ``name:n``, the n-th pass)."""
+    spec = os.environ.get("ATTNLAB_KILL_AT")
+    if not spec:
+        return
+    target, _, nth = spec.partition(":")
+    if target != name:
+        return
+    _passed[name] = _passed.get(name, 0) + 1
+    if _passed[name] == int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)

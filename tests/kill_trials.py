@@ -1,0 +1,89 @@
+"""kill -9 trials through the command line, shared by tests/training/test_kill_points.py (one trial per
+named window) and benchmarks/kill_trials.py (30 trials: every window, several passes, random moments).
+
+A trial: ``attnlab train`` in a subprocess, killed with SIGKILL either at a named kill point
+(``ATTNLAB_KILL_AT``, core/killpoints.py) or after a random delay; then ``attnlab resume`` in a
+subprocess; then the run is compared with an uninterrupted one: the model at the top of the run folder
+(verified by its manifest), every logged loss, and ``best/`` (there, verified, and the same weights).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from attnlab.models.registry import from_pretrained
+from attnlab.training.checkpoint import best_checkpoint
+from attnlab.training.runs import read_metrics
+from tests.helpers import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+# 12 steps, a checkpoint every step (keep 2: pruning every step), an evaluation every 4 (best/ swapped
+# in whenever the val loss improves), dropout on (the RNG state must survive the kill too)
+SETTINGS = dict(max_iters=12, checkpoint_interval=1, eval_interval=4, dropout=0.1, threads=1)
+
+
+def _env(kill_at: str | None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    env.pop("ATTNLAB_KILL_AT", None)
+    if kill_at:
+        env["ATTNLAB_KILL_AT"] = kill_at
+    return env
+
+
+def train_argv(corpus: Path, out: Path, name: str, preset: Path) -> list[str]:
+    return [sys.executable, "-m", "attnlab.cli", "train", str(preset),
+            *tiny_overrides(corpus, out, name=name, **SETTINGS)]
+
+
+def reference(corpus: Path, out: Path, preset: Path) -> Path:
+    """The uninterrupted run, through the same command."""
+    subprocess.run(train_argv(corpus, out, "reference", preset), env=_env(None), check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return out / "reference"
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return from_pretrained(path).state_dict()
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _losses(run: Path) -> list[tuple]:
+    return [(r["step"], r["train_loss"], r.get("val_loss")) for r in read_metrics(run)]
+
+
+def trial(corpus: Path, out: Path, preset: Path, ref: Path, name: str, kill_at: str | None = None,
+          kill_after_s: float | None = None) -> dict:
+    """One kill then one resume; returns what happened and each check's outcome."""
+    proc = subprocess.Popen(train_argv(corpus, out, name, preset), env=_env(kill_at),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if kill_after_s is not None:
+        try:
+            proc.wait(timeout=kill_after_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    rc = proc.wait(timeout=300)
+    run = out / name
+    resumed = subprocess.run([sys.executable, "-m", "attnlab.cli", "resume", str(run)], env=_env(None),
+                             capture_output=True, text=True, timeout=300)
+    result = {"name": name, "kill_at": kill_at, "kill_after_s": kill_after_s, "killed": rc == -signal.SIGKILL,
+              "resume_rc": resumed.returncode, "resume_error": resumed.stderr.strip().splitlines()[-1:]}
+    if resumed.returncode != 0:
+        return {**result, "dead_end": True, "identical": False, "best_kept": False}
+    best = best_checkpoint(run)
+    result.update(
+        dead_end=False,
+        identical=_same(_weights(run), _weights(ref)) and _losses(run) == _losses(ref),
+        best_kept=best is not None and _same(_weights(best), _weights(ref / "checkpoints" / "best")),
+    )
+    return result
+
+

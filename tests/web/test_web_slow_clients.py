@@ -1,0 +1,161 @@
+"""Slow and greedy clients against the real server (uvicorn, guarded as `attnlab explore` serves it, on a
+free loopback port): head and body deadlines, eviction of stalled connections, health under slow
+connections, the body budget. Short deadlines keep it fast; benchmarks/explorer_soak.py runs the full
+attack (300 slow connections, 10 rounds of 260 uploads)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import httpx
+import pytest
+
+from attnlab.web.connections import GuardSettings
+from attnlab.web.limits import BodyBudget
+from attnlab.web.server import LOOPBACK_NAMES, create_app
+from tests.web_helpers import running_server, train_tiny_run
+
+FAST = GuardSettings(header_timeout_s=1.0, lifetime_s=8.0, per_client=8, max_open=64, grace_s=0.3)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return train_tiny_run(tmp_path_factory.mktemp("explorer-slow"))
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _closed_after(sock: socket.socket, limit_s: float) -> tuple[float, bytes]:
+    """Seconds until the server answers or closes ``sock`` (at most ``limit_s``), and what it sent."""
+    sock.settimeout(limit_s)
+    t0, got = time.monotonic(), b""
+    try:
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return time.monotonic() - t0, got
+
+
+def test_a_partial_head_is_closed_at_its_deadline_with_one_line(run_dir):
+    with running_server(create_app(run_dir, allowed_hosts=LOOPBACK_NAMES), FAST) as url:
+        sock = socket.create_connection(("127.0.0.1", _port(url)))
+        sock.sendall(b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nx-slow: ")
+        waited, got = _closed_after(sock, 5)
+        sock.close()
+        assert 0.8 <= waited <= 2.0, waited
+        assert got.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in got
+
+
+def test_a_trickled_body_is_answered_408_within_the_request_limit(run_dir):
+    app = create_app(run_dir, allowed_hosts=LOOPBACK_NAMES, timeout_s=1.5)
+    with running_server(app, FAST) as url:
+        sock = socket.create_connection(("127.0.0.1", _port(url)))
+        sock.sendall(b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                     b"content-length: 500\r\n\r\n{")
+        t0 = time.monotonic()
+        sock.settimeout(0.25)
+        got = b""
+        while time.monotonic() - t0 < 5:  # a byte every 0.25 s: each chunk in time, the whole body never
+            try:
+                sock.sendall(b" ")
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        waited = time.monotonic() - t0
+        sock.close()
+        assert waited <= 3.0, waited
+        assert got.startswith(b"HTTP/1.1 408") and b"not received within 1.5 s" in got
+
+
+def test_health_answers_while_slow_clients_hold_every_slot(run_dir):
+    """Five times more slow connections than a client may keep waiting (all from loopback, like the
+    health check): each newcomer closes that client's oldest stalled one, so health answers at once
+    throughout (the shape of benchmarks/explorer_soak.py's 300 slow connections, scaled down)."""
+
+    async def attack(port: int, stop: float) -> int:
+        closed = 0
+
+        async def slow() -> None:
+            nonlocal closed
+            while time.monotonic() < stop:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                while time.monotonic() < stop:
+                    try:
+                        writer.write(b"x")
+                        if not await asyncio.wait_for(reader.read(4096), 0.2):
+                            break
+                        break  # answered (408): it was closed
+                    except TimeoutError:
+                        continue
+                    except ConnectionError:
+                        break
+                closed += 1
+                writer.close()
+
+        await asyncio.gather(*[slow() for _ in range(5 * FAST.per_client)])
+        return closed
+
+    with running_server(create_app(run_dir, allowed_hosts=LOOPBACK_NAMES), FAST) as url:
+        port = _port(url)
+        stop = time.monotonic() + 4
+        latencies = []
+
+        async def main() -> int:
+            task = asyncio.create_task(attack(port, stop))
+            await asyncio.sleep(1.0)  # the attack holds every slot by now
+            async with httpx.AsyncClient(timeout=5) as client:
+                while time.monotonic() < stop - 0.5:
+                    t0 = time.perf_counter()
+                    r = await client.get(f"{url}/api/health")
+                    assert r.status_code == 200, r.text
+                    latencies.append(time.perf_counter() - t0)
+                    await asyncio.sleep(0.1)
+            return await task
+
+        closed = asyncio.run(main())
+        assert len(latencies) >= 10 and max(latencies) < 1.0, latencies
+        assert closed > 5 * FAST.per_client  # the slow connections were closed and came back, repeatedly
+        r = httpx.post(f"{url}/api/attention", json={"text": "the"}, timeout=10)
+        assert r.status_code == 200 and r.json()["tokens"] == ["t", "h", "e"]
+
+
+def test_a_burst_of_fresh_requests_is_let_in_not_evicted(run_dir):
+    """A burst over the per-client limit is not 'stalled': every request is answered or refused busy."""
+    from attnlab.web.loadtest import fire
+
+    with running_server(create_app(run_dir, allowed_hosts=LOOPBACK_NAMES), GuardSettings(per_client=8)) as url:
+        outcomes = fire(url, n=40, text="the quick", timeout_s=30)
+        assert {o.status for o in outcomes} <= {200, 503} and any(o.status == 200 for o in outcomes)
+
+
+def test_the_body_budget_refuses_busy_and_reads_the_body_away():
+    budget = BodyBudget(100)
+    assert budget.reserve(60) and not budget.reserve(50) and budget.held == 60
+    budget.release(60)
+    assert budget.reserve(100) and budget.held == 100
+
+
+def test_bodies_over_the_budget_get_a_clean_503(run_dir):
+    app = create_app(run_dir, allowed_hosts=LOOPBACK_NAMES)
+    app.state.budget.limit = app.state.budget.held  # no room for any body
+    with running_server(app) as url:
+        r = httpx.post(f"{url}/api/attention", json={"text": "the"}, timeout=10)
+        assert r.status_code == 503 and r.json()["error"].startswith("busy:")
+        assert r.headers["retry-after"] == "1"
+        app.state.budget.limit = None
+        assert httpx.post(f"{url}/api/attention", json={"text": "the"}, timeout=10).status_code == 200
+        assert app.state.budget.held == 0  # every reservation released
