@@ -2,8 +2,10 @@
 
 Each trial runs ``attnlab train`` (a tiny char GPT, 12 steps, a checkpoint every step, an evaluation
 every 4) in a subprocess and kills it with SIGKILL, either exactly at a named window
-(``ATTNLAB_KILL_AT=window:pass``, core/killpoints.py) or after a random delay drawn from the
-uninterrupted run's own duration; then ``attnlab resume`` once. The verdict rule, fixed before the run:
+(``ATTNLAB_KILL_AT=window:pass``, core/killpoints.py) or at a random moment of the run (a delay after
+its config.yaml appears, uniform over 2-98% of the uninterrupted run's time from that file to its last);
+then ``attnlab resume`` once. (A kill before config.yaml exists leaves nothing to resume: ``resume`` says
+so in one line and the same ``train`` command starts the run afresh.) The verdict rule, fixed before the run:
 every trial is killed, resumes with exit 0 (no dead end), ends bit-identical to the uninterrupted run
 (the top-level model and every logged loss), and its best/ verifies and holds the reference's best
 weights. Prints a table; writes ``benchmarks/results/kill_trials.json``; exit 1 if any trial fails.
@@ -20,7 +22,6 @@ import platform
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers import write_corpus  # noqa: E402
-from tests.kill_trials import SETTINGS, reference, trial  # noqa: E402
+from tests.kill_trials import SETTINGS, reference, run_seconds, trial  # noqa: E402
 
 from attnlab.core.killpoints import KILL_POINTS  # noqa: E402
 
@@ -51,15 +52,14 @@ def main() -> None:
         root = Path(tmp)
         corpus, preset, out = write_corpus(root / "corpus.txt"), root / "defaults.yaml", root / "runs"
         preset.write_text("{}\n")
-        t0 = time.perf_counter()
         ref = reference(corpus, out, preset)
-        duration = time.perf_counter() - t0
+        duration = run_seconds(ref)  # from the run's config.yaml to its last file
         plan: list[dict] = [{"kill_at": f"{w}:{n}"} for w, ns in PASSES.items() for n in ns]
         plan = plan[:args.trials]
-        plan += [{"kill_after_s": round(rng.uniform(0.3, 0.95) * duration, 2)}
+        plan += [{"kill_after_s": round(rng.uniform(0.02, 0.98) * duration, 2)}
                  for _ in range(args.trials - len(plan))]
         results = []
-        print(f"uninterrupted run: {duration:.1f} s; {len(plan)} trials")
+        print(f"uninterrupted run: {duration:.1f} s from its config.yaml to its last file; {len(plan)} trials")
         print(f"{'#':>3} {'killed at':24s} {'killed':>6} {'resume':>6} {'identical':>9} {'best kept':>9}")
         for i, spec in enumerate(plan):
             r = trial(corpus, out, preset, ref, name=f"t{i:02d}", **spec)

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -48,6 +49,13 @@ def reference(corpus: Path, out: Path, preset: Path) -> Path:
     return out / "reference"
 
 
+def run_seconds(run: Path) -> float:
+    """How long a finished run took from writing its config.yaml to its last file (the window in which a
+    random kill can land on the run)."""
+    files = [p.stat().st_mtime for p in run.rglob("*") if p.is_file()]
+    return max(files) - (run / "config.yaml").stat().st_mtime
+
+
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     return from_pretrained(path).state_dict()
 
@@ -65,13 +73,15 @@ def trial(corpus: Path, out: Path, preset: Path, ref: Path, name: str, kill_at: 
     """One kill then one resume; returns what happened and each check's outcome."""
     proc = subprocess.Popen(train_argv(corpus, out, name, preset), env=_env(kill_at),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if kill_after_s is not None:
+    run = out / name
+    if kill_after_s is not None:  # counted from the moment the run exists (its config.yaml is written)
+        while not (run / "config.yaml").is_file() and proc.poll() is None:
+            time.sleep(0.005)
         try:
             proc.wait(timeout=kill_after_s)
         except subprocess.TimeoutExpired:
             proc.kill()
     rc = proc.wait(timeout=300)
-    run = out / name
     resumed = subprocess.run([sys.executable, "-m", "attnlab.cli", "resume", str(run)], env=_env(None),
                              capture_output=True, text=True, timeout=300)
     result = {"name": name, "kill_at": kill_at, "kill_after_s": kill_after_s, "killed": rc == -signal.SIGKILL,

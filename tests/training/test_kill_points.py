@@ -36,3 +36,13 @@ def test_killed_at_a_named_window_resumes_bit_identically(setup, point):
     assert result["killed"], f"the run never reached {point}"
     assert not result["dead_end"], result["resume_error"]
     assert result["identical"] and result["best_kept"], result
+
+
+def test_a_train_killed_before_it_wrote_anything_is_started_again(tmp_path, capsys):
+    """Nothing to resume (no config.yaml, no checkpoints/): resume says to run the train command again."""
+    from attnlab.cli import main
+
+    (tmp_path / "runs" / "early").mkdir(parents=True)
+    assert main(["resume", str(tmp_path / "runs" / "early")]) == 2
+    err = capsys.readouterr().err
+    assert "nothing of a run was saved there, so run the train command again" in err and err.count("\n") == 1

@@ -73,6 +73,9 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     if not Path(args.config).is_file():
         from attnlab.core.errors import ConfigError
 
+        if not (run_dir / "checkpoints").exists():  # e.g. a train killed before it wrote anything
+            raise ConfigError(f"{run_dir} is not a run folder (no {RUN_CONFIG}): nothing of a run was saved "
+                              "there, so run the train command again")
         raise ConfigError(f"{run_dir} is not a run folder (no {RUN_CONFIG})")
     # quoted as YAML strings: a folder named null, true, 1.50 or #x is that folder, not None, True, 1.5 or ""
     name, out_dir = ("'" + v.replace("'", "''") + "'" for v in (run_dir.name, str(run_dir.parent)))
