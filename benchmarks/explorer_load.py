@@ -61,6 +61,17 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> Non
     raise SystemExit("the explorer did not become healthy in time")
 
 
+def start_explorer(run_dir: Path) -> tuple[subprocess.Popen, str, int]:
+    """``attnlab explore RUN`` (its defaults) on a free loopback port, healthy; (process, URL, port)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli", "explore", str(run_dir), "--port", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_healthy(url, proc)
+    return proc, url, port
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", default=None, help="a trained GPT run (default: train a tiny one in a temp dir)")
@@ -72,13 +83,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(args.run_dir) if args.run_dir else tiny_run(Path(tmp))
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-        proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli", "explore", str(run_dir), "--port", str(port)],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc, url, _ = start_explorer(run_dir)
         try:
-            wait_healthy(url, proc)
             info = httpx.get(f"{url}/api/info", timeout=5).json()
             text = args.text or info["example"]
             rounds = []

@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.explorer_load import free_port, wait_healthy  # noqa: E402
+from benchmarks.explorer_load import start_explorer  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -175,13 +174,8 @@ def main() -> None:
         from attnlab.web.model_adapter import MAX_UPLOAD_BYTES
 
         image = noise_png_b64(MAX_UPLOAD_BYTES - 4096)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-        proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli", "explore", str(run_dir), "--port", str(port)],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc, url, port = start_explorer(run_dir)
         try:
-            wait_healthy(url, proc)
             baseline = rss_mb(proc.pid)
             print(f"server up, RSS {baseline:.0f} MB; {args.slow} slow connections for {args.slow_seconds:g} s ...")
             slow = asyncio.run(slow_phase(url, port, args.slow, args.slow_seconds))

@@ -14,8 +14,8 @@ from pathlib import Path
 from attnlab.core.errors import ConfigError
 from attnlab.models.base import read_config
 from attnlab.models.registry import from_pretrained
-from attnlab.training.runs import load_train_config
-from attnlab.training.trainer import Trainer, default_run_name
+from attnlab.training.runs import default_run_name, load_train_config
+from attnlab.training.trainer import Trainer
 
 # fine-tuning defaults (a few hundred steps at a small learning rate); any key=value overrides them
 FINETUNE_DEFAULTS = dict(task="classify", batch_size=32, max_iters=300, lr=1e-4, min_lr=1e-5, warmup_iters=30,

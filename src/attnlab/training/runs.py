@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +92,9 @@ def truncate_metrics(run_dir: Path, last_step: int) -> None:
     """Drop records after ``last_step`` (logged after the checkpoint a run resumes from)."""
     kept = [r for r in read_metrics(run_dir) if r.get("step", 0) <= last_step]
     atomic_write_text(Path(run_dir) / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def default_run_name(preset: str | None) -> str:
+    """``<preset stem>-YYYYmmdd-HHMMSS`` (``run-...`` without a preset)."""
+    stem = Path(preset).stem if preset else "run"
+    return f"{stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"

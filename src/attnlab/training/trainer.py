@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import torch
 from attnlab.core import runtime
 from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.training import checkpoint as ckpt
-from attnlab.training import distributed
+from attnlab.training import distributed, runs
 from attnlab.training.config import TrainConfig
 from attnlab.training.loop import evaluate_model, train_step
 from attnlab.training.mfu import mfu, peak_flops
@@ -59,11 +59,6 @@ class TrainResult:
     train_time_s: float = 0.0  # wall time minus evaluations and checkpoint writes
 
 
-def default_run_name(preset: str | None) -> str:
-    stem = Path(preset).stem if preset else "run"
-    return f"{stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
 class Trainer:
     """Builds the task (data, tokenizer) and model from a TrainConfig, then trains, evaluates and saves."""
 
@@ -82,7 +77,7 @@ class Trainer:
         wanted = runtime.RuntimeState(cfg.threads or torch.get_num_threads(), cfg.deterministic,
                                       cfg.flush_denormal and self.device.type == "cpu")
         self._runtime_before = runtime.apply(wanted, self.log)
-        name = cfg.name or default_run_name(preset)
+        name = cfg.name or runs.default_run_name(preset)
         self.run_dir = Path(cfg.out_dir) / name
         checkpoint = ckpt.resume_point(self.run_dir, self.run_dir / RUN_CONFIG) if cfg.resume else None
         if cfg.resume and checkpoint is None:
@@ -262,10 +257,10 @@ class Trainer:
         decay_iters = cfg.lr_decay_iters or cfg.max_iters
         ckpt_every = cfg.checkpoint_interval or cfg.eval_interval
         self.model.train()
-        show = cfg.progress and self.dist.is_main
+        show = cfg.progress and self.dist.is_main and sys.stderr.isatty()  # a bar only on a terminal
         bar = tqdm(total=cfg.max_iters, initial=self.step, disable=not show, unit="step", dynamic_ncols=True,
                    mininterval=0.5)
-        say = bar.write if cfg.progress else self.log
+        say = bar.write if show else self.log
         t_start = t_log = time.perf_counter()
         units_since_log, last_train, last_val, last_tps = 0, None, None, None
         bad_steps = 0  # consecutive steps with a non-finite loss or gradient
@@ -306,8 +301,14 @@ class Trainer:
                         "step": self.step, "train_loss": last_train, "lr": lr, f"{self.task.unit}_per_s": last_tps,
                         **({"mfu": utilisation} if utilisation is not None else {}), **moe_log.flush(),
                     })
-                    bar.set_postfix(loss=f"{last_train:.4f}", **{f"{self.task.unit}/s": f"{last_tps:,.0f}"},
-                                    **({"mfu": f"{utilisation:.1%}"} if utilisation is not None else {}))
+                    unit = f"{self.task.unit}/s"
+                    shown = {"train loss": f"{last_train:.4f}", "lr": f"{lr:.3g}", unit: f"{last_tps:,.0f}",
+                             **({"mfu": f"{utilisation:.1%}"} if utilisation is not None else {})}
+                    if show:
+                        bar.set_postfix(shown)
+                    else:  # piped, or progress=false: one plain line per log interval, no carriage returns
+                        say(f"step {self.step}: train loss {last_train:.4f}, lr {lr:.3g}, {last_tps:,.0f} {unit}"
+                            + (f", mfu {utilisation:.1%}" if utilisation is not None else ""))
                     t_log, units_since_log, pause_time = now, 0, 0.0
                 improved = False
                 evaluating = self.step % cfg.eval_interval == 0 or done
