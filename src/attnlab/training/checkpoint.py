@@ -170,17 +170,20 @@ def refuse_links(run_dir: Path) -> None:
         raise CheckpointError(f"{links[0]} is a symbolic link; a run folder's checkpoints must be inside it")
 
 
-def resume_point(run_dir: Path, run_config: Path) -> Path | None:
+def resume_point(run_dir: Path, run_config: str, main: bool = True) -> Path | None:
     """Where ``resume`` starts: the newest checkpoint that verifies (after tidying what a killed writer
-    left, ``remove_stale_temporaries``). None when the run stopped before its first checkpoint was
-    complete (its ``run_config`` is there, no checkpoint is): training it again from step 0 with the same
-    seeds is the same run. A CheckpointError when the folder is not a run, or every checkpoint is damaged."""
+    left, ``remove_stale_temporaries``; then its best/ and top-level copies are brought up to it,
+    ``finish_publishing``; both only where ``main``, rank 0 of a distributed run). None when the run
+    stopped before its first checkpoint was complete (its ``run_config`` file is there, no checkpoint
+    is): training it again from step 0 with the same seeds is the same run. A CheckpointError when the
+    folder is not a run, or every checkpoint is damaged."""
     refuse_links(run_dir)
-    remove_stale_temporaries(run_dir)
+    if main:  # one process of a distributed run tidies and publishes; the others only read
+        remove_stale_temporaries(run_dir)
     checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None and (list_checkpoints(run_dir) or not run_config.is_file()):
+    if checkpoint is None and (list_checkpoints(run_dir) or not (Path(run_dir) / run_config).is_file()):
         raise CheckpointError(f"resume=true but {run_dir} has no valid checkpoint")
-    if checkpoint is not None:
+    if checkpoint is not None and main:
         finish_publishing(run_dir, checkpoint)
     return checkpoint
 

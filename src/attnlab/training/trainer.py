@@ -79,7 +79,7 @@ class Trainer:
         self._runtime_before = runtime.apply(wanted, self.log)
         name = cfg.name or runs.default_run_name(preset)
         self.run_dir = Path(cfg.out_dir) / name
-        checkpoint = ckpt.resume_point(self.run_dir, self.run_dir / RUN_CONFIG) if cfg.resume else None
+        checkpoint = ckpt.resume_point(self.run_dir, RUN_CONFIG, self.dist.is_main) if cfg.resume else None
         if cfg.resume and checkpoint is None:
             self.log(f"{self.run_dir} stopped before its first checkpoint was complete; training it from step 0")
         if not cfg.resume and (self.run_dir / "checkpoints").exists():
