@@ -32,16 +32,18 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_manifest(folder: Path, step: int | None = None, names: tuple[str, ...] | None = None) -> Path:
+def write_manifest(folder: Path, step: int | None = None, names: tuple[str, ...] | None = None,
+                   best: bool | None = None) -> Path:
     """List the files ``names`` of ``folder`` (default: every regular file but dotfiles and the manifest)
-    with their hashes."""
+    with their hashes; ``best``: a checkpoint's record that it was the best so far when written."""
     folder = Path(folder)
     if names is None:
         names = tuple(p.name for p in sorted(folder.iterdir())
                       if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST_NAME)
     files = {name: sha256(folder / name) for name in names}
     path = folder / MANIFEST_NAME
-    atomic_write_text(path, json.dumps({"format": FORMAT, "step": step, "files": files}, indent=2))
+    extra = {"best": best} if best is not None else {}
+    atomic_write_text(path, json.dumps({"format": FORMAT, "step": step, **extra, "files": files}, indent=2))
     return path
 
 

@@ -63,9 +63,9 @@ def save_checkpoint(
         model.save_pretrained(tmp)
         kill_point("checkpoint.writing")
         assets.save(tmp)  # the task's: tokenizer.json, class names, ...
-        with atomic_path(tmp / STATE_NAME) as f:  # is_best: so a resume can finish publishing it
-            torch.save({**trainer_state, "is_best": is_best}, f)
-        write_manifest(tmp, step)  # last: a folder with a manifest is complete
+        with atomic_path(tmp / STATE_NAME) as f:
+            torch.save(trainer_state, f)
+        write_manifest(tmp, step, best=is_best)  # last: a folder with a manifest is complete
         _fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
@@ -113,10 +113,9 @@ def _publish(run_dir: Path, final: Path, step: int, is_best: bool, staged: list[
 def finish_publishing(run_dir: Path, checkpoint: Path) -> None:
     """A kill after ``checkpoint`` was renamed into place but before best/ or the top-level copy caught up
     with it (its last step, or a best/ that no later evaluation replaces, would be lost): do that now."""
-    step = (read_manifest(checkpoint) or {}).get("step")
-    state = load_trainer_state(checkpoint)
-    best = Path(run_dir) / CHECKPOINTS / BEST
-    relink = bool(state.get("is_best")) and (read_manifest(best) or {}).get("step") != step
+    manifest, best = read_manifest(checkpoint) or {}, read_manifest(Path(run_dir) / CHECKPOINTS / BEST) or {}
+    step = manifest.get("step")
+    relink = bool(manifest.get("best")) and best.get("step") != step
     if relink or (read_manifest(Path(run_dir)) or {}).get("step") != step:
         staged: list[tuple[Path, Path]] = []
         try:

@@ -301,14 +301,12 @@ class Trainer:
                         "step": self.step, "train_loss": last_train, "lr": lr, f"{self.task.unit}_per_s": last_tps,
                         **({"mfu": utilisation} if utilisation is not None else {}), **moe_log.flush(),
                     })
-                    unit = f"{self.task.unit}/s"
-                    shown = {"train loss": f"{last_train:.4f}", "lr": f"{lr:.3g}", unit: f"{last_tps:,.0f}",
-                             **({"mfu": f"{utilisation:.1%}"} if utilisation is not None else {})}
-                    if show:
-                        bar.set_postfix(shown)
-                    else:  # piped, or progress=false: one plain line per log interval, no carriage returns
-                        say(f"step {self.step}: train loss {last_train:.4f}, lr {lr:.3g}, {last_tps:,.0f} {unit}"
+                    line = (f"train loss {last_train:.4f}, lr {lr:.3g}, {last_tps:,.0f} {self.task.unit}/s"
                             + (f", mfu {utilisation:.1%}" if utilisation is not None else ""))
+                    if show:
+                        bar.set_postfix_str(line)
+                    else:  # piped, or progress=false: one plain line per log interval, no carriage returns
+                        say(f"step {self.step}: {line}")
                     t_log, units_since_log, pause_time = now, 0, 0.0
                 improved = False
                 evaluating = self.step % cfg.eval_interval == 0 or done

@@ -146,19 +146,22 @@ class GuardedConnection(asyncio.Protocol):
 
     def _too_long(self) -> None:
         self.guard.stats["aborted"] += 1
-        self.closed = True
-        self.guard.release(self)
+        self._end()
         if self.transport is not None:
             self.transport.abort()
+
+    def _end(self) -> None:
+        """No longer counted by the guard, no timer left."""
+        self.closed = True
+        self.guard.release(self)
+        for timer in self._timers:
+            timer.cancel()
 
     def close(self, status: int, reason: str, message: str) -> None:
         """Answer one line (only if nothing was answered yet: the request is still arriving) and close."""
         if self.closed:
             return
-        self.closed = True
-        self.guard.release(self)
-        for timer in self._timers:
-            timer.cancel()
+        self._end()
         if self.transport is not None and not self.transport.is_closing():
             if self.waiting:
                 self.transport.write(_response(status, reason, message))
@@ -168,10 +171,7 @@ class GuardedConnection(asyncio.Protocol):
         return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.guard.release(self)
-        for timer in self._timers:
-            timer.cancel()
+        self._end()
         self._parser = None
         self.inner.connection_lost(exc)
 

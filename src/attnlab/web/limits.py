@@ -67,17 +67,17 @@ class BodyLimitMiddleware:
     def __init__(self, app: Any, max_bytes: int, timeout_s: float, budget: BodyBudget | None = None) -> None:
         self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
         self.budget = budget or BodyBudget(None)
+        self.too_large = f"request body too large: the explorer accepts at most {max_bytes} bytes"
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
-        too_large = f"request body too large: the explorer accepts at most {self.max_bytes} bytes"
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
             if not declared.isdigit():
                 return await error_response(400, "invalid Content-Length header")(scope, receive, send)
             if int(declared) > self.max_bytes:
-                return await error_response(413, too_large)(scope, receive, send)
+                return await error_response(413, self.too_large)(scope, receive, send)
         need = int(declared) if declared is not None else self.max_bytes
         if not self.budget.reserve(need):  # read the body away (not kept), so the client reads the answer
             drained = await self._read(receive, keep=False)
@@ -97,7 +97,6 @@ class BodyLimitMiddleware:
 
     async def _read(self, receive: Callable, keep: bool) -> bytes | JSONResponse | None:
         """The whole body (``keep``), or an error response (408, 413), or None if the client left."""
-        too_large = f"request body too large: the explorer accepts at most {self.max_bytes} bytes"
         chunks, size, more = [], 0, True
         deadline = asyncio.get_running_loop().time() + self.timeout_s  # for the WHOLE body, not each chunk
         while more:
@@ -110,7 +109,7 @@ class BodyLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                return error_response(413, too_large)
+                return error_response(413, self.too_large)
             if keep:
                 chunks.append(chunk)
             more = message.get("more_body", False)
