@@ -56,7 +56,7 @@ def run_preset(name: str, steps: int) -> dict:
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         losses = [r["train_loss"] for r in records if "val_loss" not in r]
         val = [r["val_loss"] for r in records if "val_loss" in r]
-        return {"train_loss": losses, "val_loss": val, "tensors": tensor_hashes(run / "model.safetensors")}
+        return {"train_loss": losses, "val_loss": val, "tensors": tensor_hashes(run / "attnlab_model.safetensors")}
 
 
 def environment() -> dict[str, str]:

@@ -142,9 +142,9 @@ def test_mlm_run_resumes_exactly(tmp_path):
         return [(r["step"], r.get("train_loss"), r.get("val_loss"))
                 for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
 
-    full_losses, full_weights = losses(), load_file(run / "model.safetensors")
+    full_losses, full_weights = losses(), load_file(run / "attnlab_model.safetensors")
     shutil.rmtree(run / "checkpoints" / "step-0000012")  # as if it died after step 6
     assert main(["resume", str(run)]) == 0
     assert losses() == full_losses and [s for s, _, _ in full_losses] == [6, 10, 12, 12]
-    resumed = load_file(run / "model.safetensors")
+    resumed = load_file(run / "attnlab_model.safetensors")
     assert resumed.keys() == full_weights.keys() and all(torch.equal(resumed[k], full_weights[k]) for k in resumed)

@@ -26,7 +26,7 @@ def _one_line_error(capsys, code, expected_code=2):
 
 def test_train_sample_eval(trained_run, capsys):
     run, _ = trained_run
-    assert (run / "loss.png").is_file() and (run / "model.safetensors").is_file()
+    assert (run / "loss.png").is_file() and (run / "attnlab_model.safetensors").is_file()
     capsys.readouterr()
     assert main(["sample", str(run), "--prompt", "The ", "--max-new-tokens", "30", "--seed", "1"]) == 0
     out = capsys.readouterr().out

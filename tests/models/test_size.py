@@ -45,7 +45,7 @@ def test_a_run_config_with_absurd_depth_is_refused_on_load(tmp_path, capsys):
     config = json.loads((run / "config.json").read_text())
     config["n_layer"], config["d_model"] = 100_000_000, 1024
     (run / "config.json").write_text(json.dumps(config))
-    write_manifest(run, 10, ("config.json", "model.safetensors", "tokenizer.json"))  # as its author would
+    write_manifest(run, 10, ("config.json", "attnlab_model.safetensors", "tokenizer.json"))  # as its author would
     capsys.readouterr()
     assert main(["sample", str(run), "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err.strip()

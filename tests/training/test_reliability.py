@@ -211,17 +211,17 @@ def test_malicious_pickle_trainer_state_is_refused(corpus, tmp_path):
 def test_pickle_in_place_of_safetensors_is_refused(corpus, tmp_path):
     run = _trained(corpus, tmp_path)
     marker = tmp_path / "pwned"
-    (run / "model.safetensors").write_bytes(pickle.dumps(_Exploit(marker)))
+    (run / "attnlab_model.safetensors").write_bytes(pickle.dumps(_Exploit(marker)))
     with pytest.raises(CheckpointError) as e:
         from_pretrained(run)
-    assert "model.safetensors" in str(e.value) and "\n" not in str(e.value)
+    assert "attnlab_model.safetensors" in str(e.value) and "\n" not in str(e.value)
     assert not marker.exists()
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
 def test_corrupt_checkpoint_files_give_one_line_errors(corpus, tmp_path, damage, capsys):
     run = _trained(corpus, tmp_path)
-    for name in ("model.safetensors", "trainer_state.pt"):
+    for name in ("attnlab_model.safetensors", "trainer_state.pt"):
         file = list_checkpoints(run)[-1] / name
         data = file.read_bytes()
         if damage == "truncate":
@@ -244,10 +244,10 @@ def test_corrupt_checkpoint_files_give_one_line_errors(corpus, tmp_path, damage,
         with pytest.raises(CheckpointError):
             from_pretrained(newest)
     # the CLI: one line, exit 2, the file named
-    shutil.copy(newest / "model.safetensors", run / "model.safetensors")
+    shutil.copy(newest / "attnlab_model.safetensors", run / "attnlab_model.safetensors")
     assert main(["sample", str(run), "--max-new-tokens", "3"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "model.safetensors" in err
+    assert len(err.splitlines()) == 1 and "attnlab_model.safetensors" in err
 
 
 # ------------------------------------------------------------------------------ disk full

@@ -70,7 +70,7 @@ def test_token_labels_give_whole_characters_for_byte_level_bpe():
 def test_train_eval_translate_end_to_end(tmp_path, capsys):
     assert main(["train", "configs/seq2seq-reverse.yaml", *tiny(tmp_path)]) == 0
     run = tmp_path / "runs" / "r"
-    assert (run / "model.safetensors").is_file() and (run / "tokenizer.json").is_file()
+    assert (run / "attnlab_model.safetensors").is_file() and (run / "tokenizer.json").is_file()
     assert (run / "samples.txt").read_text(encoding="utf-8").count("->") == 10
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "val_loss" in r]

@@ -52,7 +52,7 @@ def test_run_folder_contents_and_metrics(corpus, tmp_path):
     cfg = tiny_config(corpus, tmp_path / "runs", name="r", sample_tokens=20)
     result = Trainer(cfg).train()
     run = tmp_path / "runs" / "r"
-    for f in ("config.yaml", "metrics.jsonl", "config.json", "model.safetensors", "tokenizer.json",
+    for f in ("config.yaml", "metrics.jsonl", "config.json", "attnlab_model.safetensors", "tokenizer.json",
               "loss.png", "samples.txt"):
         assert (run / f).is_file(), f
     records = read_metrics(run)
@@ -114,11 +114,11 @@ def test_checkpoints_are_pruned_and_verified(corpus, tmp_path):
     state = load_trainer_state(list_checkpoints(run)[-1])
     assert state["step"] == 30 and "optimizer" in state
     # corrupt the newest: the previous one is used instead
-    weights = list_checkpoints(run)[-1] / "model.safetensors"
+    weights = list_checkpoints(run)[-1] / "attnlab_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     assert latest_checkpoint(run).name == "step-0000020"
     manifest = json.loads((list_checkpoints(run)[0] / "manifest.json").read_text())
-    assert manifest["step"] == 20 and "model.safetensors" in manifest["files"]
+    assert manifest["step"] == 20 and "attnlab_model.safetensors" in manifest["files"]
 
 
 def test_existing_run_needs_resume_and_resume_needs_a_checkpoint(corpus, tmp_path):

@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the import-hf, embed, probe commands to the parser."""
     p = sub.add_parser("import-hf", help="convert a Hugging Face BERT/GPT-2 folder into an attnlab model folder")
     p.add_argument("directory", help="folder with config.json + model.safetensors (or pytorch_model.bin)")
-    p.add_argument("--out", required=True, help="attnlab folder to write (config.json, model.safetensors, "
+    p.add_argument("--out", required=True, help="attnlab folder to write (config.json, attnlab_model.safetensors, "
                    "tokenizer.json)")
     p.set_defaults(func=_cmd_import_hf)
 

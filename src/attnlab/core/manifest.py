@@ -5,7 +5,7 @@
 written last (atomically) after the files it lists. ``verify_manifest`` recomputes every hash and
 refuses, in one line naming the file, a folder whose files changed (a flipped sign in the weights, an
 edited ``config.json``, a permuted vocabulary), whose manifest lacks an entry for a file that must be
-there (``config.json``, ``model.safetensors``), or whose format is newer than this attnlab. A folder
+there (``config.json``, the weights), or whose format is newer than this attnlab. A folder
 written by an earlier attnlab has no manifest: it loads with a one-line warning.
 """
 
@@ -21,7 +21,7 @@ from attnlab.core.fileio import atomic_write_text
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = 1
-REQUIRED = ("config.json", "model.safetensors")
+REQUIRED = ("config.json", "attnlab_model.safetensors", "model.safetensors")  # model.: older folders
 
 
 def sha256(path: Path) -> str:

@@ -1,4 +1,12 @@
-"""Saving and loading any model family in the Hugging Face layout: config.json + model.safetensors."""
+"""Saving and loading any model family: config.json + attnlab_model.safetensors.
+
+The weights are not called ``model.safetensors`` on purpose: that is the name ``transformers`` looks
+for, and a run folder read by ``BertForMaskedLM.from_pretrained`` would otherwise load its config's
+defaults (a random 12-layer BERT) with only a warning. Under attnlab's own name, every ``transformers``
+class fails loudly on a run folder ("no file named model.safetensors"), and ``attnlab export`` writes
+the folder ``transformers`` does read. Folders written before the rename (``model.safetensors``) still
+load.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +26,15 @@ from attnlab.core.manifest import verify_manifest, write_manifest
 from attnlab.models.config import CONFIG_VERSION, ModelConfig
 from attnlab.models.size import check_fits
 
-CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+CONFIG_NAME, WEIGHTS_NAME = "config.json", "attnlab_model.safetensors"
+LEGACY_WEIGHTS_NAME = "model.safetensors"  # before 0.2: the name transformers reads, so it misread runs
+
+
+def weights_file(directory: str | Path) -> Path:
+    """The weights of an attnlab model folder: attnlab_model.safetensors, else (older folders) model.safetensors."""
+    directory = Path(directory)
+    legacy = directory / LEGACY_WEIGHTS_NAME
+    return legacy if not (directory / WEIGHTS_NAME).exists() and legacy.exists() else directory / WEIGHTS_NAME
 
 
 def read_config(path: str | Path) -> ModelConfig:
@@ -63,7 +79,7 @@ class PretrainedModel(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
 
     def save_pretrained(self, directory: str | Path) -> Path:
-        """Write config.json and model.safetensors (tied weights stored once) atomically."""
+        """Write config.json and attnlab_model.safetensors (tied weights stored once) atomically."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         meta = {"config_version": CONFIG_VERSION, "attnlab_version": __version__}
@@ -80,7 +96,7 @@ class PretrainedModel(nn.Module):
         verify_manifest(directory)  # refuses altered files in one line; warns on a folder without a manifest
         config = read_config(directory)
         check_fits(config, f"{directory / CONFIG_NAME}: the model")  # before anything is allocated
-        weights = directory / WEIGHTS_NAME
+        weights = weights_file(directory)
         if not weights.is_file():
             raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}")
         try:

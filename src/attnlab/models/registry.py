@@ -32,7 +32,7 @@ def build_model(config: ModelConfig) -> PretrainedModel:
 
 
 def from_pretrained(path: str | Path) -> PretrainedModel:
-    """Load any family from a folder holding ``config.json`` + ``model.safetensors``."""
+    """Load any family from a folder holding ``config.json`` + ``attnlab_model.safetensors``."""
     from attnlab.models.base import read_config
 
     return model_class(read_config(path).family).from_pretrained(path)

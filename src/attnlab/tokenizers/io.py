@@ -36,8 +36,8 @@ def train_tokenizer(kind: str, text: str, vocab_size: int | None = None) -> Toke
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load a saved tokenizer from a directory holding ``tokenizer.json`` or from the file itself.
 
-    The kind is detected from the content: attnlab's char format, or a ``tokenizers`` JSON whose
-    model is BPE. A missing, unreadable or corrupt file raises ``TokenizerError`` naming it.
+    The kind is detected from the content: a ``tokenizers`` JSON (char, BPE or WordPiece), or the older
+    attnlab-only char format. A missing, unreadable or corrupt file raises ``TokenizerError`` naming it.
     """
     path = Path(path)
     file = path / TOKENIZER_FILE if path.is_dir() else path
@@ -66,9 +66,11 @@ def _load_attnlab_format(payload: dict[str, Any], file: Path) -> Tokenizer:
 
 
 def _load_hf_format(payload: dict[str, Any], text: str, file: Path) -> Tokenizer:
-    """Rebuild a BPE tokenizer from the ``tokenizers`` library's JSON."""
+    """Rebuild a char (word-level over characters), WordPiece or BPE tokenizer from a ``tokenizers`` JSON."""
     model = payload.get("model")
     model_type = model.get("type") if isinstance(model, dict) else None
+    if CharTokenizer.is_char_payload(payload):
+        return CharTokenizer._from_hf_payload(payload, file)
     if model_type == "WordPiece":
         return WordPieceTokenizer(hf_from_str(text, file))
     if model_type != "BPE":

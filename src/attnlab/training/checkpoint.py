@@ -2,11 +2,11 @@
 
 A checkpoint is a folder ``<run>/checkpoints/step-0000500/`` holding
 
-    config.json, model.safetensors, tokenizer.json   the model, loadable by ``from_pretrained``
-                                                      (+ whatever else the task saves, e.g. labels.json)
-    trainer_state.pt                                  optimiser moments, step, RNG states (tensors
-                                                      and plain Python values only)
-    manifest.json                                     step + SHA-256 of every file, written last
+    config.json, attnlab_model.safetensors,   the model, loadable by ``from_pretrained``
+    tokenizer.json                            (+ whatever else the task saves, e.g. labels.json)
+    trainer_state.pt                          optimiser moments, step, RNG states (tensors
+                                              and plain Python values only)
+    manifest.json                             step + SHA-256 of every file, written last
 
 It is built under a temporary name and renamed into place, so a crash leaves either a complete
 checkpoint or none; ``latest_checkpoint`` also re-checks the hashes. The newest ``keep`` are kept,

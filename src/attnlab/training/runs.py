@@ -1,5 +1,5 @@
 """Run folders: ``runs/<name>/`` holds config.yaml, metrics.jsonl, checkpoints, the model files
-(config.json, model.safetensors, tokenizer.json), samples and plots. Everything reloadable."""
+(config.json, attnlab_model.safetensors, tokenizer.json), samples and plots. Everything reloadable."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ class Task(ABC):
 
     @abstractmethod
     def save(self, folder: Path) -> None:
-        """Write what the model needs besides config.json + model.safetensors (tokenizer.json, ...)."""
+        """Write what the model needs besides config.json + attnlab_model.safetensors (tokenizer.json, ...)."""
 
     def eval_report(self, model: torch.nn.Module, run_dir: Path) -> list[Path]:
         """Figures/tables ``attnlab eval`` writes beside the numbers (e.g. a confusion matrix PNG)."""
