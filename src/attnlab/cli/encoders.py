@@ -1,4 +1,4 @@
-"""``attnlab import-hf | embed | probe``: encoders from Hugging Face, sentence embeddings, linear probes."""
+"""``attnlab embed | probe``: sentence embeddings and linear probes of an encoder."""
 
 from __future__ import annotations
 
@@ -8,19 +8,15 @@ from attnlab.cli.errors import at_least
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add the import-hf, embed, probe commands to the parser."""
-    p = sub.add_parser("import-hf", help="convert a Hugging Face BERT/GPT-2 folder into an attnlab model folder")
-    p.add_argument("directory", help="folder with config.json + model.safetensors (or pytorch_model.bin)")
-    p.add_argument("--out", required=True, help="attnlab folder to write (config.json, attnlab_model.safetensors, "
-                   "tokenizer.json)")
-    p.set_defaults(func=_cmd_import_hf)
-
+    """Add the embed and probe commands to the parser."""
     p = sub.add_parser("embed", help="sentence embeddings of an encoder (nearest neighbours among the texts)")
     p.add_argument("run_dir")
     p.add_argument("--text", action="append", required=True, help="a sentence; repeat for several")
-    p.add_argument("--pooling", choices=("mean", "cls"), default="mean")
+    p.add_argument("--pooling", choices=("mean", "cls_token", "cls"), default=None,
+                   help="mean of the tokens, the [CLS] vector, or BERT's tanh pooler on it (default: the model's "
+                   "sentence.json, else mean)")
     p.add_argument("--max-len", type=at_least(3), default=None,
-                   help="tokens per sentence (default: the model's context)")
+                   help="tokens per sentence (default: the model's sentence.json, else its context)")
     p.add_argument("--vectors", action="store_true", help="print the embeddings as JSON lines")
     p.set_defaults(func=_cmd_embed)
 
@@ -30,19 +26,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "seed=0, max_len=128, kind=auto|logistic|ridge")
     p.set_defaults(func=_cmd_probe)
 
-
-def _cmd_import_hf(args: argparse.Namespace) -> int:
-    from attnlab.interop.hf import import_hf
-
-    model, missing, has_tokenizer = import_hf(args.directory, args.out)
-    c = model.config
-    print(f"imported {args.directory} -> {args.out}: {c.family}, {c.n_layer} layers, d_model {c.d_model}, "
-          f"vocab {c.vocab_size}, {model.num_parameters() / 1e6:.2f}M parameters"
-          + ("" if has_tokenizer else " (no tokenizer.json/vocab.txt found: none written)"))
-    if missing:
-        print(f"note: the source has no {', '.join(sorted({m.split('.')[0] for m in missing}))} weights; "
-              "those heads keep a fresh init")
-    return 0
 
 def _load_encoder(run_dir: str):
     from attnlab.core.errors import ConfigError
@@ -57,15 +40,19 @@ def _load_encoder(run_dir: str):
 def _cmd_embed(args: argparse.Namespace) -> int:
     import json
 
-    from attnlab.inspect.encoders import embed_texts, nearest_neighbours
+    from attnlab.inspect.encoders import SentenceSettings, embed_texts, nearest_neighbours
 
+    settings = SentenceSettings.load(args.run_dir)  # an import from sentence-transformers keeps its own
+    args.pooling = args.pooling or settings.pooling
     model, tokenizer = _load_encoder(args.run_dir)
-    emb = embed_texts(model, tokenizer, args.text, max_len=args.max_len, pooling=args.pooling)
+    emb = embed_texts(model, tokenizer, args.text, max_len=args.max_len or settings.max_seq_length,
+                      pooling=args.pooling, normalize=settings.normalize)
     if args.vectors or len(args.text) == 1:
         for text, e in zip(args.text, emb, strict=True):
             print(json.dumps({"text": text, "embedding": [round(float(x), 6) for x in e]}))
         return 0
-    print(f"{len(args.text)} sentences, {emb.size(1)}-d {args.pooling}-pooled, L2-normalised; nearest neighbour:")
+    normed = "L2-normalised" if settings.normalize else "not normalised"
+    print(f"{len(args.text)} sentences, {emb.size(1)}-d {args.pooling}-pooled, {normed}; nearest neighbour:")
     for i, (j, sim) in enumerate(nearest_neighbours(emb)):
         print(f"  [{i}] {args.text[i][:60]!r}\n      -> [{j}] {args.text[j][:60]!r}  cosine {sim:.4f}")
     return 0

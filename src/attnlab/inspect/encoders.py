@@ -1,20 +1,64 @@
 """Using an encoder once it is trained or imported: sentence embeddings and linear probes.
 
     e(s) = normalize( sum_t m_t h_L(s)_t / sum_t m_t )      mean-pooled, L2-normalised (sentence-transformers)
+           or normalize( h_L(s)_[CLS] )  ("cls_token"),  or normalize( tanh(W_p h_L(s)_[CLS] + b_p) )  ("cls")
     probe: a linear model on frozen features, fitted with scikit-learn (logistic or ridge regression)
 
 The encoder is never updated here: features come from ``torch.no_grad`` forward passes in eval mode.
+A model imported from sentence-transformers keeps that model's own settings in ``sentence.json``
+(``SentenceSettings``: tokens per sentence, pooling, normalisation), and ``embed_texts`` follows them
+unless told otherwise, so attnlab's embeddings are the original's on every input, long ones included.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from attnlab.core.errors import ConfigError, DataError
+from attnlab.core.errors import CheckpointError, ConfigError, DataError
+from attnlab.core.fileio import atomic_write_text
+
+SENTENCE_FILE = "sentence.json"
+POOLINGS = ("mean", "cls_token", "cls")
+
+
+@dataclass
+class SentenceSettings:
+    """How a sentence becomes one vector: at most ``max_seq_length`` tokens ([CLS] and [SEP] included),
+    ``pooling`` (mean, cls_token = the raw [CLS] vector, cls = BERT's tanh pooler), L2 ``normalize``."""
+
+    max_seq_length: int | None = None  # None: the model's context
+    pooling: str = "mean"
+    normalize: bool = True
+
+    @classmethod
+    def load(cls, folder: str | Path) -> SentenceSettings:
+        """The folder's ``sentence.json``; the defaults (mean pooling, normalised, full context) without one."""
+        path = Path(folder) / SENTENCE_FILE
+        if not path.is_file():
+            return cls()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            settings = cls(**data)
+            ok = (settings.pooling in POOLINGS and isinstance(settings.normalize, bool)
+                  and (settings.max_seq_length is None or (isinstance(settings.max_seq_length, int)
+                                                            and settings.max_seq_length >= 3)))
+        except (OSError, ValueError, TypeError):
+            ok = False
+        if not ok:
+            raise CheckpointError(f"{path} is corrupt: expected max_seq_length (>= 3 or null), "
+                                  f"pooling ({', '.join(POOLINGS)}) and normalize (true/false)")
+        return settings
+
+    def save(self, folder: str | Path) -> Path:
+        path = Path(folder) / SENTENCE_FILE
+        atomic_write_text(path, json.dumps(asdict(self), indent=1) + "\n")
+        return path
 
 
 def _wordpiece(tokenizer):
@@ -37,7 +81,8 @@ def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64, ma
                 pooling: str = "mean", normalize: bool = True) -> Tensor:
     """(N, C) sentence embeddings, batches sorted by length (less padding), returned in input order.
 
-    ``pooling``: "mean" (masked mean of the last layer) or "cls" (the model's [CLS] pooler output).
+    ``pooling``: "mean" (masked mean of the last layer), "cls_token" (the last layer's [CLS] vector) or
+    "cls" (the model's [CLS] pooler output). Each sentence keeps its first ``max_len`` tokens.
     """
     if not texts:
         raise DataError("no texts to embed")
@@ -51,6 +96,9 @@ def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64, ma
         batch = {k: v.to(device) for k, v in encode_texts(tokenizer, [texts[i] for i in idx], max_len).items()}
         if pooling == "mean":
             e = model.embed(batch["input_ids"], batch["attention_mask"], normalize=normalize)
+        elif pooling == "cls_token":
+            e = model(**batch).hidden_states[:, 0]  # (B, C)
+            e = torch.nn.functional.normalize(e, dim=-1) if normalize else e
         else:
             e = torch.tanh(model.pooler(model(**batch).hidden_states[:, 0]))  # BERT's [CLS] pooler
             e = torch.nn.functional.normalize(e, dim=-1) if normalize else e

@@ -158,7 +158,7 @@ class NormOptions:
 @dataclass
 class FFNOptions:
     d_ff: int | None = None  # None = 4 d_model (gelu/relu) or 8/3 d_model (swiglu)
-    activation: Literal["gelu", "relu", "swiglu"] = "gelu"
+    activation: Literal["gelu", "gelu_tanh", "relu", "swiglu"] = "gelu"  # gelu_tanh: GPT-2's
 
 
 @dataclass

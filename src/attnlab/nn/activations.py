@@ -2,6 +2,7 @@
 
     relu(h) = max(0, h)
     gelu(h) = h * Phi(h)                                  (exact, with the normal CDF Phi)
+    gelu_tanh(h) = h/2 * (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))   (GPT-2's approximation, "gelu_new")
     swiglu([g; u]) = SiLU(g) * u,  SiLU(g) = g * sigmoid(g)   (Shazeer 2020; h holds gate and up halves)
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-ACTIVATIONS: tuple[str, ...] = ("gelu", "relu", "swiglu")
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "swiglu")
 
 
 def check_activation(activation: str) -> None:
@@ -25,4 +26,6 @@ def activate(h: Tensor, activation: str) -> Tensor:
         return F.silu(gate) * up
     if activation == "gelu":
         return F.gelu(h)
+    if activation == "gelu_tanh":
+        return F.gelu(h, approximate="tanh")
     return F.relu(h)

@@ -1,0 +1,205 @@
+"""attnlab BERT <-> ``transformers``' BERT (``BertModel``, ``BertForMaskedLM``, ``BertForPreTraining``).
+
+  [bert.]embeddings.word_embeddings        <-> embeddings.tok_emb
+  [bert.]embeddings.position_embeddings    <-> embeddings.positions
+  [bert.]embeddings.token_type_embeddings  <-> embeddings.seg_emb
+  [bert.]embeddings.LayerNorm              <-> embeddings.norm
+  [bert.]encoder.layer.{i}.attention.self.{query,key,value}  <-> blocks.{i}.mixer.qkv_proj (rows Q;K;V)
+  [bert.]encoder.layer.{i}.attention.output.dense            <-> blocks.{i}.mixer.out_proj
+  [bert.]encoder.layer.{i}.attention.output.LayerNorm        <-> blocks.{i}.norm_mixer      (post-norm)
+  [bert.]encoder.layer.{i}.intermediate.dense / output.dense <-> blocks.{i}.ffn.fc_in / fc_out
+  [bert.]encoder.layer.{i}.output.LayerNorm                  <-> blocks.{i}.norm_ffn
+  [bert.]pooler.dense                      <-> pooler
+  cls.predictions.transform.dense / .LayerNorm  <-> mlm_transform / mlm_norm
+  cls.predictions.bias                     <-> mlm_bias   (decoder.weight is tied to word_embeddings)
+  cls.seq_relationship                     <-> nsp_head
+
+A BertModel folder has no "bert." prefix and no cls.* heads (they keep their fresh init); old
+TensorFlow-converted checkpoints name LayerNorm parameters gamma/beta. Exports use the
+BertForPreTraining layout, which BertModel, BertForMaskedLM and BertForPreTraining all read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from attnlab.core.errors import CheckpointError, ConfigError
+from attnlab.interop.hfio import (
+    FROM_HF_ACTIVATION,
+    HF_ACTIVATION,
+    layer_names,
+    read_hf_config,
+    read_hf_weights,
+    refuse,
+    write_hf_folder,
+)
+from attnlab.models import BertConfig
+from attnlab.models.config import ModelConfig
+from attnlab.models.size import check_fits
+
+BERT_HEADS = ("pooler.", "mlm_", "nsp_head.")  # attnlab tensors that a BertModel folder may lack
+
+
+def _bert_names(n_layer: int) -> list[tuple[str, str]]:
+    """(attnlab name, HF name without the "bert." prefix) for every one-to-one tensor."""
+    pairs = [("embeddings.tok_emb.weight", "embeddings.word_embeddings.weight"),
+             ("embeddings.positions.weight", "embeddings.position_embeddings.weight"),
+             ("embeddings.seg_emb.weight", "embeddings.token_type_embeddings.weight"),
+             ("embeddings.norm.weight", "embeddings.LayerNorm.weight"),
+             ("embeddings.norm.bias", "embeddings.LayerNorm.bias"),
+             ("pooler.weight", "pooler.dense.weight"), ("pooler.bias", "pooler.dense.bias"),
+             ("mlm_transform.weight", "cls.predictions.transform.dense.weight"),
+             ("mlm_transform.bias", "cls.predictions.transform.dense.bias"),
+             ("mlm_norm.weight", "cls.predictions.transform.LayerNorm.weight"),
+             ("mlm_norm.bias", "cls.predictions.transform.LayerNorm.bias"),
+             ("mlm_bias", "cls.predictions.bias"),
+             ("nsp_head.weight", "cls.seq_relationship.weight"), ("nsp_head.bias", "cls.seq_relationship.bias")]
+    per_layer = [("mixer.out_proj", "attention.output.dense"), ("norm_mixer", "attention.output.LayerNorm"),
+                 ("ffn.fc_in", "intermediate.dense"), ("ffn.fc_out", "output.dense"), ("norm_ffn", "output.LayerNorm")]
+    return pairs + layer_names(n_layer, per_layer, "encoder.layer")
+
+
+def _hf_bert_key(name: str) -> str:
+    """HF key as stored: encoder tensors under "bert.", heads (cls.*) at the top."""
+    return name if name.startswith("cls.") else f"bert.{name}"
+
+
+def check_bert_compatible(config: ModelConfig) -> None:
+    """Raise CheckpointError unless the model has exactly BERT's architecture."""
+    wanted = dict(family="bert", positions="learned", norm="layernorm", norm_position="post", bias=True)
+    wrong = [f"{k}={getattr(config, k)!r} (BERT needs {v!r})" for k, v in wanted.items() if getattr(config, k) != v]
+    if config.activation not in HF_ACTIVATION:
+        wrong.append(f"activation={config.activation!r} (BERT's MLP is not gated: gelu, gelu_tanh or relu)")
+    if config.n_kv_head not in (None, config.n_head):
+        wrong.append(f"n_kv_head={config.n_kv_head} (BERT has full multi-head attention)")
+    refuse("BERT", wrong)
+
+
+def to_bert_state_dict(model) -> dict[str, torch.Tensor]:
+    """attnlab Bert -> HF BertForPreTraining tensors (Q, K, V split; decoder tied or not)."""
+    check_bert_compatible(model.config)
+    c = model.config
+    ours = model.state_dict()
+    out: dict[str, torch.Tensor] = {}
+    for mine, theirs in _bert_names(c.n_layer):
+        if mine == "embeddings.seg_emb.weight" and mine not in ours:  # no segments: one all-zero type row
+            out[_hf_bert_key(theirs)] = torch.zeros(1, c.d_model, dtype=ours["embeddings.tok_emb.weight"].dtype)
+            continue
+        out[_hf_bert_key(theirs)] = ours[mine].contiguous().clone()
+    for i in range(c.n_layer):
+        for p in ("weight", "bias"):
+            q, k, v = ours[f"blocks.{i}.mixer.qkv_proj.{p}"].chunk(3, dim=0)
+            for name, t in (("query", q), ("key", k), ("value", v)):
+                out[f"bert.encoder.layer.{i}.attention.self.{name}.{p}"] = t.contiguous().clone()
+    decoder = ours["embeddings.tok_emb.weight"] if c.tie_embeddings else ours["mlm_decoder.weight"]
+    out["cls.predictions.decoder.weight"] = decoder.contiguous().clone()
+    out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"].clone()
+    return out
+
+
+def bert_config(config: ModelConfig) -> dict:
+    """The ``config.json`` of the equivalent HF BERT."""
+    return {
+        "model_type": "bert", "architectures": ["BertForPreTraining"], "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model, "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
+        "intermediate_size": config.d_ff or 4 * config.d_model, "hidden_act": HF_ACTIVATION[config.activation],
+        "hidden_dropout_prob": config.dropout, "attention_probs_dropout_prob": config.dropout,
+        "max_position_embeddings": config.block_size, "type_vocab_size": max(config.n_segments, 1),
+        "initializer_range": config.init_std, "layer_norm_eps": config.norm_eps, "pad_token_id": 0,
+        "position_embedding_type": "absolute", "tie_word_embeddings": config.tie_embeddings,
+    }
+
+
+def save_bert(model, directory: str | Path) -> Path:
+    """Write a folder that ``transformers.BertForPreTraining/BertForMaskedLM/BertModel.from_pretrained`` loads."""
+    tensors = to_bert_state_dict(model)
+    if model.config.tie_embeddings:
+        tensors.pop("cls.predictions.decoder.weight")  # tied: HF re-ties it from word_embeddings
+    tensors.pop("cls.predictions.decoder.bias")  # HF ties it to cls.predictions.bias
+    return write_hf_folder(Path(directory), bert_config(model.config), tensors)
+
+
+def hf_bert_model_config(cfg: dict, where: Path) -> ModelConfig:
+    """ModelConfig of the attnlab Bert equivalent to an HF BERT config.json."""
+    if cfg.get("model_type") != "bert":
+        raise CheckpointError(f"{where}: model_type {cfg.get('model_type')!r} is not bert")
+    act = cfg.get("hidden_act", "gelu")
+    if act not in FROM_HF_ACTIVATION:
+        raise CheckpointError(f"{where}: hidden_act {act!r} has no attnlab equivalent; the logits would differ")
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        raise CheckpointError(f"{where}: position_embedding_type {cfg['position_embedding_type']!r} is not absolute")
+    try:
+        config = BertConfig(
+            vocab_size=cfg["vocab_size"], block_size=cfg.get("max_position_embeddings", 512),
+            n_layer=cfg["num_hidden_layers"], n_head=cfg["num_attention_heads"], d_model=cfg["hidden_size"],
+            d_ff=cfg.get("intermediate_size"), activation=FROM_HF_ACTIVATION[act], norm="layernorm",
+            norm_position="post", norm_eps=cfg.get("layer_norm_eps", 1e-12), positions="learned", dropout=0.0,
+            bias=True, tie_embeddings=cfg.get("tie_word_embeddings", True), init_std=cfg.get("initializer_range", 0.02),
+            n_segments=cfg.get("type_vocab_size", 2), attn_backend="sdpa",
+        )
+    except KeyError as e:
+        raise CheckpointError(f"{where}: no {e.args[0]!r}") from None
+    try:
+        config.validate()
+    except ConfigError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    return config
+
+
+def load_bert(directory: str | Path) -> tuple:
+    """Read an HF BERT folder (BertModel, BertForMaskedLM or BertForPreTraining) into an attnlab Bert.
+
+    Returns (model, missing_heads): the encoder tensors must all be there; heads the folder lacks
+    (pooler, MLM, NSP) keep their fresh init and are listed in ``missing_heads``.
+    """
+    from attnlab.models.bert import Bert
+
+    directory = Path(directory)
+    config = hf_bert_model_config(read_hf_config(directory), directory / "config.json")
+    check_fits(config, f"{directory / 'config.json'}: the model")
+    tensors = read_hf_weights(directory)
+    renamed = {}
+    for key, t in tensors.items():  # legacy TF names, and folders with or without the "bert." prefix
+        key = key.removesuffix(".gamma") + ".weight" if key.endswith(".gamma") else key
+        key = key.removesuffix(".beta") + ".bias" if key.endswith(".beta") else key
+        renamed[key.removeprefix("bert.")] = t
+    with torch.random.fork_rng():  # heads the folder lacks get the same fresh init on every import
+        torch.manual_seed(0)
+        model = Bert(config)
+    state = model.state_dict()
+    missing_heads: list[str] = []
+
+    def put(mine: str, t: torch.Tensor, theirs: str) -> None:
+        if t.shape != state[mine].shape:
+            raise CheckpointError(f"{directory}: {theirs} has shape {tuple(t.shape)}, "
+                                  f"expected {tuple(state[mine].shape)}")
+        state[mine] = t.to(state[mine].dtype)
+
+    for mine, theirs in _bert_names(config.n_layer):
+        if mine not in state:
+            continue
+        t = renamed.get(theirs)
+        if t is None and theirs == "cls.predictions.bias":
+            t = renamed.get("cls.predictions.decoder.bias")
+        if t is None:
+            if mine.startswith(BERT_HEADS):
+                missing_heads.append(mine)
+                continue
+            raise CheckpointError(f"{directory}: the weights have no tensor {theirs}")
+        put(mine, t, theirs)
+    for i in range(config.n_layer):
+        for p in ("weight", "bias"):
+            names = [f"encoder.layer.{i}.attention.self.{n}.{p}" for n in ("query", "key", "value")]
+            absent = [n for n in names if n not in renamed]
+            if absent:
+                raise CheckpointError(f"{directory}: the weights have no tensor {absent[0]}")
+            put(f"blocks.{i}.mixer.qkv_proj.{p}", torch.cat([renamed[n] for n in names], dim=0), names[0])
+    if not config.tie_embeddings:
+        if "cls.predictions.decoder.weight" in renamed:
+            put("mlm_decoder.weight", renamed["cls.predictions.decoder.weight"], "cls.predictions.decoder.weight")
+        else:
+            missing_heads.append("mlm_decoder.weight")
+    model.load_state_dict(state)
+    return model.eval(), sorted(set(missing_heads))

@@ -1,0 +1,139 @@
+"""``attnlab export RUN --format hf|sentence-transformers --out DIR``: a run (or any attnlab model folder)
+as a folder the ecosystem reads.
+
+    family  configuration                                     transformers architecture
+    gpt     learned positions, LayerNorm, dense GELU/ReLU MLP  GPT-2      (GPT2LMHeadModel)
+    gpt     RoPE, LayerNorm, dense GELU/ReLU MLP                GPT-NeoX   (GPTNeoXForCausalLM)
+    gpt     RoPE, RMSNorm, SwiGLU (GQA allowed)                 LLaMA      (LlamaForCausalLM)
+    bert    post-norm, learned positions                        BERT       (BertForPreTraining layout)
+    vit     pre-norm, learned positions, [CLS] pooling          ViT        (ViTForImageClassification)
+
+Anything else (ALiBi, hyper-connections, experts, an SSM mixer ...) has no exact equivalent and is
+refused in one line naming the option. The folder also holds the tokenizer files (``AutoTokenizer``
+gives attnlab's ids), an image processor config for ViT and a README model card. ``--out`` must not
+exist or be empty: the folder is written under a temporary name beside it and renamed into place, so it
+is either complete or absent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnlab.core.errors import CheckpointError, ConfigError
+from attnlab.core.fileio import atomic_write_text
+from attnlab.core.manifest import verify_manifest
+from attnlab.inspect.encoders import SentenceSettings
+from attnlab.interop.bert import check_bert_compatible, save_bert
+from attnlab.interop.gpt2 import check_gpt2_compatible, save_gpt2
+from attnlab.interop.llama import check_llama_compatible, save_llama
+from attnlab.interop.model_card import model_card
+from attnlab.interop.neox import check_neox_compatible, save_neox
+from attnlab.interop.sentence import save_sentence_transformers
+from attnlab.interop.tokenizer_files import write_tokenizer_files
+from attnlab.interop.vit import check_vit_compatible, save_vit
+from attnlab.models.base import read_config
+from attnlab.models.config import ModelConfig
+
+FORMATS = ("hf", "sentence-transformers")
+
+
+@dataclass
+class Exported:
+    out: Path
+    architecture: str
+    files: list[str]
+
+
+def architecture(config: ModelConfig, fmt: str = "hf") -> str:
+    """The transformers architecture a config is written as; CheckpointError naming the option if none fits."""
+    if fmt == "sentence-transformers":
+        if config.family != "bert":
+            raise CheckpointError(f"--format sentence-transformers needs a bert encoder, this is a {config.family}")
+        check_bert_compatible(config)
+        return "BERT"
+    if config.family == "gpt":
+        if config.positions == "learned":
+            check_gpt2_compatible(config)
+            return "GPT-2"
+        if config.positions != "rope":
+            raise CheckpointError(f"model.positions={config.positions!r} has no exact equivalent in transformers "
+                                  "(learned positions export as GPT-2, rope as GPT-NeoX or LLaMA)")
+        if config.norm == "rmsnorm" or config.activation == "swiglu":
+            check_llama_compatible(config)
+            return "LLaMA"
+        check_neox_compatible(config)
+        return "GPT-NeoX"
+    checks = {"bert": ("BERT", check_bert_compatible), "vit": ("ViT", check_vit_compatible)}
+    if config.family not in checks:
+        raise CheckpointError(f"a {config.family} model has no transformers equivalent to export to "
+                              "(gpt, bert and vit runs export)")
+    name, check = checks[config.family]
+    check(config)
+    return name
+
+
+def check_out(out: Path) -> None:
+    """Refuse an --out that is a file or a non-empty folder (nothing is ever overwritten)."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {out} is not an empty folder; export into a new one (nothing is overwritten)")
+
+
+def export_run(run: str | Path, fmt: str, out: str | Path) -> Exported:
+    """Write ``run``'s model (its top-level weights: the newest, or the best where the run kept it) to ``out``."""
+    from attnlab.models.registry import from_pretrained
+
+    run, out = Path(run), Path(out)
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    check_out(out)
+    if not run.is_dir():
+        raise CheckpointError(f"run folder not found: {run}")
+    arch = architecture(read_config(run), fmt)  # refused here, before the weights are read
+    verify_manifest(run)
+    model = from_pretrained(run)
+    staging = out.parent / f".{out.name}.export-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        files = _write(run, model, arch, fmt, staging)
+        atomic_write_text(staging / "README.md", model_card(run, model, arch, fmt))
+        if out.exists():
+            out.rmdir()  # checked empty above
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Exported(out, arch, [*files, "README.md"])
+
+
+def _write(run: Path, model, arch: str, fmt: str, out: Path) -> list[str]:
+    from attnlab.tokenizers import load_tokenizer
+
+    if model.config.family == "vit":
+        return _write_vit(run, model, out)
+    tokenizer = load_tokenizer(run)
+    if fmt == "sentence-transformers":
+        return save_sentence_transformers(model, tokenizer, SentenceSettings.load(run), out)
+    save = {"GPT-2": save_gpt2, "GPT-NeoX": save_neox, "LLaMA": save_llama, "BERT": save_bert}[arch]
+    save(model, out)
+    return ["config.json", "model.safetensors", *write_tokenizer_files(tokenizer, out, model.config.block_size)]
+
+
+def _write_vit(run: Path, model, out: Path) -> list[str]:
+    """The ViT, its class names, and an image processor that normalises as the run did."""
+    import json
+
+    from attnlab.training.tasks.images import load_labels
+
+    labels = load_labels(run)
+    save_vit(model, out, [str(c) for c in labels["classes"]])
+    size = model.config.image_size
+    processor = {"image_processor_type": "ViTImageProcessor", "do_resize": True,
+                 "size": {"height": size, "width": size}, "resample": 2, "do_rescale": True,
+                 "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": labels["mean"],
+                 "image_std": labels["std"]}
+    atomic_write_text(out / "preprocessor_config.json", json.dumps(processor, indent=2) + "\n")
+    return ["config.json", "model.safetensors", "preprocessor_config.json"]

@@ -1,0 +1,92 @@
+"""Reading and writing Hugging Face model folders: ``config.json`` + ``model.safetensors`` (or a
+``pytorch_model.bin`` read with ``torch.load(weights_only=True)``, so no pickled code runs).
+
+Shared by the per-architecture modules (``gpt2``, ``decoders``, ``bert``, ``vit``): they say which
+attnlab tensor is which HF tensor; this module reads, writes and checks shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from attnlab.core.errors import CheckpointError
+from attnlab.core.fileio import atomic_path, atomic_write_text
+
+# attnlab's activation -> the name transformers' ACT2FN gives the same function
+HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+# transformers' names -> attnlab's (gelu_new and gelu_pytorch_tanh are both the tanh approximation)
+FROM_HF_ACTIVATION = {"gelu": "gelu", "gelu_python": "gelu", "gelu_pytorch": "gelu", "gelu_new": "gelu_tanh",
+                      "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu": "relu"}
+
+
+def layer_names(n_layer: int, per_layer: list[tuple[str, str]], prefix: str,
+                params: tuple[str, ...] = ("weight", "bias")) -> list[tuple[str, str]]:
+    """(attnlab name, HF name) of every layer's parameters: blocks.i.<ours>.p <-> <prefix>.i.<theirs>.p."""
+    return [(f"blocks.{i}.{ours}.{p}", f"{prefix}.{i}.{theirs}.{p}")
+            for i in range(n_layer) for ours, theirs in per_layer for p in params]
+
+
+def read_hf_config(directory: Path) -> dict:
+    """The folder's config.json as a dict; CheckpointError (one line) when absent or not a JSON object."""
+    try:
+        cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"no config.json in {directory}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{directory / 'config.json'} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{directory / 'config.json'} must hold a JSON object")
+    return cfg
+
+
+def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors, else pytorch_model.bin read with ``torch.load(weights_only=True)`` (no pickled code)."""
+    safetensors_file, bin_file = directory / "model.safetensors", directory / "pytorch_model.bin"
+    try:
+        if safetensors_file.is_file():
+            return load_file(str(safetensors_file))
+        if bin_file.is_file():
+            tensors = torch.load(bin_file, map_location="cpu", weights_only=True)
+            if not isinstance(tensors, dict):
+                raise CheckpointError(f"{bin_file} does not hold a state dict")
+            return tensors
+    except (SafetensorError, OSError, RuntimeError, EOFError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot read the weights in {directory}: {first}") from None
+    raise CheckpointError(f"no model.safetensors or pytorch_model.bin in {directory}")
+
+
+def write_hf_folder(directory: Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
+    """config.json + model.safetensors (metadata ``format: pt``, as transformers writes it), atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(directory / "config.json", json.dumps(config, indent=2) + "\n")
+    with atomic_path(directory / "model.safetensors") as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+    return directory
+
+
+def take(tensors: dict[str, torch.Tensor], name: str, shape: torch.Size, where: Path) -> torch.Tensor:
+    """tensors[name], checked to have ``shape``; a missing or mis-shaped tensor is a one-line error."""
+    if name not in tensors:
+        raise CheckpointError(f"{where}: the weights have no tensor {name}")
+    t = tensors[name]
+    if t.shape != shape:
+        raise CheckpointError(f"{where}: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    return t
+
+
+def bias_or_zeros(state: dict[str, torch.Tensor], name: str, size: int, like: torch.Tensor) -> torch.Tensor:
+    """state[name], or zeros for a bias-free model: a zero bias adds nothing, so the logits are unchanged."""
+    t = state.get(name)
+    return t.clone() if t is not None else torch.zeros(size, dtype=like.dtype)
+
+
+def refuse(what: str, wrong: list[str]) -> None:
+    """Raise one CheckpointError naming every option that has no exact equivalent in ``what``."""
+    if wrong:
+        raise CheckpointError(f"this model cannot be written as {what}: " + "; ".join(wrong))
