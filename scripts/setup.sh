@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Create .venv and install attnlab into it (idempotent: re-installs only when pyproject.toml changes).
-#   scripts/setup.sh          the package + the built-in corpus
+#   scripts/setup.sh          the package with every extra (attnlab[all]) + the built-in corpus
 #   scripts/setup.sh dev      also the test tools (pytest, ruff, transformers as a reference)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-}"
+extras="${1:-all}"
 python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 if [ ! -x .venv/bin/python ]; then
   echo "creating .venv with $python"

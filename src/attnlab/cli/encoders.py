@@ -60,11 +60,13 @@ def _cmd_embed(args: argparse.Namespace) -> int:
 def _cmd_probe(args: argparse.Namespace) -> int:
     import time
 
+    from attnlab.core.extras import require
     from attnlab.core.schema import apply_overrides, from_dict
     from attnlab.data.labelled import read_labelled
     from attnlab.inspect.encoders import embed_texts, linear_probe
     from attnlab.training.config import ProbeOptions
 
+    require("sklearn", "linear probes")  # before the encoder is loaded and the texts embedded
     opts = from_dict(ProbeOptions, apply_overrides(ProbeOptions, {}, list(args.overrides)))  # validated
     model, tokenizer = _load_encoder(args.run_dir)
     data = read_labelled(opts.data)

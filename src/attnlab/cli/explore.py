@@ -18,6 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_explore(args: argparse.Namespace) -> int:
+    from attnlab.core.extras import require
+
+    require("fastapi", "attnlab explore")
+    require("uvicorn", "attnlab explore")
     from attnlab.web.server import serve
 
     serve(args.run_dir, host=args.host, port=args.port)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import DataError
+from attnlab.core.extras import require
 from attnlab.core.fileio import check_regular_file
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -114,6 +115,7 @@ def load_mnist5k() -> ImageSet:
 @functools.lru_cache(maxsize=1)
 def load_digits() -> ImageSet:
     """scikit-learn's 1,797 8x8 digits (1, 8, 8); pixel values 0..16 scaled to 0..255."""
+    require("sklearn", "data=digits (scikit-learn ships the 8x8 digits)")
     from sklearn.datasets import load_digits as sk_digits
 
     d = sk_digits()

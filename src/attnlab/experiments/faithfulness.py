@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from attnlab.core.extras import require
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
 from attnlab.inspect.faithfulness import METHODS, faithfulness, for_token_classifier, for_vit
 from attnlab.training.loop import fit
@@ -52,6 +53,7 @@ SETTINGS = {
 
 def placed_digits(indices: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(n, 1, 16, 16) normalised canvases of the given scikit-learn digits, their labels, their quadrants."""
+    require("sklearn", "the faithfulness experiment (scikit-learn's digits)")
     from sklearn.datasets import load_digits
 
     d = load_digits()

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from attnlab.core import runtime
 from attnlab.core.errors import DataError
+from attnlab.core.extras import require
 from attnlab.experiments.base import pyplot, save_figure, write_outputs
 from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
@@ -101,6 +102,7 @@ def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, T: int, batch:
 
 def fit_kaplan(n: list[float], loss: list[float]) -> dict[str, Any]:
     """log L = alpha_N log N_c - alpha_N log N: ordinary least squares, 95% t-intervals."""
+    require("scipy", "the scaling experiment's fits")
     from scipy import stats
 
     x, y = np.log(n), np.log(loss)
@@ -119,6 +121,7 @@ def chinchilla(nd: np.ndarray, e: float, a: float, alpha: float, b: float, beta:
 
 def fit_chinchilla(n: list[float], d: list[float], loss: list[float]) -> dict[str, Any]:
     """L = E + A/N^alpha + B/D^beta by bounded nonlinear least squares; 95% = 1.96 sqrt(diag(cov))."""
+    require("scipy", "the scaling experiment's fits")
     from scipy.optimize import curve_fit
 
     nd, y = np.array([n, d], dtype=float), np.array(loss, dtype=float)

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from attnlab.core import runtime
 from attnlab.core.errors import ConfigError
+from attnlab.core.extras import require
 from attnlab.experiments.base import pyplot, save_figure, write_outputs
 
 NAME = "word-vectors"
@@ -275,6 +276,7 @@ Plots: `projection.png` (PCA of the input embeddings and of the encoded words, p
 
 
 def _plot(static: Tensor, encoder: Tensor, words: list[str], bank: Tensor, labels: list[int], out: Path) -> None:
+    require("sklearn", "the word-vectors figure (PCA)")
     from sklearn.decomposition import PCA
 
     plt = pyplot()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from attnlab.core.extras import require
 from attnlab.inspect.record import record
 from attnlab.inspect.rollout import attention_rollout
 
@@ -55,6 +56,7 @@ def token_attributions(
     model should be in eval mode (no dropout). Integrated gradients also returns
     ``"ig_delta"`` (B,): sum_t a_t - (f(x) - f(x')), Captum's completeness error.
     """
+    require("captum", "attributions (integrated gradients, occlusion)")
     from captum.attr import LayerGradientXActivation, LayerIntegratedGradients, Occlusion
 
     bad = [m for m in methods if m not in METHODS]

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import CheckpointError, ConfigError, DataError
+from attnlab.core.extras import require
 from attnlab.core.fileio import atomic_write_text
 
 SENTENCE_FILE = "sentence.json"
@@ -134,6 +135,8 @@ def linear_probe(features: Tensor, labels: Sequence[str], test_fraction: float =
     labels (``numeric``): ridge regression (R^2).
     """
     import numpy as np
+
+    require("sklearn", "linear probes")
     from sklearn.linear_model import LogisticRegression, RidgeCV
     from sklearn.metrics import f1_score
 

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError
+from attnlab.core.extras import require
 from attnlab.inspect.rollout import attention_rollout
 from attnlab.nn.hooks import capture
 
@@ -118,6 +119,7 @@ def _attention_rows(ex: Explained) -> tuple[Tensor, Tensor]:
 def attribute(ex: Explained, methods: Sequence[str] = METHODS, n_steps: int = 32, n_samples: int = 200,
               seed: int = 0) -> dict[str, Tensor]:
     """Scores (N,) per method for the target (see the module docstring); larger = more important."""
+    require("captum", "the faithfulness methods (IG, SHAP, LIME)")
     from captum.attr import IntegratedGradients, KernelShap, Lime
 
     bad = [m for m in methods if m not in METHODS]

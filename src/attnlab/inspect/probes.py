@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError, DataError
+from attnlab.core.extras import require
 from attnlab.core.fileio import check_regular_file
 from attnlab.nn.hooks import capture
 
@@ -144,6 +145,8 @@ def control_labels(types: Sequence[str], labels: Sequence[str], seed: int) -> li
 
 def _fit(X, y, train, test) -> float:
     import numpy as np
+
+    require("sklearn", "linear probes")
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 

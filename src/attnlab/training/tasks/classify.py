@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import CheckpointError, ConfigError
+from attnlab.training.metrics import accuracy, confusion_matrix, macro_f1
 from attnlab.training.tasks.base import Batch, RowsTask
 
 if TYPE_CHECKING:
@@ -99,13 +100,9 @@ class ClassifyTask(RowsTask):
         return torch.cat(preds), torch.cat(trues)
 
     def scores(self, model: torch.nn.Module, split: str = "val") -> dict[str, float]:
-        """Exact accuracy and macro-F1 (scikit-learn) over every row of ``split``."""
-        from sklearn.metrics import accuracy_score, f1_score
-
+        """Exact accuracy and macro-F1 (``training/metrics.py``) over every row of ``split``."""
         pred, true = self.predict(model, split)
-        labels = list(range(len(self.classes)))
-        return {"accuracy": float(accuracy_score(true, pred)),
-                "macro_f1": float(f1_score(true, pred, labels=labels, average="macro", zero_division=0)),
+        return {"accuracy": accuracy(true, pred), "macro_f1": macro_f1(true, pred, len(self.classes)),
                 "n": len(true)}
 
     def save(self, folder: Path) -> None:
@@ -121,10 +118,8 @@ class ClassifyTask(RowsTask):
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from sklearn.metrics import confusion_matrix
-
         pred, true = self.predict(model, "val")
-        cm = confusion_matrix(true, pred, labels=list(range(len(self.classes))))
+        cm = confusion_matrix(true, pred, len(self.classes)).numpy()
         s = self.scores(model, "val")
         fig, ax = plt.subplots(figsize=(1.2 + 0.6 * len(self.classes), 1 + 0.6 * len(self.classes)))
         ax.imshow(cm, cmap="Blues")

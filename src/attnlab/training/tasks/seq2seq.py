@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import DataError
+from attnlab.core.extras import require
 from attnlab.data.pairs import SPECIALS, PairEncoder, load_pairs
 from attnlab.nn.hooks import capture
 from attnlab.training.tasks.base import Batch, Task, sample_rows
@@ -63,8 +64,7 @@ def translate(model: torch.nn.Module, encoder: PairEncoder, sources: list[str], 
 
 def score_translations(hypotheses: list[str], references: list[str], tokenize: str = "13a") -> dict[str, float]:
     """Exact match (fraction of identical strings), corpus chrF and BLEU (sacrebleu)."""
-    import sacrebleu
-
+    sacrebleu = require("sacrebleu", "BLEU and chrF of seq2seq runs")
     exact = sum(h == r for h, r in zip(hypotheses, references)) / max(len(references), 1)
     return {
         "exact_match": exact,
@@ -83,6 +83,7 @@ class Seq2SeqTask(Task):
         from attnlab.tokenizers import load_tokenizer
 
         super().__init__(cfg, assets, world_size)
+        require("sacrebleu", "BLEU and chrF of seq2seq runs")  # before any work, not at the first evaluation
         self.pairs = load_pairs(cfg.data, cfg.seq2seq, cfg.seed, cfg.val_fraction)
         if assets is not None:
             self.tokenizer = load_tokenizer(assets)
