@@ -65,7 +65,7 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def _losses(run: Path) -> list[tuple]:
-    return [(r["step"], r["train_loss"], r.get("val_loss")) for r in read_metrics(run)]
+    return [(r["step"], r.get("train_loss", r.get("train_eval_loss")), r.get("val_loss")) for r in read_metrics(run)]
 
 
 def trial(corpus: Path, out: Path, preset: Path, ref: Path, name: str, kill_at: str | None = None,

@@ -40,7 +40,7 @@ def _same_weights(a: Path, b: Path) -> bool:
 
 
 def _losses(run: Path):
-    return [(r["step"], r["train_loss"], r.get("val_loss")) for r in read_metrics(run)]
+    return [(r["step"], r.get("train_loss", r.get("train_eval_loss")), r.get("val_loss")) for r in read_metrics(run)]
 
 
 # ------------------------------------------------------------------------------ crash and resume

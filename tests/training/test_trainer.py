@@ -23,7 +23,8 @@ def corpus(tmp_path):
 
 
 def _losses(run_dir):
-    return [(r["step"], r["train_loss"], r.get("val_loss")) for r in read_metrics(run_dir)]
+    return [(r["step"], r.get("train_loss", r.get("train_eval_loss")), r.get("val_loss"))
+            for r in read_metrics(run_dir)]
 
 
 def _weights(run_dir):
@@ -59,9 +60,10 @@ def test_run_folder_contents_and_metrics(corpus, tmp_path):
     assert [r["step"] for r in records if "val_loss" not in r] == [5, 10, 15, 20]
     evals = [r for r in records if "val_loss" in r]
     assert [r["step"] for r in evals] == [10, 20]
-    for r in records:
-        assert {"step", "train_loss", "lr", "tokens_per_s"} <= set(r)
-        assert math.isfinite(r["train_loss"])
+    for r in records:  # one naming scheme: train_loss is the batches' mean, train_eval_loss the evaluation's
+        loss = "train_eval_loss" if "val_loss" in r else "train_loss"
+        assert {"step", loss, "lr", "tokens_per_s"} <= set(r) and "train" not in r
+        assert math.isfinite(r[loss])
     assert result.val_loss == evals[-1]["val_loss"]
     assert evals[-1]["val_loss"] < math.log(cfg.model.vocab_size)  # it learned something
     assert len(result.sample) > 20

@@ -167,6 +167,7 @@ class TrainConfig:
     max_nonfinite_steps: int = 10
     progress: bool = True
     mfu: bool = True  # log model FLOPs utilisation against a measured (cached) matmul peak
+    logger: Literal["none", "tensorboard"] = "none"  # tensorboard: also event files in <run>/tensorboard
     profile_steps: int = 0  # > 0: record a torch profiler trace of this many steps (after 5 warm-up steps)
     sample_tokens: int = 300  # characters/tokens sampled at the end of training (0 = none)
     sample_prompt: str = "\n"
@@ -204,5 +205,9 @@ class TrainConfig:
         if not DEVICE_SPEC.fullmatch(self.device):
             raise ConfigError(f"'device' must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         task_name(self.task, self.model.family)  # an unknown task, or a family without a default, fails here
+        if self.logger == "tensorboard":
+            from attnlab.core.extras import require
+
+            require("tensorboard", "logger=tensorboard")
         if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
             raise ConfigError(f"'name' must be a plain folder name, got {self.name!r}")

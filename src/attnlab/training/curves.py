@@ -1,4 +1,5 @@
-"""The loss curve of a run as a PNG (train loss per log step, val loss per evaluation)."""
+"""The loss curve of a run as a PNG: train loss per log step and val loss per evaluation (top), and the
+learning rate the schedule gave at each log step (bottom, sharing the step axis)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,22 @@ def plot_loss_curve(records: list[dict[str, Any]], out: Path, title: str = "") -
 
     train = [(r["step"], r["train_loss"]) for r in records if "train_loss" in r and "val_loss" not in r]
     val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    lr = [(r["step"], r["lr"]) for r in records if isinstance(r.get("lr"), int | float) and "val_loss" not in r]
+    fig, (ax, ax_lr) = plt.subplots(2, 1, figsize=(6.4, 5.2), dpi=120, sharex=True,
+                                    gridspec_kw={"height_ratios": [3, 1]})
     if train:
         ax.plot(*zip(*train), label="train (batch)", lw=1, alpha=0.7)
     if val:
         ax.plot(*zip(*val), "o-", label="val", lw=1.5)
-    ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
+    if lr:
+        ax_lr.plot(*zip(*lr), color="tab:green", lw=1)
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.set_xlabel("step")
+    ax_lr.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)

@@ -26,12 +26,13 @@ from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.training import checkpoint as ckpt
 from attnlab.training import distributed, runs
 from attnlab.training.config import TrainConfig
+from attnlab.training.loggers import RunLog, evaluation_keys
 from attnlab.training.loop import evaluate_model, train_step
 from attnlab.training.mfu import mfu, peak_flops
 from attnlab.training.moe_log import MoELog
 from attnlab.training.optim import make_optimizer, state_is_finite
 from attnlab.training.profiling import StepProfiler
-from attnlab.training.runs import RUN_CONFIG, append_metrics, read_metrics, save_train_config, truncate_metrics
+from attnlab.training.runs import RUN_CONFIG, save_train_config, truncate_metrics
 from attnlab.training.schedule import lr_at
 from attnlab.training.signals import StopRequest
 
@@ -124,11 +125,13 @@ class Trainer:
         # the peak is measured once per machine and cached; here, so it never pauses the training loop
         if cfg.mfu and self.flops_per_unit is not None:
             self._peak = peak_flops(self._peak_dtype, self.device.type)
+        self.records: RunLog | None = None  # metrics.jsonl (+ TensorBoard), on the main process
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_train_config(self.run_dir, cfg)
             if cfg.resume and checkpoint is None:
                 truncate_metrics(self.run_dir, 0)
+            self.records = RunLog(self.run_dir, cfg.logger, self.step)
         distributed.barrier(self.dist)
 
     # -- state -------------------------------------------------------------------------------
@@ -322,10 +325,8 @@ class Trainer:
                     improved = self.best_val is None or last_val < self.best_val
                     self.best_val = last_val if improved else self.best_val
                     extra = {k: v for k, v in losses.items() if k not in ("train", "val")}
-                    self._append_metrics({
-                        "step": self.step, "train_loss": losses.get("train"), "val_loss": last_val,
-                        "lr": lr, f"{self.task.unit}_per_s": last_tps, "elapsed_s": t_eval - t_start, **extra,
-                    })
+                    self._append_metrics({"step": self.step, **evaluation_keys(losses, self.task.splits), "lr": lr,
+                                          f"{self.task.unit}_per_s": last_tps, "elapsed_s": t_eval - t_start})
                     shown = "".join(f", {k.replace('_', ' ')} {v:.4f}" for k, v in extra.items())
                     train_part = f"train loss {losses['train']:.4f}, " if "train" in losses else ""
                     say(f"step {self.step}: {train_part}val loss {last_val:.4f}{shown}")
@@ -340,6 +341,8 @@ class Trainer:
                     raise TrainingInterrupted(self.step, self.run_dir)
         finally:
             bar.close()
+            if self.records is not None:
+                self.records.close()
             if profiler is not None:
                 profiler.close()
         wall = time.perf_counter() - t_start
@@ -349,13 +352,13 @@ class Trainer:
             if model is not None:
                 sample = self.task.write_samples(model, self.run_dir)
                 model.train()
-            self.write_plot()
+            self.records.plot()
         distributed.barrier(self.dist)
         return TrainResult(self.run_dir, self.step, last_train, last_val, wall, sample, wall - pause_total)
 
     def _append_metrics(self, record: dict[str, Any]) -> None:
-        if self.dist.is_main:
-            append_metrics(self.run_dir, record)
+        if self.records is not None:
+            self.records.write(record)
 
     def mfu(self, tokens_per_s: float) -> float | None:
         """Model FLOPs utilisation of the current throughput (None when cfg.mfu is off)."""
@@ -388,10 +391,3 @@ class Trainer:
         good = ckpt.list_checkpoints(self.run_dir)
         kept = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint had been written yet"
         raise TrainingDiverged(f"{reason}; training stopped and {kept}")
-
-    # -- outputs -------------------------------------------------------------------------------
-
-    def write_plot(self) -> Path:
-        from attnlab.training.curves import plot_loss_curve
-
-        return plot_loss_curve(read_metrics(self.run_dir), self.run_dir / "loss.png", title=self.run_dir.name)

@@ -1,0 +1,40 @@
+"""Optional dependencies: the base install trains, samples, evaluates, exports and imports; the explorer,
+attributions, probes and some experiments need packages a user may not want (a web server, Captum,
+scikit-learn with SciPy). Each is imported through ``require``, which names the extra to install in one
+line instead of an ImportError traceback.
+
+    extra          packages                     what needs them
+    web            fastapi, uvicorn             attnlab explore
+    inspect        captum, scikit-learn         attributions, linear probes, data=digits
+    experiments    scipy, scikit-learn, sacrebleu, captum   experiments' fits, BLEU of seq2seq runs
+    tensorboard    tensorboard                  logger=tensorboard
+    all            every one of them
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from attnlab.core.errors import AttnlabError
+
+# import name -> (package to install, the extra that brings it)
+EXTRAS: dict[str, tuple[str, str]] = {
+    "fastapi": ("fastapi", "web"), "uvicorn": ("uvicorn", "web"), "captum": ("captum", "inspect"),
+    "sklearn": ("scikit-learn", "inspect"), "scipy": ("scipy", "experiments"),
+    "sacrebleu": ("sacrebleu", "experiments"), "tensorboard": ("tensorboard", "tensorboard"),
+}
+
+
+class MissingExtraError(AttnlabError):
+    """An optional dependency is not installed (one line naming the extra)."""
+
+
+def require(module: str, purpose: str) -> ModuleType:
+    """Import ``module`` (a top-level name in ``EXTRAS``), or raise MissingExtraError naming its extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        package, extra = EXTRAS[module]
+        raise MissingExtraError(f"{purpose} needs {package}, which is not installed: "
+                                f"pip install 'attnlab[{extra}]' (or attnlab[all])") from None
