@@ -63,9 +63,11 @@ def test_a_missing_extra_is_named_in_one_line(tmp_path, capsys, monkeypatch, arg
     """With the package absent (as in a base install), the command stops before doing any work and
     names the extra to install."""
     from attnlab.cli import main
+    from attnlab.data.images import load_digits
     from tests.helpers import train_tiny_run
 
     run = train_tiny_run(tmp_path, max_iters=1) if "RUN" in argv else None
+    load_digits.cache_clear()  # digits another test loaded in this process would need no scikit-learn
     data = tmp_path / "labels.csv"
     data.write_text("text,label\nhello,a\nthere,b\n")
     for name in list(sys.modules):

@@ -1,5 +1,5 @@
-"""BERT's WordPiece with [PAD] [UNK] [CLS] [SEP] [MASK]: trained with the ``tokenizers`` library, or
-loaded from a Hugging Face ``tokenizer.json`` or ``vocab.txt``."""
+"""BERT's WordPiece with ``[PAD]``, ``[UNK]``, ``[CLS]``, ``[SEP]``, ``[MASK]``: trained with the
+``tokenizers`` library, or loaded from a Hugging Face ``tokenizer.json`` or ``vocab.txt``."""
 
 from __future__ import annotations
 
