@@ -113,7 +113,7 @@ def main() -> None:
 @torch.no_grad()
 def per_token_latency(ours, hf, args, device: torch.device, sync) -> list[dict]:
     """ms per cached decode step at batch 1 vs the context already in the cache, both libraries."""
-    from attnlab.generation import _decode_step, compiled_decode_step
+    from attnlab.generation.sampling import _decode_step, compiled_decode_step
 
     steppers = {"attnlab": _decode_step}
     if args.compile:

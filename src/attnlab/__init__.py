@@ -3,4 +3,12 @@
 Importing the package is cheap: submodules (torch models, trainer, plots) load on first use.
 """
 
-__version__ = "0.1.0"
+from attnlab.core.version import __version__  # noqa: F401  (attnlab.__version__)
+
+
+def load(path):
+    """``attnlab.load(run)``: the model and tokenizer of a run folder, with ``generate`` and ``attention``
+    (see ``attnlab.api``)."""
+    from attnlab.api import load as _load
+
+    return _load(path)

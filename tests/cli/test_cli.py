@@ -78,10 +78,24 @@ def test_sample_device_option(trained_run, capsys):
     assert "device must be auto, cpu, cuda, cuda:N or mps, got 'gpu0'" in err
 
 
-def test_prompt_longer_than_context(trained_run, capsys):
+def test_prompt_longer_than_context_is_cropped_with_a_notice(trained_run, capsys):
     run, _ = trained_run
-    err = _one_line_error(capsys, main(["sample", str(run), "--prompt", "the " * 20]))
-    assert "more than the model's context of 16" in err
+    capsys.readouterr()
+    assert main(["sample", str(run), "--prompt", "the " * 20, "--max-new-tokens", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("the " * 20) and "generating from its last 16" in err
+
+
+def test_sample_stops_at_a_stop_string_and_runs_beam_search(trained_run, capsys):
+    run, _ = trained_run
+    capsys.readouterr()
+    assert main(["sample", str(run), "--prompt", "The ", "--temperature", "0", "--stop", "e", "--stop", " ",
+                 "--max-new-tokens", "50"]) == 0
+    out = capsys.readouterr().out.rstrip("\n")
+    assert out[len("The "):][-1] in "e " and len(out) < len("The ") + 50
+    assert main(["sample", str(run), "--prompt", "The ", "--num-beams", "3", "--max-new-tokens", "8",
+                 "--repetition-penalty", "1.2"]) == 0
+    assert capsys.readouterr().out.startswith("The ")
 
 
 def test_bad_sampling_options(trained_run, capsys):

@@ -18,6 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=finite, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=at_least(1), default=None)
     p.add_argument("--top-p", type=finite, default=None)
+    p.add_argument("--min-p", type=finite, default=None, help="keep tokens with p >= min_p * the top token's p")
+    p.add_argument("--repetition-penalty", type=finite, default=1.0, help="> 1 discourages repeating tokens")
+    p.add_argument("--num-beams", type=at_least(1), default=1, help="> 1: beam search (deterministic)")
+    p.add_argument("--stop", action="append", default=None, help="stop after this string (repeatable)")
     p.add_argument("--seed", type=seed, default=None)
     p.add_argument("--num-samples", type=at_least(1), default=1)
     p.add_argument("--no-cache", action="store_true", help="re-run the whole context every step")
@@ -54,15 +58,25 @@ def _cmd_sample(args: argparse.Namespace) -> int:
                           + (f" (use {other[family]})" if family in other else ""))
     model.to(device)
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, use_cache=not args.no_cache, seed=args.seed,
-                         compile=args.compile)
+                         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                         repetition_penalty=args.repetition_penalty, num_beams=args.num_beams,
+                         use_cache=not args.no_cache, seed=args.seed, compile=args.compile)
     cfg.validate()
     ids = tok.encode(args.prompt)  # raises TokenizerError for characters outside the vocabulary
     if not ids:
         raise ConfigError("the prompt is empty: give at least one character with --prompt")
-    if len(ids) > model.config.block_size:
-        raise ConfigError(f"the prompt has {len(ids)} tokens, more than the model's context of "
-                          f"{model.config.block_size}; shorten it")
+    block = model.config.block_size
+    if len(ids) > block:
+        print(f"note: the prompt has {len(ids)} tokens and the model's context is {block}; generating from "
+              f"its last {block}", file=sys.stderr)
+        ids = ids[-block:]
+    if cfg.num_beams > 1:
+        from attnlab.api import cut_at_stop
+        from attnlab.generation import generate
+
+        out = generate(model, torch.tensor([ids], device=device), cfg)[0, len(ids):].tolist()
+        print(args.prompt + cut_at_stop(tok.decode(out), args.stop))
+        return 0
     for n in range(args.num_samples):
         if args.num_samples > 1:
             print(f"--- sample {n + 1} ---")
@@ -74,11 +88,15 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         for token in stream(model, torch.tensor([ids], device=device), cfg):
             generated.append(int(token))
             text = tok.decode(generated)
+            if args.stop and any(stop in text for stop in args.stop):
+                break
             if not text.endswith("\ufffd"):  # hold back a half-decoded multi-byte character
                 sys.stdout.write(text[len(shown):])
                 sys.stdout.flush()
                 shown = text
-        print(tok.decode(generated)[len(shown):])
+        from attnlab.api import cut_at_stop
+
+        print(cut_at_stop(tok.decode(generated), args.stop)[len(shown):])
     return 0
 
 def _cmd_translate(args: argparse.Namespace) -> int:

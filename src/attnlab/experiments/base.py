@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from attnlab import __version__
 from attnlab.core.fileio import atomic_write_text
+from attnlab.core.version import __version__
 
 
 def write_outputs(out: Path, name: str, claim: str, held: bool, results: dict[str, Any], report_body: str,

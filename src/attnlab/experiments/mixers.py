@@ -28,10 +28,10 @@ BATCH = 12
 
 def find_data() -> Path:
     """tinyshakespeare.txt: ../shared/data from the checkout (where the lectures' experiments run)."""
-    import attnlab
     from attnlab.core.errors import DataError
 
-    beside_checkout = Path(attnlab.__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
+    # src/attnlab/experiments/mixers.py -> the folder holding the checkout
+    beside_checkout = Path(__file__).resolve().parents[4] / "shared" / "data" / "tinyshakespeare.txt"
     for path in (DATA, beside_checkout):
         if path.is_file():
             return path

@@ -25,8 +25,8 @@ VARIANTS = ["dense", "ssm", "hybrid"]
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
-    r = mixers.compare(VARIANTS, [64] if quick else [32, 64], [64, 256] if quick else [64, 128, 256, 512],
-                       steps=40 if quick else 300, reps=2 if quick else 3)
+    r = mixers.compare(VARIANTS, [32] if quick else [32, 64], [32, 128] if quick else [64, 128, 256, 512],
+                       steps=15 if quick else 300, reps=2 if quick else 3)
     s = r["loglog_slopes"]
     tr = r["trained"]
     hybrid_gap = {T: tr["hybrid"][T]["val_loss"] / tr["dense"][T]["val_loss"] - 1 for T in tr["dense"]}

@@ -19,10 +19,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from attnlab import __version__
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_path, atomic_write_text
 from attnlab.core.manifest import verify_manifest, write_manifest
+from attnlab.core.version import __version__
 from attnlab.models.config import CONFIG_VERSION, ModelConfig
 from attnlab.models.size import check_fits
 

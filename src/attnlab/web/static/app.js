@@ -17,6 +17,7 @@ const state = {
   imageLayer: -1,  // -1: the rollout; else an index into image.layers
   imageHead: 0,
   imageRuns: 0,
+  status: {},      // the status line of each tab, shown when its tab is
 };
 
 // ---------- shared helpers ----------
@@ -40,10 +41,14 @@ function showToken(t) {
   return t.replace(/\n/g, "⏎").replace(/\t/g, "⇥").replace(/ /g, "␣") || "∅";
 }
 
-function setStatus(message, isError = false) {
+// The status line belongs to the tab that set it: switching tabs shows that tab's own line.
+function setStatus(message, isError = false, tab = state.tab) {
+  state.status[tab] = { message, isError };
+  if (tab !== state.tab) return;
   const el = $("status");
   el.textContent = message;
   el.classList.toggle("error", isError);
+  el.dataset.tab = tab;
 }
 
 async function api(path, body) {
@@ -83,36 +88,76 @@ function signature(matrix) {
 
 // ---------- text tab: heatmap, tokens, head grid, next-token bars ----------
 
-const MARGIN = 46; // room for the token labels on the top and left
+const LABEL_FONT = '12px ui-monospace, "DejaVu Sans Mono", monospace';
+const TITLE_H = 18;   // the title line above the column labels
+const LEGEND_W = 56;  // the colour bar and its ticks, right of the matrix
+
+// Room for the labels: the widest row label on the left; the column labels stand vertically on top,
+// so the widest of them sets the top margin. Labels never overlap or get clipped (tested).
+function heatmapLayout(ctx, labels, width) {
+  ctx.font = LABEL_FONT;
+  const widest = labels.length ? Math.max(...labels.map((l) => ctx.measureText(l).width)) : 0;
+  const labelRoom = Math.ceil(widest) + 8;
+  const T = Math.max(labels.length, 1);
+  const cell = Math.max(1, Math.floor((width - labelRoom - LEGEND_W) / T));
+  const showLabels = cell >= 12;  // a 12 px font needs 12 px per row and per (vertical) column
+  const left = showLabels ? labelRoom : 4;
+  return { cell: showLabels ? cell : Math.max(1, Math.floor((width - left - LEGEND_W) / T)), left,
+           top: TITLE_H + (showLabels ? labelRoom : 4), showLabels, widest };
+}
+
+// A vertical colour bar: the probability each colour stands for, 0 at the bottom, 1 at the top.
+function drawLegend(ctx, x, y, height) {
+  const steps = 64;
+  for (let k = 0; k < steps; k++) {
+    ctx.fillStyle = colour(1 - k / (steps - 1));
+    ctx.fillRect(x, y + (k * height) / steps, 12, Math.ceil(height / steps));
+  }
+  ctx.strokeStyle = "#98a2b3";
+  ctx.strokeRect(x, y, 12, height);
+  ctx.fillStyle = "#475467";
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.textAlign = "left";
+  ctx.textBaseline = "middle";
+  for (const v of [0, 0.25, 0.5, 0.75, 1]) ctx.fillText(v.toFixed(2), x + 16, y + (1 - v) * height);
+  ctx.textBaseline = "bottom";
+  ctx.fillText("p", x + 2, y - 3);
+}
 
 function drawHeatmap() {
   const canvas = $("heatmap");
   const matrix = currentMatrix();
   const T = matrix ? matrix.length : 0;
-  const cell = Math.max(1, Math.floor((canvas.width - MARGIN - 4) / Math.max(T, 1)));
-  const height = matrix ? MARGIN + T * cell + 6 : canvas.width;
-  if (canvas.height !== height) canvas.height = height; // as tall as the matrix needs
   const ctx = canvas.getContext("2d");
+  const labels = matrix ? state.result.tokens.map(showToken) : [];
+  const L = heatmapLayout(ctx, labels, canvas.width);
+  const height = matrix ? L.top + T * L.cell + 6 : canvas.width;
+  if (canvas.height !== height) canvas.height = height; // as tall as the matrix needs
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   if (!matrix) return;
-  const tokens = state.result.tokens;
   for (let i = 0; i < T; i++) {
     for (let j = 0; j < T; j++) {
       ctx.fillStyle = colour(matrix[i][j]);
-      ctx.fillRect(MARGIN + j * cell, MARGIN + i * cell, cell, cell);
+      ctx.fillRect(L.left + j * L.cell, L.top + i * L.cell, L.cell, L.cell);
     }
   }
-  if (cell >= 7) {
+  if (L.showLabels) {
     ctx.fillStyle = "#1d2330";
-    ctx.font = `${Math.min(13, cell - 1)}px ui-monospace, "DejaVu Sans Mono", monospace`;
+    ctx.font = LABEL_FONT;
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
-    for (let i = 0; i < T; i++) ctx.fillText(showToken(tokens[i]), MARGIN - 4, MARGIN + (i + 0.5) * cell);
-    ctx.textAlign = "center";
-    ctx.textBaseline = "bottom";
-    for (let j = 0; j < T; j++) ctx.fillText(showToken(tokens[j]), MARGIN + (j + 0.5) * cell, MARGIN - 3);
+    for (let i = 0; i < T; i++) ctx.fillText(labels[i], L.left - 4, L.top + (i + 0.5) * L.cell);
+    ctx.textAlign = "left";
+    for (let j = 0; j < T; j++) {  // column labels upright, reading bottom to top
+      ctx.save();
+      ctx.translate(L.left + (j + 0.5) * L.cell, L.top - 4);
+      ctx.rotate(-Math.PI / 2);
+      ctx.fillText(labels[j], 0, 0);
+      ctx.restore();
+    }
   }
+  drawLegend(ctx, L.left + T * L.cell + 10, L.top, T * L.cell);
   ctx.fillStyle = "#667085";
   ctx.font = "11px system-ui, sans-serif";
   ctx.textAlign = "left";
@@ -121,12 +166,14 @@ function drawHeatmap() {
   if (state.hoverRow !== null && state.hoverRow < T) {
     ctx.strokeStyle = "#e8590c";
     ctx.lineWidth = 2;
-    ctx.strokeRect(MARGIN - 1, MARGIN + state.hoverRow * cell - 1, T * cell + 2, cell + 2);
+    ctx.strokeRect(L.left - 1, L.top + state.hoverRow * L.cell - 1, T * L.cell + 2, L.cell + 2);
   }
-  canvas.dataset.layer = String(state.result.layer_index[state.layer]);
-  canvas.dataset.head = String(state.head);
-  canvas.dataset.tokens = String(T);
-  canvas.dataset.signature = signature(matrix);
+  state.heatmapLayout = L;
+  Object.assign(canvas.dataset, {
+    layer: String(state.result.layer_index[state.layer]), head: String(state.head), tokens: String(T),
+    signature: signature(matrix), labelRoom: String(L.showLabels ? L.left : 0), widestLabel: L.widest.toFixed(1),
+    labels: L.showLabels ? "1" : "0", cell: String(L.cell), legend: "0-1",
+  });
 }
 
 function heatmapRowAt(event) {
@@ -135,8 +182,9 @@ function heatmapRowAt(event) {
   const rect = canvas.getBoundingClientRect();
   const y = (event.clientY - rect.top) * (canvas.height / rect.height);
   const T = state.result.tokens.length;
-  const cell = Math.max(1, Math.floor((canvas.width - MARGIN - 4) / T));
-  const row = Math.floor((y - MARGIN) / cell);
+  const L = state.heatmapLayout;
+  if (!L) return null;
+  const row = Math.floor((y - L.top) / L.cell);
   return row >= 0 && row < T ? row : null;
 }
 
@@ -200,6 +248,39 @@ function drawThumbnail(canvas, matrix) {
   }
 }
 
+// Every layer and head at once: L rows of H thumbnails; a click selects that layer and head.
+function renderOverview() {
+  const box = $("layer-overview");
+  box.innerHTML = "";
+  const heads = state.result.layers.length ? state.result.layers[0].length : 0;
+  box.style.gridTemplateColumns = `auto repeat(${heads}, 44px)`;
+  state.result.layers.forEach((layer, l) => {
+    const name = document.createElement("span");
+    name.className = "overview-layer";
+    name.textContent = `layer ${state.result.layer_index[l]}`;
+    box.appendChild(name);
+    layer.forEach((matrix, h) => {
+      const canvas = document.createElement("canvas");
+      canvas.width = 44;
+      canvas.height = 44;
+      canvas.className = "overview-thumb" + (l === state.layer && h === state.head ? " selected" : "");
+      canvas.dataset.layer = String(l);
+      canvas.dataset.head = String(h);
+      canvas.title = `layer ${state.result.layer_index[l]}, head ${h}`;
+      drawThumbnail(canvas, matrix);
+      canvas.addEventListener("click", () => { selectLayer(l); selectHead(h); });
+      box.appendChild(canvas);
+    });
+  });
+  box.dataset.layers = String(state.result.layers.length);
+  box.dataset.heads = String(heads);
+}
+
+function markOverview() {
+  document.querySelectorAll("#layer-overview .overview-thumb").forEach((c) => c.classList.toggle(
+    "selected", Number(c.dataset.layer) === state.layer && Number(c.dataset.head) === state.head));
+}
+
 function renderHeadGrid() {
   const grid = $("head-grid");
   grid.innerHTML = "";
@@ -219,16 +300,18 @@ function renderHeadGrid() {
   });
 }
 
-// Bars of a top-k list [{token, p}], most likely first, into an <ol>.
+// Bars of a top-k list [{token, p}], most likely first, into an <ol>. A bar's length is the
+// probability itself (the full width is p = 1), so 0.0014 is a sliver whatever the top-1 is.
+const BAR_WIDTH = 180;
 function fillBars(list, items) {
   list.innerHTML = "";
-  const best = items.length ? items[0].p : 1;
   items.forEach(({ token, p }) => {
     const li = document.createElement("li");
     li.innerHTML = '<div class="bar-row"><span class="bar-label"></span><span class="bar"></span>' +
       '<span class="bar-p"></span></div>';
     li.querySelector(".bar-label").textContent = showToken(token);
-    li.querySelector(".bar").style.width = `${Math.max(1, Math.round(180 * p / best))}px`;
+    li.querySelector(".bar").style.width = `${Math.max(1, Math.round(BAR_WIDTH * p))}px`;
+    li.dataset.p = String(p);
     li.querySelector(".bar-p").textContent = p.toFixed(4);
     list.appendChild(li);
   });
@@ -272,6 +355,7 @@ function selectLayer(l) {
   $("layer").value = String(l);
   $("conv-layer").value = String(l);
   renderHeadGrid();
+  markOverview();
   drawHeatmap();
   setHoverRow(state.hoverRow);
   drawConv();
@@ -282,6 +366,7 @@ function selectHead(h) {
   $("head").value = String(h);
   $("conv-head").value = String(h);
   document.querySelectorAll("#head-grid .thumb").forEach((el, i) => el.classList.toggle("selected", i === h));
+  markOverview();
   drawHeatmap();
   setHoverRow(state.hoverRow);
   drawConv();
@@ -290,7 +375,7 @@ function selectHead(h) {
 async function runModel(keepMask = false) {
   const text = keepMask && state.text !== null ? state.text : $("text-input").value;
   if (!keepMask || text !== state.text) state.mask = [];
-  setStatus("running the model…");
+  setStatus("running the model…", false, "text");
   $("run").disabled = true;
   try {
     const result = await api("/api/attention", isBert() ? { text, mask: state.mask } : { text });
@@ -306,13 +391,14 @@ async function runModel(keepMask = false) {
     state.convPos = result.tokens.length - 1;
     renderTokens();
     renderNextToken();
+    renderOverview();
     selectLayer(state.layer);
     selectHead(state.head);
-    setStatus(`${result.tokens.length} tokens, ${result.layers.length} attention layers × ${heads} heads`);
+    setStatus(`${result.tokens.length} tokens, ${result.layers.length} attention layers × ${heads} heads`, false, "text");
     document.body.dataset.ready = "1";
     document.body.dataset.runs = String(parseInt(document.body.dataset.runs || "0", 10) + 1);
   } catch (e) {
-    setStatus(e.message, true);
+    setStatus(e.message, true, "text");
   } finally {
     $("run").disabled = false;
   }
@@ -661,7 +747,7 @@ async function runImage() {
     setStatus(`${file.name} is ${file.size} bytes; the explorer takes at most ${state.info.max_upload_bytes}`, true);
     return;
   }
-  setStatus("running the model…");
+  setStatus("running the model…", false, "image");
   $("run-image").disabled = true;
   try {
     const image = await readFile(file);
@@ -682,11 +768,11 @@ async function runImage() {
     fillBars($("image-top5"), r.top5);
     selectImageMap();
     const best = r.top5[0];
-    setStatus(`${file.name}: class ${best.token} (${(100 * best.p).toFixed(1)}%); ${r.grid[0]}×${r.grid[1]} patches`);
+    setStatus(`${file.name}: class ${best.token} (${(100 * best.p).toFixed(1)}%); ${r.grid[0]}×${r.grid[1]} patches`, false, "image");
     state.imageRuns += 1;
     document.body.dataset.imageRuns = String(state.imageRuns);
   } catch (e) {
-    setStatus(e.message, true);
+    setStatus(e.message, true, "image");
   } finally {
     $("run-image").disabled = false;
   }
@@ -694,6 +780,8 @@ async function runImage() {
 
 function switchTab(name) {
   state.tab = name;
+  const own = state.status[name] || { message: "", isError: false };
+  setStatus(own.message, own.isError, name);
   document.querySelectorAll(".tab").forEach((b) => b.classList.toggle("active", b.dataset.tab === name));
   document.querySelectorAll(".panel").forEach((p) => { p.hidden = p.id !== `panel-${name}`; });
   document.body.dataset.tab = name;

@@ -58,12 +58,12 @@ async function runLens() {
   const text = $("lens-input").value;
   const ablate = [...lens.off].map((key) => key.split(".").map((v) => parseInt(v, 10)));
   const run = ++lens.runs;
-  setStatus("running the lens…");
+  setStatus("running the lens…", false, "lens");
   let view;
   try {
     view = await api("/api/lens", { text, ablate, how: $("lens-how").value });
   } catch (e) {
-    if (run === lens.runs) setStatus(e.message, true);
+    if (run === lens.runs) setStatus(e.message, true, "lens");
     return;
   }
   if (run !== lens.runs) return;  // a newer click already asked again
@@ -75,7 +75,7 @@ async function runLens() {
   $("lens-loss").textContent = (view.heads.length ? `${view.heads.length} head(s) knocked out (${view.how}).` :
     "No head knocked out: click one.") + loss;
   drawLens(view);
-  setStatus(`lens of ${view.tokens.length} tokens`);
+  setStatus(`lens of ${view.tokens.length} tokens`, false, "lens");
   document.body.dataset.lensRuns = String(run);
 }
 

@@ -1,0 +1,88 @@
+"""The short Python path: ``attnlab.load(run)`` gives a model with its tokenizer, and the two things most
+people want from it.
+
+    >>> lm = attnlab.load("runs/shakespeare-char-20261124-101500")
+    >>> lm.generate("ROMEO:", max_new_tokens=100, temperature=0.8, top_p=0.95, stop=["\\n\\n"])
+    >>> patterns = lm.attention("To be, or not to be")   # one (heads, T, T) tensor per layer
+
+``generate`` takes the options ``transformers``' ``generate`` users expect (temperature, top_k, top_p,
+min_p, repetition_penalty, num_beams, stop strings, seed); a prompt longer than the model's context
+keeps its last ``block_size`` tokens, with a one-line notice on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnlab.core.errors import ConfigError
+
+
+@dataclass
+class Loaded:
+    """A model and its tokenizer, as ``load`` returns them."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    path: Path
+
+    def _ids(self, text: str) -> torch.Tensor:
+        ids = self.tokenizer.encode(text)
+        if not ids:
+            raise ConfigError("the text is empty once tokenized: give at least one token")
+        return torch.tensor([ids])
+
+    def generate(self, prompt: str, max_new_tokens: int = 200, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, min_p: float | None = None, repetition_penalty: float = 1.0,
+                 num_beams: int = 1, stop: list[str] | None = None, seed: int | None = None) -> str:
+        """The prompt followed by the generated text; it ends after the first stop string, if one appears."""
+        from attnlab.generation import SamplingConfig, generate, stream
+
+        if getattr(self.model.config, "family", None) != "gpt":
+            raise ConfigError(f"generate needs a gpt model; {self.path} holds a {self.model.config.family}")
+        cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                             min_p=min_p, repetition_penalty=repetition_penalty, num_beams=num_beams, seed=seed)
+        cfg.validate()
+        idx = self._ids(prompt)
+        block = self.model.config.block_size
+        if idx.size(1) > block:
+            print(f"note: the prompt has {idx.size(1)} tokens and the model's context is {block}; "
+                  f"generating from its last {block}", file=sys.stderr)
+            idx = idx[:, -block:]
+        if num_beams > 1:
+            text = self.tokenizer.decode(generate(self.model, idx, cfg)[0].tolist()[idx.size(1):])
+            return prompt + cut_at_stop(text, stop)
+        new: list[int] = []
+        for token in stream(self.model, idx, cfg):
+            new.append(int(token[0, 0]))
+            text = self.tokenizer.decode(new)
+            if stop and any(s in text for s in stop):
+                return prompt + cut_at_stop(text, stop)
+        return prompt + self.tokenizer.decode(new)
+
+    @torch.no_grad()
+    def attention(self, text: str) -> list[torch.Tensor]:
+        """The attention probabilities of every layer for ``text``: a list of (heads, T, T) tensors."""
+        from attnlab.nn.hooks import capture
+
+        idx = self._ids(text)[:, -self.model.config.block_size:]
+        with capture(self.model, "*hook_pattern") as seen:
+            self.model(idx)
+        return [p[0] for p in seen.values()]
+
+
+def cut_at_stop(text: str, stop: list[str] | None) -> str:
+    """``text`` up to and including the earliest stop string (as transformers' stop_strings keep it)."""
+    ends = [text.index(s) + len(s) for s in stop or [] if s in text]
+    return text[:min(ends)] if ends else text
+
+
+def load(path: str | Path) -> Loaded:
+    """The model (in eval mode) and tokenizer of a run or model folder, checked against its manifest."""
+    from attnlab.training.runs import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(path)
+    return Loaded(model.eval(), tokenizer, Path(path))

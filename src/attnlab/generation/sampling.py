@@ -1,0 +1,163 @@
+"""Autoregressive generation: greedy, temperature, top-k, top-p (nucleus) and min-p sampling with a
+KV cache, a repetition penalty, and beam search (``generation/beam.py``).
+
+At each step the model gives logits z over the vocabulary for the next token, processed in the order
+``transformers`` applies them:
+
+    z_v <- z_v / r if z_v > 0 else z_v * r,  for every token v already in the sequence   (repetition, r)
+    p = softmax(z / temperature),   restricted to the k most likely tokens (top-k), to the smallest
+                                    set whose probability reaches top_p (nucleus), and to the tokens
+                                    with p_v >= min_p * max_u p_u (min-p)
+
+then draws from p (or takes the argmax at temperature 0, after the repetition penalty).
+
+With the cache, the prompt is run once (prefill) and each later step feeds one token; the
+output is identical to re-running the whole sequence every step (tested). ``compile=True`` runs
+the cached steps through ``torch.compile`` (inductor with its C++ wrapper; dynamic in the prompt and
+cache lengths, so it compiles two graphs per model: the prefill and the one-token step), which
+removes most of the per-operator overhead that dominates small models at batch 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 200
+    temperature: float = 1.0  # 0 = greedy (argmax)
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None  # keep tokens with p >= min_p * the top token's p (Nguyen et al. 2024)
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the sequence (Keskar et al. 2019)
+    num_beams: int = 1  # > 1: beam search (deterministic; temperature and the filters do not apply)
+    use_cache: bool = True
+    seed: int | None = None
+    compile: bool = False  # torch.compile the cached one-token decode step (first call compiles)
+
+    def validate(self) -> None:
+        from attnlab.core.errors import ConfigError
+
+        if self.max_new_tokens < 0:
+            raise ConfigError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ConfigError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.num_beams < 1:
+            raise ConfigError(f"num_beams must be >= 1, got {self.num_beams}")
+
+
+def repetition_penalty(logits: Tensor, seq: Tensor, penalty: float) -> Tensor:
+    """Divide the positive logits (multiply the negative ones) of the tokens in ``seq`` (B, T) by ``penalty``."""
+    if penalty == 1.0:
+        return logits
+    seen = torch.gather(logits, 1, seq)  # (B, T)
+    return logits.scatter(1, seq, torch.where(seen < 0, seen * penalty, seen / penalty))
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None,
+                  min_p: float | None = None) -> Tensor:
+    """Set to -inf every logit outside the top-k, outside the top-p nucleus, and below min-p. logits (B, V)."""
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
+        # drop a token if the tokens before it already reach top_p (the first is always kept)
+        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    if min_p is not None and min_p > 0:
+        probs = logits.softmax(dim=-1)
+        logits = logits.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+    return logits
+
+
+def next_token(
+    logits: Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None, seq: Tensor | None = None
+) -> Tensor:
+    """Pick the next token (B, 1) from the final-position logits (B, V); ``seq`` (B, T): the sequence so far."""
+    if seq is not None:
+        logits = repetition_penalty(logits.float(), seq, cfg.repetition_penalty)
+    if cfg.temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = filter_logits(logits.float() / cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+def _decode_step(model, token: Tensor, cache: list) -> Tensor:
+    """One cached step: token (B, 1) -> final-position logits (B, V)."""
+    return model(token, cache=cache, last_only=True).logits[:, -1]
+
+
+_compiled_decode_step: Callable | None = None
+
+
+def compiled_decode_step() -> Callable:
+    """``_decode_step`` through torch.compile, built once per process (graphs are cached per model)."""
+    global _compiled_decode_step
+    if _compiled_decode_step is None:
+        # cpp_wrapper: the compiled graph is called from generated C++ rather than Python, which
+        # takes ~8% off a batch-1 step of a 6-layer model (1.81 vs 1.97 ms, 2 threads, measured)
+        _compiled_decode_step = torch.compile(_decode_step, dynamic=True, options={"cpp_wrapper": True})
+    return _compiled_decode_step
+
+
+@torch.no_grad()
+def stream(model, idx: Tensor, cfg: SamplingConfig) -> Iterator[Tensor]:
+    """Yield each new token (B, 1) as it is produced. idx (B, T) is the prompt.
+
+    Within the context (block_size) every step after the prefill feeds one token through the
+    cache. Once the sequence outgrows the context, each step re-runs the last block_size tokens
+    (a sliding window), exactly as the uncached path does.
+    """
+    model.eval()
+    block = model.config.block_size
+    if idx.size(1) > block:
+        raise ValueError(f"prompt has {idx.size(1)} tokens; the model's context is {block}")
+    if idx.size(1) == 0:
+        raise ValueError("prompt is empty: give at least one token")
+    generator = None
+    if cfg.seed is not None:
+        generator = torch.Generator(device=idx.device).manual_seed(cfg.seed)
+    cache = model.new_cache(idx.size(0)) if cfg.use_cache else None
+    decode = compiled_decode_step() if cfg.compile and cache is not None else _decode_step
+    seq = idx
+    step_input = idx
+    for _ in range(cfg.max_new_tokens):
+        if cache is not None and seq.size(1) <= block:
+            logits = decode(model, step_input, cache)  # (B, V); the prefill too (a second graph)
+        else:
+            logits = model(seq[:, -block:], last_only=True).logits[:, -1]
+        token = next_token(logits, cfg, generator, seq)  # (B, 1)
+        seq = torch.cat([seq, token], dim=1)
+        step_input = token
+        yield token
+
+
+def generate(model, idx: Tensor, cfg: SamplingConfig, on_token: Callable[[Tensor], None] | None = None) -> Tensor:
+    """Return the prompt followed by ``cfg.max_new_tokens`` generated tokens, (B, T + N)."""
+    if cfg.num_beams > 1:
+        from attnlab.generation.beam import beam_generate
+
+        return beam_generate(model, idx, cfg.num_beams, cfg.max_new_tokens, cfg.repetition_penalty)
+    tokens = [idx]
+    for token in stream(model, idx, cfg):
+        tokens.append(token)
+        if on_token is not None:
+            on_token(token)
+    return torch.cat(tokens, dim=1)
