@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.generation.sampling import repetition_penalty
+from attnlab.generation.processors import repetition_penalty
 
 
 @torch.no_grad()

@@ -81,7 +81,7 @@ def render(image: Tensor, maps: SaliencyMaps, out_path: str | Path, title: str =
             ax = axes[layer + 1, head]
             ax.imshow(shown, cmap=cmap_img)
             ax.imshow(up(maps.per_head[layer, head]), cmap="jet", alpha=0.5)
-            ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=7)
+            ax.set_title(f"layer {layer} head {head}", fontsize=7)  # from 0, as everywhere in attnlab
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
