@@ -18,6 +18,7 @@ GROUPS = (train, generate, evaluate, inspect, lens, interop, encoders, explore, 
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``attnlab`` parser: one sub-command per command, each registered by its group's module."""
     parser = OneLineParser(prog="attnlab", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -32,6 +32,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically: a temporary file beside it, then a rename."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
 

@@ -25,6 +25,7 @@ REQUIRED = ("config.json", "attnlab_model.safetensors", "model.safetensors")  # 
 
 
 def sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB chunks (hex digest)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -97,6 +97,7 @@ class RuntimeState:
 
 
 def current() -> RuntimeState:
+    """The process's settings now: torch threads, deterministic algorithms, denormal flushing."""
     return RuntimeState(torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(), flushed_here())
 
 

@@ -123,6 +123,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def field_types(cls: type) -> dict[str, Any]:
+    """{field name: its resolved type} of a dataclass (string annotations evaluated)."""
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
@@ -160,6 +161,7 @@ def from_dict(cls: type[C], data: Mapping[str, Any], prefix: str = "", check: bo
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
+    """A dataclass (nested ones included) as plain dicts and lists."""
     return dataclasses.asdict(obj)
 
 

@@ -41,6 +41,8 @@ GENERATED = ("generated:set-interaction", "generated:peaks")
 
 @dataclass
 class ContinuousData:
+    """Numeric inputs and their targets: feature sequences (N, T, F), or sets of (element id, value) pairs with a
+    mask."""
     targets: list  # (N,) class names (str) or floats, or (N, k) lists of floats
     features: np.ndarray | None = None  # (N, T, F) float32
     elements: np.ndarray | None = None  # (N, S) int64, padding slots 0
@@ -53,6 +55,7 @@ class ContinuousData:
 
     @property
     def kind(self) -> str:
+        """"features" (sequences of feature vectors) or "set" (element-value pairs)."""
         return "features" if self.features is not None else "set"
 
 
@@ -107,6 +110,7 @@ def peaks(n: int, length: int = 64, seed: int = 0) -> ContinuousData:
 
 
 def generated(name: str, n: int, seed: int) -> ContinuousData:
+    """A built-in generated data set by name (``generated:set-interaction``, ``generated:peaks``), ``n`` rows."""
     if name == "generated:set-interaction":
         return set_interaction(n, seed=seed)
     if name == "generated:peaks":

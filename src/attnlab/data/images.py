@@ -53,6 +53,7 @@ class ImageSet:
         return len(self.labels)
 
     def subset(self, index: Tensor) -> ImageSet:
+        """The images and labels at ``index`` (the class names unchanged)."""
         return ImageSet(self.images[index], self.labels[index], self.classes)
 
 

@@ -19,6 +19,7 @@ from attnlab.core.fileio import check_regular_file
 
 @dataclass
 class LabelledText:
+    """Texts and their labels, one label (a string) per text."""
     texts: list[str]
     labels: list[str]
 
@@ -111,6 +112,7 @@ def shakespeare_speakers(text: str, speakers: tuple[str, ...], min_words: int = 
 
 
 def write_labelled_csv(data: LabelledText, path: str | Path) -> Path:
+    """Write ``data`` as a two-column CSV (text, label) with a header; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="") as f:

@@ -45,6 +45,7 @@ def mask_tokens(
 
 @dataclass
 class Specials:
+    """The ids of BERT's special tokens ([PAD], [CLS], [SEP], [MASK]) and the set of all special ids."""
     pad: int
     cls: int
     sep: int

@@ -53,6 +53,7 @@ class Seq2SeqOptions:
     n_decode: int = 1000  # eval report: at most this many pairs per split are decoded
 
     def validate(self) -> None:
+        """Range checks of the seq2seq options; ConfigError (one line) naming the option."""
         for key in ("n_train", "n_eval", "min_len", "max_len", "test_book", "beam_size", "n_decode"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"'seq2seq.{key}' must be >= 1, got {getattr(self, key)}")
@@ -76,11 +77,13 @@ SPECIALS = (PAD, BOS, EOS)
 
 @dataclass
 class PairSplits:
+    """Source/target pairs split into train, val and test."""
     train: list[Pair]
     val: list[Pair]
     test: list[Pair]
 
     def split(self, name: str) -> list[Pair]:
+        """The pairs of the split called ``name``."""
         return getattr(self, name)
 
 
@@ -307,6 +310,7 @@ class PairEncoder:
         self.pad_id, self.bos_id, self.eos_id = (i[0] for i in ids)
 
     def ids(self, text: str) -> list[int]:
+        """The token ids of ``text`` (no BOS/EOS)."""
         return self.tokenizer.encode(text)
 
     def fits(self, pair: Pair) -> bool:

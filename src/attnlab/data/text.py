@@ -31,11 +31,14 @@ class TextTokenizer(Protocol):
     """What ``TextDataset`` needs from a tokenizer (``attnlab.tokenizers.Tokenizer`` has it)."""
 
     @property
-    def vocab_size(self) -> int: ...
+    def vocab_size(self) -> int:
+        """Number of distinct ids."""
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """The token ids of ``text``."""
 
-    def to_json(self) -> str: ...
+    def to_json(self) -> str:
+        """The tokenizer's file content."""
 
 
 # --------------------------------------------------------------------------- cache and sources

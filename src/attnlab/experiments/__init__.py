@@ -28,4 +28,5 @@ EXPERIMENTS: dict[str, str] = {
 
 
 def load(name: str) -> ModuleType:
+    """The module of the experiment called ``name`` (imported on first use)."""
     return importlib.import_module(EXPERIMENTS[name])

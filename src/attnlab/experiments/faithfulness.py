@@ -75,6 +75,8 @@ def quadrant_patches(q: int) -> set[int]:
 
 
 def train_vit(seed: int, steps: int, log) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """Train a ViT on digits placed in one quadrant of a 16x16 canvas; (model, test images, labels, quadrants,
+    accuracy)."""
     from attnlab.models import ViTConfig, build_model
 
     perm = torch.randperm(1797, generator=torch.Generator().manual_seed(1234))  # one split for every seed
@@ -100,6 +102,7 @@ def train_vit(seed: int, steps: int, log) -> tuple[torch.nn.Module, torch.Tensor
 
 
 def vit_seed(seed: int, s: dict[str, Any], log) -> dict[str, Any]:
+    """Deletion, insertion and in-region scores of every method on the ViT of one seed."""
     model, x_test, _, q_test, acc = train_vit(seed, s["vit_steps"], log)
     per: dict[str, dict[str, list[float]]] = {m: {"deletion": [], "insertion": [], "in_region": []} for m in METHODS}
     for i in range(s["vit_test"]):
@@ -128,6 +131,7 @@ def minilm():
 
 
 def text_seed(seed: int, s: dict[str, Any], encoder, log) -> dict[str, Any]:
+    """The same scores on MiniLM features with a subject-number classifier, one seed."""
     import random
 
     import numpy as np
@@ -178,6 +182,7 @@ def text_seed(seed: int, s: dict[str, Any], encoder, log) -> dict[str, Any]:
 
 
 def summarise(seeds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and sd over seeds of the accuracy and of every method's scores."""
     def ms(xs: list[float]) -> dict[str, float]:
         return {"mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0}
 
@@ -206,6 +211,8 @@ def decide(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(out: Path, quick: bool = False, settings: dict[str, Any] | None = None, log=print) -> dict[str, Any]:
+    """Run the experiment (quick: fewer seeds and examples); writes results.json, report.md and the figures to
+    ``out``."""
     started = time.perf_counter()
     s = {**SETTINGS["quick" if quick else "full"], **(settings or {})}
     log(f"{NAME}: ViT on placed digits, {s['seeds']} seed(s)")

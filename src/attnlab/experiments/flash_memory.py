@@ -24,6 +24,7 @@ CLAIM = ("Peak memory of attention (forward + backward) grows as T^2 for eager a
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
+    """Run the experiment (quick: shorter contexts); writes results.json, report.md and the figures to ``out``."""
     started = time.perf_counter()
     B, H, D, block = 1, 4, 64, 128
     lengths = [256, 512, 1024, 2048] if quick else [256, 512, 1024, 2048, 4096]

@@ -40,6 +40,7 @@ def by_hand(scale: float) -> dict[str, list[list[float]]]:
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
+    """Run the experiment; writes results.json, report.md and the figures to ``out``."""
     started = time.perf_counter()
     q = torch.tensor(Q, dtype=torch.float64)
     v = torch.tensor(V, dtype=torch.float64)

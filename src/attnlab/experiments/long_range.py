@@ -48,6 +48,7 @@ def recall_batch(batch: int, k: int, generator: torch.Generator) -> tuple[Tensor
 
 
 def build(model: str, k: int) -> nn.Module:
+    """The model of one arm: a causal transformer without positions, or an RNN/LSTM, for distance ``k``."""
     if model == "transformer":
         return TinyEncoder(VOCAB, N_SIGNAL, d_model=64, n_layer=2, n_head=4, positions="none", max_len=k + 1,
                            pooling="none", causal=True, backend="sdpa")
@@ -75,6 +76,7 @@ def gradient_to_first_input(model: str, k: int, seed: int = 0, batch: int = 16) 
 
 
 def train(model: str, k: int, steps: int, seed: int = 0, batch: int = 32) -> dict[str, Any]:
+    """Train one arm at distance ``k`` for ``steps``; its accuracy, loss curve and time per step."""
     torch.manual_seed(seed)
     net = build(model, k)
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
@@ -95,6 +97,8 @@ def train(model: str, k: int, steps: int, seed: int = 0, batch: int = 32) -> dic
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
+    """Run the experiment (quick: fewer distances and steps); writes results.json, report.md and the figures to
+    ``out``."""
     started = time.perf_counter()
     ks = (8, 32) if quick else (8, 32, 128, 512)
     steps = 150 if quick else 300

@@ -110,6 +110,7 @@ def compare(variants: list[str], train_lengths: list[int], probe_lengths: list[i
 
 
 def tables(r: dict[str, Any]) -> str:
+    """The Markdown tables of a comparison: val loss and training time per length, then time and memory per step."""
     variants = list(r["trained"])
     head = "| T | " + " | ".join(f"{v} val loss | {v} train s" for v in variants) + " |"
     sep = "|---" * (1 + 2 * len(variants)) + "|"
@@ -129,6 +130,7 @@ def tables(r: dict[str, Any]) -> str:
 
 
 def plot(r: dict[str, Any], out: Path, title: str) -> None:
+    """comparison.png: val loss, ms per step and peak memory against the context length, one line per variant."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for v in r["trained"]:

@@ -24,6 +24,8 @@ VARIANTS = ["dense", "moe-4x-top1"]
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
+    """Run the experiment (quick: one length, fewer steps); writes results.json, report.md and the figures to
+    ``out``."""
     started = time.perf_counter()
     r = mixers.compare(VARIANTS, [64] if quick else [32, 64], [64, 256] if quick else [64, 128, 256, 512],
                        steps=40 if quick else 300, reps=2 if quick else 3)

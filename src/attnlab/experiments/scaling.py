@@ -89,6 +89,7 @@ def train_size(data: dict[str, torch.Tensor], vocab: int, n_layer: int, d_model:
 
 @torch.no_grad()
 def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, T: int, batch: int) -> float:
+    """Mean cross-entropy (nats/token) of ``model`` on the windows of ``val`` starting at ``starts``."""
     model.eval()
     total = 0.0
     for i in range(0, len(starts), batch):
@@ -115,6 +116,7 @@ def fit_kaplan(n: list[float], loss: list[float]) -> dict[str, Any]:
 
 
 def chinchilla(nd: np.ndarray, e: float, a: float, alpha: float, b: float, beta: float) -> np.ndarray:
+    """Hoffmann et al.'s L(N, D) = E + A / N^alpha + B / D^beta, for ``nd`` = (N, D) arrays."""
     n, d = nd
     return e + a / n ** alpha + b / d ** beta
 

@@ -104,6 +104,7 @@ def retrieval_batch(batch: int, n_pairs: int, n_keys: int, n_values: int, genera
 
 
 def train_retrieval(scale_on: bool, d_k: int, steps: int, seed: int = 0) -> dict[str, Any]:
+    """Train the key-value retrieval attention with or without the 1/sqrt(d_k) scale; losses, val loss and accuracy."""
     n_keys, n_values, n_pairs, batch = 64, 16, 16, 64
     torch.manual_seed(seed)
     model = RetrievalAttention(n_keys, n_values, d_k, 1 / math.sqrt(d_k) if scale_on else 1.0)
@@ -121,6 +122,7 @@ def train_retrieval(scale_on: bool, d_k: int, steps: int, seed: int = 0) -> dict
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
+    """Run the experiment (quick: fewer trials and steps); writes results.json, report.md and the figures to ``out``."""
     started = time.perf_counter()
     g = torch.Generator().manual_seed(0)
     n_trials, n_keys = (500, 64) if quick else (1000, 64)

@@ -24,6 +24,8 @@ VARIANTS = ["dense", "ssm", "hybrid"]
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
+    """Run the experiment (quick: short lengths, few steps); writes results.json, report.md and the figures to
+    ``out``."""
     started = time.perf_counter()
     r = mixers.compare(VARIANTS, [32] if quick else [32, 64], [32, 128] if quick else [64, 128, 256, 512],
                        steps=15 if quick else 300, reps=2 if quick else 3)

@@ -61,6 +61,7 @@ GRAMMARS = ("regular", "nested", "cross-serial")
 
 
 def vocabulary(grammar: str) -> list[str]:
+    """The words of ``grammar`` (regular or agreement), sorted: token id = position."""
     if grammar == "regular":
         return sorted({w for arcs in AUTOMATON.values() for w, _, _ in arcs})
     return sorted([*NOUNS["sg"], *NOUNS["pl"], *VERBS["sg"], *VERBS["pl"], "."])
@@ -143,6 +144,7 @@ def windows(data: dict[str, Tensor], batch: int, T: int, generator: torch.Genera
 
 
 def train_gpt(grammar: str, steps: int, T: int, n_tokens: int, seed: int = 0) -> tuple[GPT, dict[str, Any]]:
+    """Train a 2-layer GPT on a stream of ``n_tokens`` from ``grammar``; (model, training record)."""
     train = stream(grammar, n_tokens, seed=seed + 1)
     cfg = GPTConfig(vocab_size=len(vocabulary(grammar)), block_size=T, n_layer=2, n_head=4, d_model=64,
                       positions="learned", attn_backend="sdpa", dropout=0.0)
@@ -159,6 +161,7 @@ def train_gpt(grammar: str, steps: int, T: int, n_tokens: int, seed: int = 0) ->
 
 @torch.no_grad()
 def evaluate(model: GPT, grammar: str, T: int, n_windows: int) -> dict[str, Any]:
+    """Loss against the entropy floor, the excess on agreeing verbs, and the attention from verbs to their subjects."""
     val = stream(grammar, 60_000, seed=1000)
     x, y, floor_nll, begin = windows(val, n_windows, T, torch.Generator().manual_seed(5))
     model.eval()
@@ -189,6 +192,7 @@ def evaluate(model: GPT, grammar: str, T: int, n_windows: int) -> dict[str, Any]
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
+    """Run the experiment (quick: fewer steps and tokens); writes results.json, report.md and the figures to ``out``."""
     started = time.perf_counter()
     steps, T, n_tokens = (100, 64, 100_000) if quick else (800, 64, 300_000)
     results: dict[str, Any] = {"steps": steps, "context": T, "batch": 32, "train_tokens": n_tokens,

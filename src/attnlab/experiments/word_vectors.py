@@ -108,6 +108,7 @@ def solve(vectors: Tensor, words: list[str], quads: list[tuple[str, str, str, st
 
 
 def by_category(answers: list[dict[str, Any]]) -> dict[str, float]:
+    """The fraction of correct answers in each analogy category."""
     cats: dict[str, list[bool]] = {}
     for x in answers:
         cats.setdefault(x["category"], []).append(x["correct"])

@@ -31,6 +31,8 @@ from attnlab.generation.processors import filter_logits, repetition_penalty
 
 @dataclass
 class SamplingConfig:
+    """How to generate: length, temperature (0 = greedy), top-k, top-p, min-p, repetition penalty, beams, cache,
+    seed, compile."""
     max_new_tokens: int = 200
     temperature: float = 1.0  # 0 = greedy (argmax)
     top_k: int | None = None
@@ -43,6 +45,7 @@ class SamplingConfig:
     compile: bool = False  # torch.compile the cached one-token decode step (first call compiles)
 
     def validate(self) -> None:
+        """Range checks; ConfigError (one line) naming the option."""
         from attnlab.core.errors import ConfigError
 
         if self.max_new_tokens < 0:

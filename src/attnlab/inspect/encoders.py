@@ -57,6 +57,7 @@ class SentenceSettings:
         return settings
 
     def save(self, folder: str | Path) -> Path:
+        """Write ``sentence.json`` into ``folder`` atomically; returns its path."""
         path = Path(folder) / SENTENCE_FILE
         atomic_write_text(path, json.dumps(asdict(self), indent=1) + "\n")
         return path
@@ -117,6 +118,7 @@ def nearest_neighbours(embeddings: Tensor) -> list[tuple[int, float]]:
 
 @dataclass
 class ProbeResult:
+    """A linear probe's held-out score (accuracy and macro-F1, or R^2), its train score and the majority baseline."""
     kind: str  # "logistic" (classes) or "ridge" (numbers)
     metric: str  # "accuracy" or "r2"
     score: float  # held-out accuracy or R^2

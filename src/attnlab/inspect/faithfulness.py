@@ -67,6 +67,7 @@ class Explained:
 
     @property
     def n_features(self) -> int:
+        """The number of features (tokens or patches) the attributions score."""
         return len(self.positions)
 
     def logits(self, z: Tensor) -> Tensor:
@@ -164,10 +165,12 @@ class Curves:
 
     @property
     def deletion_auc(self) -> float:
+        """Area under the deletion curve (lower: the top-ranked features mattered more)."""
         return float(torch.trapezoid(self.deletion, dx=1.0 / (len(self.deletion) - 1)))
 
     @property
     def insertion_auc(self) -> float:
+        """Area under the insertion curve (higher: the top-ranked features mattered more)."""
         return float(torch.trapezoid(self.insertion, dx=1.0 / (len(self.insertion) - 1)))
 
 

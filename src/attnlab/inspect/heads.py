@@ -121,6 +121,7 @@ class HeadStats:
         self.layer: dict[str, int] = {}
 
     def add(self, name: str, layer: int, stats: dict[str, tuple[Tensor, Tensor]]) -> None:
+        """Accumulate one batch's (sum, count) per metric for the hook point ``name`` of ``layer``."""
         self.layer[name] = layer
         entry = self.sums.setdefault(name, {})
         for metric, (s, n) in stats.items():
@@ -138,6 +139,7 @@ class HeadStats:
         return torch.where(n > 0, s / n.clamp_min(1), torch.full_like(s, float("nan")))
 
     def rows(self, thresholds: dict[str, float] | None = None) -> list[HeadRow]:
+        """One HeadRow per head: its mean metrics and the roles whose thresholds it passes."""
         thresholds = THRESHOLDS if thresholds is None else thresholds
         table = []
         for name in self.sums:

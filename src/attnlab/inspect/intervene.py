@@ -50,6 +50,7 @@ class Site:
 
     @property
     def headed(self) -> bool:
+        """Whether the site's hook point has a head dimension (patterns, head outputs)."""
         return self.point.rsplit(".", 1)[-1] in HEADED
 
     def index(self) -> tuple:
@@ -184,6 +185,7 @@ def logit_difference(correct: int | Tensor, wrong: int | Tensor, position: int =
 
 @dataclass
 class PatchResult:
+    """A metric on the clean run, the corrupted run, and the corrupted run with the sites patched from the clean one."""
     clean: float  # m(clean run)
     corrupted: float  # m(corrupted run)
     patched: float  # m(corrupted run with the sites from the clean run)

@@ -160,6 +160,7 @@ def _fit(X, y, train, test) -> float:
 
 @dataclass
 class LayerProbe:
+    """A probe's held-out accuracy at one layer (mean and sd over seeds) beside its control task's."""
     layer: str
     accuracy: float  # mean over seeds, held-out
     accuracy_sd: float

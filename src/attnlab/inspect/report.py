@@ -148,6 +148,7 @@ def inspect_text(
 
 @dataclass
 class HeadReport:
+    """The head table of ``attnlab heads``, the figures it wrote and the number of windows it averaged."""
     rows: list[HeadRow]
     paths: list[Path]
     n_windows: int

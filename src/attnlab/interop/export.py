@@ -42,6 +42,7 @@ FORMATS = ("hf", "sentence-transformers")
 
 @dataclass
 class Exported:
+    """What ``export_run`` wrote: the folder, the transformers architecture and the file names."""
     out: Path
     architecture: str
     files: list[str]

@@ -28,6 +28,7 @@ ALL_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode
 
 
 def is_sentence_transformers(directory: Path) -> bool:
+    """Whether ``directory`` is a sentence-transformers folder (it has a modules.json)."""
     return (directory / "modules.json").is_file()
 
 

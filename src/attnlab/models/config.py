@@ -132,6 +132,7 @@ class ModelConfig:
 
 
 def at_least(config: Any, minimum: int, *keys: str) -> None:
+    """Raise ConfigError unless each of ``keys`` of ``config`` is None or >= ``minimum``."""
     for key in keys:
         value = getattr(config, key)
         if value is not None and value < minimum:
@@ -143,6 +144,7 @@ def at_least(config: Any, minimum: int, *keys: str) -> None:
 
 @dataclass
 class AttentionOptions:
+    """Heads: n_head, n_kv_head (grouped-query attention when fewer) and the attention backend."""
     n_head: int = 4
     n_kv_head: int | None = None  # None = n_head (MHA); 1 = MQA; in between = GQA
     attn_backend: Literal["eager", "sdpa", "tiled"] = "sdpa"
@@ -150,6 +152,7 @@ class AttentionOptions:
 
 @dataclass
 class NormOptions:
+    """The normalisation: LayerNorm or RMSNorm, before (pre) or after (post) each sub-layer, and its epsilon."""
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_position: Literal["pre", "post"] = "pre"
     norm_eps: float = 1e-5
@@ -157,6 +160,7 @@ class NormOptions:
 
 @dataclass
 class FFNOptions:
+    """The feed-forward width (d_ff) and its activation."""
     d_ff: int | None = None  # None = 4 d_model (gelu/relu) or 8/3 d_model (swiglu)
     activation: Literal["gelu", "gelu_tanh", "relu", "swiglu"] = "gelu"  # gelu_tanh: GPT-2's
 
@@ -173,9 +177,11 @@ class TransformerOptions(AttentionOptions, NormOptions, FFNOptions):
 
     @property
     def head_dim(self) -> int:
+        """d_model / n_head."""
         return self.d_model // self.n_head
 
     def check_transformer(self) -> None:
+        """Range checks of the transformer options; ConfigError naming the option."""
         at_least(self, 1, "n_layer", "n_head", "d_model", "d_ff")
         if self.d_model % self.n_head != 0:
             raise ConfigError(f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}")
@@ -190,15 +196,18 @@ class TransformerOptions(AttentionOptions, NormOptions, FFNOptions):
 
 @dataclass
 class SequenceOptions:
+    """The context length: the most positions the model sees at once."""
     block_size: int = 256  # context length: the most positions the model sees at once
 
 
 @dataclass
 class PositionOptions:
+    """How positions enter: learned, sinusoidal, RoPE (with its base), ALiBi, relative, or none."""
     positions: Literal["learned", "sinusoidal", "rope", "alibi", "relative", "none"] = "learned"
     rope_theta: float = 10000.0
 
     def check_positions(self) -> None:
+        """Range checks of the position options (RoPE needs an even head dimension)."""
         if self.rope_theta <= 0:
             raise ConfigError(f"model.rope_theta must be > 0, got {self.rope_theta}")
         head_dim = getattr(self, "head_dim", 0)
@@ -208,22 +217,26 @@ class PositionOptions:
 
 @dataclass
 class VocabularyOptions:
+    """Vocabulary size (filled from the tokenizer) and whether the output head is tied to the embedding."""
     vocab_size: int | None = None  # filled from the tokenizer when a run builds the model
     tie_embeddings: bool = True
 
 
 @dataclass
 class ClassifierOptions:
+    """Number of classes (filled from the data) and how a sequence is pooled for them."""
     n_classes: int | None = None  # filled from the data's labels when a run builds the model
     pooling: Literal["cls", "mean"] = "cls"  # sequence summary: the [CLS] token or the mean of tokens
 
 
 @dataclass
 class ImageOptions:
+    """Image size and number of channels."""
     image_size: int = 28  # side of the square input image, in pixels
     in_channels: int = 1  # 1 grey-scale, 3 RGB
 
     def check_image(self) -> None:
+        """Range checks of the image options."""
         at_least(self, 1, "image_size", "in_channels")
         n_classes = getattr(self, "n_classes", None)
         if n_classes is not None and n_classes < 2:
@@ -251,6 +264,7 @@ class MixerOptions:
         return self.mixer
 
     def check_mixer(self) -> None:
+        """Range checks of the mixer options (latent and SSM sizes, the hybrid's period)."""
         at_least(self, 1, "hybrid_attention_every", "ssm_d_state", "ssm_d_conv", "ssm_expand",
                   "d_latent", "d_rope", "q_latent")
         positions, backend = getattr(self, "positions", "none"), getattr(self, "attn_backend", "sdpa")
@@ -268,6 +282,7 @@ class MixerOptions:
                               "use positions=none (the SSM is causal and order-aware by itself)")
 
     def unused_mixer_options(self) -> list[tuple[str, str]]:
+        """(option, why) for mixer options set away from their default that the chosen mixer never reads."""
         has_ssm = self.mixer in ("ssm", "hybrid")
         return [
             *self._unless(self.mixer == "latent", f"latent-attention sizes, and mixer={self.mixer}",
@@ -295,6 +310,7 @@ class MoEOptions:
         return self.moe_experts > 0 and (index + 1) % self.moe_every == 0
 
     def check_moe(self) -> None:
+        """Range checks of the mixture-of-experts options."""
         if self.moe_experts < 0 or self.moe_every < 1:
             raise ConfigError("model.moe_experts must be >= 0 and model.moe_every >= 1")
         if self.moe_experts > 0 and not 1 <= self.moe_top_k <= self.moe_experts:
@@ -305,6 +321,7 @@ class MoEOptions:
             raise ConfigError("model.moe_aux_weight and model.moe_z_weight must be >= 0")
 
     def unused_moe_options(self) -> list[tuple[str, str]]:
+        """(option, why) for expert options set while the model has no experts."""
         return self._unless(self.moe_experts > 0, "no experts (moe_experts=0)", "moe_top_k", "moe_capacity_factor",
                             "moe_every", "moe_aux_weight", "moe_z_weight")
 
@@ -318,12 +335,14 @@ class ResidualOptions:
     residual_streams: int = 4  # parallel streams for hyper / mhc
 
     def check_residual(self) -> None:
+        """Range checks of the residual-scheme options."""
         if self.residual != "standard" and getattr(self, "norm_position", "pre") != "pre":
             raise ConfigError(f"residual={self.residual} needs norm_position=pre (it mixes pre-norm sub-layers)")
         if self.residual_streams < 1 or (self.residual == "mhc" and self.residual_streams < 2):
             raise ConfigError(f"model.residual_streams must be >= 1 (>= 2 for mhc), got {self.residual_streams}")
 
     def unused_residual_options(self) -> list[tuple[str, str]]:
+        """(option, why) for stream options set with the standard residual."""
         return self._unless(self.residual in ("hyper", "mhc"), f"streams of hyper/mhc, and residual={self.residual}",
                             "residual_streams")
 

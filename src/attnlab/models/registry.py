@@ -22,6 +22,7 @@ MODEL_FAMILIES: dict[str, str] = {
 
 
 def model_class(family: str) -> type[PretrainedModel]:
+    """The model class of ``family`` (imported on first use)."""
     module, name = MODEL_FAMILIES[family].split(":")
     return getattr(importlib.import_module(module), name)
 

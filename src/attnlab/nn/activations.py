@@ -15,6 +15,7 @@ ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "swiglu")
 
 
 def check_activation(activation: str) -> None:
+    """Raise ValueError unless ``activation`` is one of ACTIVATIONS."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; choose one of {ACTIVATIONS}")
 

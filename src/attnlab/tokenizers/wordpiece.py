@@ -137,6 +137,7 @@ class WordPieceTokenizer(Tokenizer):
         return out
 
     def token_to_id(self, token: str) -> int | None:
+        """The id of ``token`` (a word piece or a special token), None if it is not in the vocabulary."""
         return self.tokenizer.token_to_id(token)
 
     def to_json(self) -> str:

@@ -25,6 +25,7 @@ class ImageOptions:
     resize: bool = False  # folder data: resize images of another size (else they are refused)
 
     def validate(self) -> None:
+        """Range checks of the image options; ConfigError naming the option."""
         if self.shift < 0:
             raise ConfigError(f"'images.shift' must be >= 0, got {self.shift}")
         for key in ("test_fraction", "train_fraction"):
@@ -46,6 +47,7 @@ class ProbeOptions:
     kind: Literal["auto", "logistic", "ridge"] = "auto"  # auto: ridge when every label is a number
 
     def validate(self) -> None:
+        """Range checks of the probe options; ConfigError naming the option."""
         if not self.data:
             raise ConfigError("probe needs data=FILE (.csv with text,label columns, or .jsonl)")
         if not 0.0 < self.test_fraction < 1.0:
@@ -65,6 +67,7 @@ class MLMOptions:
     max_len: int | None = None  # tokens per example, [CLS]/[SEP] included; None = model.block_size
 
     def validate(self) -> None:
+        """Range checks of the masking options; ConfigError naming the option."""
         if not 0.0 < self.mask_prob < 1.0:
             raise ConfigError(f"mlm.mask_prob must be in (0, 1), got {self.mask_prob}")
         if min(self.mask_token_prob, self.random_token_prob) < 0 or self.mask_token_prob + self.random_token_prob > 1:
@@ -83,6 +86,7 @@ class ClassifyOptions:
     init_from: str | None = None  # a model folder whose tokenizer (and, via attnlab finetune, encoder) start the run
 
     def validate(self) -> None:
+        """Range checks of the classification options; ConfigError naming the option."""
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError(f"classify.test_fraction must be in (0, 1), got {self.test_fraction}")
         if self.max_len is not None and self.max_len < 3:
@@ -100,6 +104,7 @@ class ContinuousOptions:
     data_seed: int = 0  # data=generated:...: the generator's seed (fixes the interaction matrix too)
 
     def validate(self) -> None:
+        """Range checks of the feature/set options; ConfigError naming the option."""
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError(f"continuous.test_fraction must be in (0, 1), got {self.test_fraction}")
         if self.n_generated < 10:
@@ -180,6 +185,8 @@ class TrainConfig:
     continuous: ContinuousOptions = field(default_factory=ContinuousOptions)
 
     def validate(self) -> None:
+        """Range checks of every training option (the model's config validates itself); ConfigError naming the
+        option."""
         positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval",
                     "keep_checkpoints", "bpe_vocab_size", "max_nonfinite_steps")
         for key in positive:

@@ -8,6 +8,7 @@ from typing import Any
 
 
 def plot_loss_curve(records: list[dict[str, Any]], out: Path, title: str = "") -> Path:
+    """loss.png: train and val loss against the step (top) and the learning rate (bottom); returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -35,10 +35,12 @@ class DistInfo:
 
     @property
     def enabled(self) -> bool:
+        """Whether this process is one of several (torchrun)."""
         return self.world_size > 1
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0, the process that writes files and logs."""
         return self.rank == 0
 
 
@@ -94,11 +96,13 @@ def setup(device: torch.device | None = None) -> DistInfo:
 
 
 def cleanup(info: DistInfo) -> None:
+    """Leave the process group, if this process joined one."""
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()
 
 
 def barrier(info: DistInfo) -> None:
+    """Wait for every process (no-op in a single process)."""
     if info.enabled:
         dist.barrier()
 
@@ -153,6 +157,7 @@ def shard_model(model: torch.nn.Module, block_types: tuple[type, ...], device: t
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether the model's parameters are FSDP shards."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)

@@ -56,6 +56,7 @@ class RunLog:
             self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step or None)
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` to metrics.jsonl and, with TensorBoard, its numbers as scalars at its step."""
         append_metrics(self.run_dir, record)
         if self.writer is not None and "step" in record:
             for key, value in record.items():
@@ -69,5 +70,6 @@ class RunLog:
         return plot_loss_curve(read_metrics(self.run_dir), self.run_dir / "loss.png", title=self.run_dir.name)
 
     def close(self) -> None:
+        """Flush and close the TensorBoard writer, if any."""
         if self.writer is not None:
             self.writer.close()

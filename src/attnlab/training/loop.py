@@ -108,6 +108,7 @@ class FitResult:
 
     @property
     def final_loss(self) -> float:
+        """The mean loss of the last (up to) 10 steps."""
         return self.losses[-1] if self.losses else math.nan
 
 

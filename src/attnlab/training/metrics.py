@@ -20,10 +20,12 @@ def confusion_matrix(true: Tensor, pred: Tensor, n_classes: int) -> Tensor:
 
 
 def accuracy(true: Tensor, pred: Tensor) -> float:
+    """The fraction of predictions equal to the truth (0 for no rows)."""
     return float((true == pred).float().mean()) if len(true) else 0.0
 
 
 def macro_f1(true: Tensor, pred: Tensor, n_classes: int) -> float:
+    """The mean over all ``n_classes`` of each class's F1 (0 for a class never true nor predicted)."""
     cm = confusion_matrix(true, pred, n_classes).double()
     tp = cm.diagonal()
     denominator = 2 * tp + (cm.sum(0) - tp) + (cm.sum(1) - tp)  # 2 TP + FP + FN

@@ -15,6 +15,7 @@ class MoELog:
         self.n, self.aux, self.load, self.dropped = 0, 0.0, 0.0, 0.0
 
     def add(self, stats: list) -> None:
+        """Accumulate one step's expert statistics."""
         self.n += 1
         self.aux = self.aux + sum(s.aux_loss.detach() for s in stats) / len(stats)
         self.load = self.load + torch.stack([s.expert_load.detach() for s in stats])  # (expert layers, E)

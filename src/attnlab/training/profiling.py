@@ -26,6 +26,7 @@ class StepProfiler:
         self.enabled = steps > 0
 
     def step(self) -> None:
+        """Mark the end of a training step (the profiler's schedule advances)."""
         if not self.enabled:
             return
         self.step_count += 1
@@ -37,6 +38,7 @@ class StepProfiler:
             self.close()
 
     def close(self) -> None:
+        """Stop profiling and write the trace."""
         if self._prof is None:
             return
         prof, self._prof = self._prof, None

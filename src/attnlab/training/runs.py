@@ -32,10 +32,12 @@ def load_train_config(path: str | Path | None, overrides: list[str] = ()):
 
 
 def save_train_config(run_dir: Path, cfg: Any) -> None:
+    """Write the resolved config as ``config.yaml`` in the run folder (atomically)."""
     atomic_write_text(run_dir / RUN_CONFIG, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 
 
 def load_run_config(run_dir: str | Path):
+    """The TrainConfig a run folder was trained with (its config.yaml)."""
     run_dir = Path(run_dir)
     if not (run_dir / RUN_CONFIG).is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no {RUN_CONFIG})")
@@ -76,6 +78,7 @@ def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of a run's metrics.jsonl (a line cut short by a crash is skipped)."""
     file = Path(run_dir) / METRICS
     if not file.is_file():
         return []

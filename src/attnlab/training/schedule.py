@@ -13,6 +13,7 @@ import math
 
 
 def lr_at(step: int, lr: float, min_lr: float, warmup: int, decay_iters: int) -> float:
+    """The learning rate at ``step``: linear warmup, then cosine decay to min_lr at lr_decay_iters."""
     if step < warmup:
         return lr * (step + 1) / warmup
     if step >= decay_iters:

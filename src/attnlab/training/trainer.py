@@ -51,6 +51,8 @@ class TrainingDiverged(AttnlabError):
 
 @dataclass
 class TrainResult:
+    """What a run ends with: its folder, steps, last train and val loss, wall time, a sample and the time spent
+    training."""
     run_dir: Path
     step: int
     train_loss: float | None
@@ -214,6 +216,7 @@ class Trainer:
     # -- evaluation ----------------------------------------------------------------------------
 
     def autocast(self):
+        """The autocast context of the run's dtype (bfloat16 autocast, or nothing for float32)."""
         if self.cfg.dtype == "bfloat16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()

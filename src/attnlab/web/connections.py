@@ -38,6 +38,7 @@ import h11
 
 @dataclass
 class GuardSettings:
+    """The explorer's connection limits: head deadline, lifetime, stalled connections per client and in all, grace."""
     header_timeout_s: float = 5.0  # request line + headers, from the moment of connecting
     lifetime_s: float = 60.0  # anything longer is aborted (head + body + model deadlines fit well inside)
     per_client: int = 64  # connections of one client IP still sending their request (a browser opens 6)
@@ -86,6 +87,7 @@ class ConnectionGuard:
         return False
 
     def release(self, conn: GuardedConnection) -> None:
+        """Forget a closed connection."""
         self.open.pop(conn, None)
 
 

@@ -48,12 +48,14 @@ class BodyBudget:
         self.limit, self.held = limit, 0
 
     def reserve(self, n: int) -> bool:
+        """Reserve ``n`` bytes for a request body; False when the budget is spent."""
         if self.limit is not None and self.held + n > self.limit:
             return False
         self.held += n
         return True
 
     def release(self, n: int) -> None:
+        """Give back ``n`` reserved bytes."""
         self.held -= n
 
 

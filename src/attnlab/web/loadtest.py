@@ -17,6 +17,7 @@ from typing import Any
 
 @dataclass
 class Outcome:
+    """One request of a load test: its status (or error) and latency."""
     status: int | None  # None: no HTTP answer (connection error or client timeout)
     latency_s: float
     error: str = ""  # the server's {"error": ...} line, or the client-side exception

@@ -100,15 +100,21 @@ class ExplorerAdapter:
     info: ModelInfo
 
     def attention_maps(self, text: str, mask: list[int] | None = None) -> dict[str, Any]:
+        """The attention maps of ``text`` for the Text tab (tokens, layers[l][h][q][k], next tokens or masked
+        guesses)."""
         raise ConfigError(self.info.message or f"the explorer takes an image for a {self.info.family} run, not text")
 
     def image_maps(self, data: bytes, resize: bool = False) -> dict[str, Any]:
+        """The [CLS] -> patch maps of an image for the Image tab (per layer and head, the rollout, the top 5
+        classes)."""
         raise ConfigError(self.info.message or f"the explorer takes text for a {self.info.family} run, not an image")
 
     def lens(self, text: str, ablate: list[tuple[int, int]], how: str = "zero") -> dict[str, Any]:
+        """The Lens tab: next-token distributions with and without the ablated heads, and the logit lens."""
         raise ConfigError(self.info.message or f"the lens tab reads a gpt run; this one is {self.info.family}")
 
     def describe(self) -> dict[str, Any]:
+        """What the page needs to know about the run (/api/info)."""
         return dict(self.info.__dict__)
 
 

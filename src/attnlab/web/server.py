@@ -104,6 +104,7 @@ class InferenceGate:
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnlab-explore")
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` on the model's one worker thread, or raise Busy when the queue is full."""
         if self.pending >= self.capacity:
             raise ExplorerRefusal(503, f"busy: {self.pending} requests are already running or waiting; retry shortly",
                                   retry_after_s=1)
@@ -131,6 +132,7 @@ class InferenceGate:
         self.pending -= 1
 
     def shutdown(self) -> None:
+        """Stop the worker thread."""
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 

@@ -42,6 +42,7 @@ class EncoderOutput:
 
     @property
     def logits(self) -> Tensor:
+        """The prediction: class logits (B, n_classes) or regression outputs (B, n_outputs)."""
         return self.predictions
 
 

@@ -90,6 +90,8 @@ class ScoresHooks:
     hook_scores: ScoresPoint
 
     def register_scores_hook(self, hook: ScoresHook) -> RemovableHandle:
+        """Call ``hook(module, q, k, mask, bias, is_causal, scale)`` with the softmax's exact inputs on every
+        forward; returns a handle."""
         return self.hook_scores.register_forward_hook(lambda point, args, out: hook(self, *args))
 
 

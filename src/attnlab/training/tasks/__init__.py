@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 
 def task_class(name: str) -> type[Task]:
+    """The task class of a task name (lm, mlm, classify, ...), imported on first use."""
     module, cls = TASKS[name].split(":")
     return getattr(importlib.import_module(module), cls)
 

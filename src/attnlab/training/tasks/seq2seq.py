@@ -138,6 +138,7 @@ class Seq2SeqTask(Task):
 
     @property
     def bleu_tokenize(self) -> str:
+        """sacrebleu's tokenizer for this data (13a, or char for Japanese)."""
         return "char" if self.cfg.data == "bible-en-ja" else "13a"  # no word boundaries in Japanese
 
     def decode_split(self, model: torch.nn.Module, split: str) -> dict[str, Any]:
