@@ -327,10 +327,11 @@ class Trainer:
                         self._diverged(f"the evaluation after step {self.step} is not finite ({losses})")
                     improved = self.best_val is None or last_val < self.best_val
                     self.best_val = last_val if improved else self.best_val
-                    extra = {k: v for k, v in losses.items() if k not in ("train", "val")}
-                    self._append_metrics({"step": self.step, **evaluation_keys(losses, self.task.splits), "lr": lr,
+                    keyed = evaluation_keys(losses, self.task.splits)  # the names metrics.jsonl and the line use
+                    self._append_metrics({"step": self.step, **keyed, "lr": lr,
                                           f"{self.task.unit}_per_s": last_tps, "elapsed_s": t_eval - t_start})
-                    shown = "".join(f", {k.replace('_', ' ')} {v:.4f}" for k, v in extra.items())
+                    shown = "".join(f", {k.replace('_', ' ')} {v:.4f}" for k, v in keyed.items()
+                                    if k not in ("train_eval_loss", "val_loss"))
                     train_part = f"train loss {losses['train']:.4f}, " if "train" in losses else ""
                     say(f"step {self.step}: {train_part}val loss {last_val:.4f}{shown}")
                     pause_time += time.perf_counter() - t_eval
