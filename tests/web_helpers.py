@@ -140,3 +140,16 @@ def skip_module_without_browser() -> None:
     if chromium_path() is None:
         pytest.skip("no Chromium executable (apt-get install chromium, or set ATTNLAB_CHROMIUM)",
                     allow_module_level=True)
+
+
+def open_page(browser, run_dir, body):
+    """Serve ``run_dir``, open the page offline, run ``body(page, url)``; no network, no JS error."""
+    from attnlab.web.server import LOOPBACK_NAMES, create_app
+
+    with (running_server(create_app(run_dir, allowed_hosts=LOOPBACK_NAMES)) as url,
+          offline_page(browser, url) as (page, blocked, errors)):
+        page.goto(url + "/")
+        page.wait_for_selector('body[data-ready="1"]', timeout=20_000)
+        body(page, url)
+        assert blocked == [], f"the page tried to reach the network: {blocked}"
+        assert [e for e in errors if "status of 400" not in e] == []

@@ -10,11 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from attnlab.web.server import LOOPBACK_NAMES, create_app
 from tests.web_helpers import (
     headless_chromium,
-    offline_page,
-    running_server,
+    open_page,
     skip_module_without_browser,
     train_tiny_bert,
     train_tiny_vit,
@@ -32,17 +30,6 @@ def signature(matrix) -> str:
 def browser():
     with headless_chromium() as b:
         yield b
-
-
-def open_page(browser, run_dir, body):
-    """Serve ``run_dir``, open the page offline, run ``body(page, url)``; no network, no JS error."""
-    with (running_server(create_app(run_dir, allowed_hosts=LOOPBACK_NAMES)) as url,
-          offline_page(browser, url) as (page, blocked, errors)):
-        page.goto(url + "/")
-        page.wait_for_selector('body[data-ready="1"]', timeout=20_000)
-        body(page, url)
-        assert blocked == [], f"the page tried to reach the network: {blocked}"
-        assert [e for e in errors if "status of 400" not in e] == []
 
 
 def test_bert_page_shows_the_mask_guesses_and_masks_a_clicked_token(browser, tmp_path):

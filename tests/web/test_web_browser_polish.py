@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.web.server import LOOPBACK_NAMES, create_app
 from tests.web_helpers import (
     headless_chromium,
-    offline_page,
-    running_server,
+    open_page,
     skip_module_without_browser,
     train_tiny_bert,
     train_tiny_run,
@@ -25,15 +23,6 @@ def browser():
         yield b
 
 
-def open_page(browser, run_dir, body):
-    with (running_server(create_app(run_dir, allowed_hosts=LOOPBACK_NAMES)) as url,
-          offline_page(browser, url) as (page, blocked, errors)):
-        page.goto(url + "/")
-        page.wait_for_selector('body[data-ready="1"]', timeout=20_000)
-        body(page)
-        assert blocked == [] and [e for e in errors if "status of 400" not in e] == []
-
-
 def run_text(page, text):
     runs = int(page.get_attribute("body", "data-runs") or 0)
     page.fill("#text-input", text)
@@ -42,7 +31,7 @@ def run_text(page, text):
 
 
 def test_bert_labels_fit_stand_apart_and_the_heatmap_has_a_legend(browser, tmp_path):
-    def body(page):
+    def body(page, url):
         run_text(page, "romeo [MASK] juliet")
         data = page.eval_on_selector("#heatmap", "c => ({...c.dataset})")
         assert data["labels"] == "1" and data["legend"] == "0-1"
@@ -57,7 +46,7 @@ def test_bert_labels_fit_stand_apart_and_the_heatmap_has_a_legend(browser, tmp_p
 def test_gpt_page_bars_status_and_overview(browser, tmp_path):
     run = train_tiny_run(tmp_path)
 
-    def body(page):
+    def body(page, url):
         run_text(page, "the quick brown fox")
         read = ("items => items.map(li => [Number(li.dataset.p), "
                 "li.querySelector('.bar').getBoundingClientRect().width])")

@@ -30,7 +30,9 @@ from attnlab.core.errors import CheckpointError
 from attnlab.interop.hfio import (
     FROM_HF_ACTIVATION,
     bias_or_zeros,
+    dense_attention_mismatches,
     layer_names,
+    mismatches,
     read_hf_config,
     read_hf_weights,
     refuse,
@@ -56,14 +58,9 @@ def _names(n_layer: int) -> list[tuple[str, str]]:
 
 def check_gpt2_compatible(config: GPTConfig) -> None:
     """Raise CheckpointError naming every option GPT-2 has no exact equivalent for."""
-    wrong = [f"{k}={getattr(config, k)!r} (GPT-2 needs {v!r})" for k, v in dict(
-        positions="learned", norm="layernorm", norm_position="pre", mixer="attention", residual="standard",
-        moe_experts=0).items() if getattr(config, k) != v]
-    if config.activation not in GPT2_ACTIVATION:
-        wrong.append(f"activation={config.activation!r} (GPT-2's MLP is not gated: gelu, gelu_tanh or relu)")
-    if config.n_kv_head not in (None, config.n_head):
-        wrong.append(f"n_kv_head={config.n_kv_head} (GPT-2 has full multi-head attention)")
-    refuse("GPT-2", wrong)
+    refuse("GPT-2", mismatches(config, "GPT-2", positions="learned", norm="layernorm", norm_position="pre",
+                               mixer="attention", residual="standard", moe_experts=0)
+           + dense_attention_mismatches(config, "GPT-2"))
 
 
 def to_gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:

@@ -86,6 +86,35 @@ def bias_or_zeros(state: dict[str, torch.Tensor], name: str, size: int, like: to
     return t.clone() if t is not None else torch.zeros(size, dtype=like.dtype)
 
 
+def mismatches(config, architecture: str, **wanted) -> list[str]:
+    """"option=value (ARCH needs wanted)" for every option of ``config`` that differs from ``wanted``."""
+    return [f"{k}={getattr(config, k)!r} ({architecture} needs {v!r})" for k, v in wanted.items()
+            if getattr(config, k) != v]
+
+
+def dense_attention_mismatches(config, architecture: str, gated: str = "", grouped: str = "") -> list[str]:
+    """The activation and head options an architecture with a plain MLP and full multi-head attention lacks."""
+    wrong = []
+    if config.activation not in HF_ACTIVATION:
+        wrong.append(f"activation={config.activation!r} ({architecture}'s MLP is not gated: gelu, gelu_tanh or "
+                     f"relu{gated})")
+    if config.n_kv_head not in (None, config.n_head):
+        wrong.append(f"n_kv_head={config.n_kv_head} ({architecture} has full multi-head attention{grouped})")
+    return wrong
+
+
+def build_for_import(model_class, config, directory: Path, tensors: dict | None = None) -> tuple:
+    """Validate ``config``, check the model fits in memory, read the folder's weights (unless ``tensors``
+    were read already), build the model: (model, its state dict to fill, the folder's tensors)."""
+    from attnlab.models.size import check_fits
+
+    config.validate()
+    check_fits(config, f"{directory / 'config.json'}: the model")  # before reading or building anything
+    tensors = read_hf_weights(directory) if tensors is None else tensors
+    model = model_class(config)
+    return model, model.state_dict(), tensors
+
+
 def refuse(what: str, wrong: list[str]) -> None:
     """Raise one CheckpointError naming every option that has no exact equivalent in ``what``."""
     if wrong:

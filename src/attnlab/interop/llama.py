@@ -22,19 +22,24 @@ from pathlib import Path
 import torch
 
 from attnlab.core.errors import CheckpointError
-from attnlab.interop.hfio import layer_names, read_hf_config, read_hf_weights, refuse, take, write_hf_folder
+from attnlab.interop.hfio import (
+    build_for_import,
+    layer_names,
+    mismatches,
+    read_hf_config,
+    refuse,
+    take,
+    write_hf_folder,
+)
 from attnlab.interop.neox import rope_theta
 from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
-from attnlab.models.size import check_fits
 
 
 def check_llama_compatible(config: GPTConfig) -> None:
     """Raise CheckpointError naming every option LLaMA has no exact equivalent for."""
-    wrong = [f"{k}={getattr(config, k)!r} (LLaMA needs {v!r})" for k, v in dict(
-        positions="rope", norm="rmsnorm", norm_position="pre", activation="swiglu", mixer="attention",
-        residual="standard", moe_experts=0).items() if getattr(config, k) != v]
-    refuse("LLaMA", wrong)
+    refuse("LLaMA", mismatches(config, "LLaMA", positions="rope", norm="rmsnorm", norm_position="pre",
+                               activation="swiglu", mixer="attention", residual="standard", moe_experts=0))
 
 
 def _parts(config: GPTConfig, d_ff: int) -> list[tuple[str, list[tuple[str, int]]]]:
@@ -103,11 +108,7 @@ def load_llama(directory: str | Path) -> GPT:
                            tie_embeddings=cfg.get("tie_word_embeddings", False))
     except KeyError as e:
         raise CheckpointError(f"{where}: no {e.args[0]!r}") from None
-    config.validate()
-    check_fits(config, f"{where}: the model")
-    tensors = read_hf_weights(directory)
-    model = GPT(config)
-    state = model.state_dict()
+    model, state, tensors = build_for_import(GPT, config, directory)
     names = [("tok_emb.weight", "model.embed_tokens.weight"), ("norm_f.weight", "model.norm.weight")]
     names += layer_names(config.n_layer, [("norm_mixer", "input_layernorm"), ("norm_ffn", "post_attention_layernorm")],
                          "model.layers", params=("weight",))

@@ -29,16 +29,17 @@ from attnlab.interop.hfio import (
     FROM_HF_ACTIVATION,
     HF_ACTIVATION,
     bias_or_zeros,
+    build_for_import,
+    dense_attention_mismatches,
     layer_names,
+    mismatches,
     read_hf_config,
-    read_hf_weights,
     refuse,
     take,
     write_hf_folder,
 )
 from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
-from attnlab.models.size import check_fits
 
 PER_LAYER = [("norm_mixer", "input_layernorm"), ("mixer.qkv_proj", "attention.query_key_value"),
              ("mixer.out_proj", "attention.dense"), ("norm_ffn", "post_attention_layernorm"),
@@ -53,14 +54,10 @@ def _names(n_layer: int) -> list[tuple[str, str]]:
 
 def check_neox_compatible(config: GPTConfig) -> None:
     """Raise CheckpointError naming every option GPT-NeoX has no exact equivalent for."""
-    wrong = [f"{k}={getattr(config, k)!r} (GPT-NeoX needs {v!r})" for k, v in dict(
-        positions="rope", norm="layernorm", norm_position="pre", mixer="attention", residual="standard",
-        moe_experts=0).items() if getattr(config, k) != v]
-    if config.activation not in HF_ACTIVATION:
-        wrong.append(f"activation={config.activation!r} (GPT-NeoX's MLP is not gated; swiglu with rmsnorm is LLaMA)")
-    if config.n_kv_head not in (None, config.n_head):
-        wrong.append(f"n_kv_head={config.n_kv_head} (GPT-NeoX has full multi-head attention; GQA is LLaMA's)")
-    refuse("GPT-NeoX", wrong)
+    refuse("GPT-NeoX", mismatches(config, "GPT-NeoX", positions="rope", norm="layernorm", norm_position="pre",
+                                  mixer="attention", residual="standard", moe_experts=0)
+           + dense_attention_mismatches(config, "GPT-NeoX", gated="; swiglu with rmsnorm is LLaMA",
+                                        grouped="; GQA is LLaMA's"))
 
 
 def _by_head(t: torch.Tensor, n_head: int, to_neox: bool) -> torch.Tensor:
@@ -131,11 +128,7 @@ def load_neox(directory: str | Path) -> GPT:
                            tie_embeddings=cfg.get("tie_word_embeddings", False))
     except KeyError as e:
         raise CheckpointError(f"{where}: no {e.args[0]!r}") from None
-    config.validate()
-    check_fits(config, f"{where}: the model")
-    tensors = read_hf_weights(directory)
-    model = GPT(config)
-    state = model.state_dict()
+    model, state, tensors = build_for_import(GPT, config, directory)
     for mine, theirs in _names(config.n_layer):
         if mine == "lm_head.weight" and config.tie_embeddings:
             continue

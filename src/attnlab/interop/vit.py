@@ -31,7 +31,10 @@ from attnlab.interop.hfio import (
     FROM_HF_ACTIVATION,
     HF_ACTIVATION,
     bias_or_zeros,
+    build_for_import,
+    dense_attention_mismatches,
     layer_names,
+    mismatches,
     read_hf_config,
     read_hf_weights,
     refuse,
@@ -39,7 +42,6 @@ from attnlab.interop.hfio import (
     write_hf_folder,
 )
 from attnlab.models import ViTConfig
-from attnlab.models.size import check_fits
 from attnlab.models.vit import ViT
 
 PER_LAYER = [("norm_mixer", "layernorm_before"), ("mixer.out_proj", "attention.output.dense"),
@@ -65,13 +67,9 @@ def _names(n_layer: int) -> list[tuple[str, str]]:
 
 def check_vit_compatible(config: ViTConfig) -> None:
     """Raise CheckpointError naming every option transformers' ViT has no exact equivalent for."""
-    wrong = [f"{k}={getattr(config, k)!r} (transformers' ViT needs {v!r})" for k, v in dict(
-        positions="learned", norm="layernorm", norm_position="pre", pooling="cls").items() if getattr(config, k) != v]
-    if config.activation not in HF_ACTIVATION:
-        wrong.append(f"activation={config.activation!r} (ViT's MLP is not gated: gelu, gelu_tanh or relu)")
-    if config.n_kv_head not in (None, config.n_head):
-        wrong.append(f"n_kv_head={config.n_kv_head} (ViT has full multi-head attention)")
-    refuse("a transformers ViT", wrong)
+    refuse("a transformers ViT", mismatches(config, "transformers' ViT", positions="learned", norm="layernorm",
+                                            norm_position="pre", pooling="cls")
+           + dense_attention_mismatches(config, "ViT"))
 
 
 def vit_config(config: ViTConfig, classes: list[str]) -> dict:
@@ -146,10 +144,7 @@ def load_vit(directory: str | Path) -> tuple[ViT, list[str]]:
                            bias=True, dropout=0.0)
     except KeyError as e:
         raise CheckpointError(f"{where}: no {e.args[0]!r}") from None
-    config.validate()
-    check_fits(config, f"{where}: the model")
-    model = ViT(config)
-    state = model.state_dict()
+    model, state, tensors = build_for_import(ViT, config, directory, tensors)
     state["cls_token"] = take(tensors, "vit.embeddings.cls_token", state["cls_token"].shape, directory)
     state["pos_emb"] = take(tensors, "vit.embeddings.position_embeddings", state["pos_emb"][None].shape,
                             directory)[0]
