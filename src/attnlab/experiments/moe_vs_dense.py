@@ -27,8 +27,8 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     """Run the experiment (quick: one length, fewer steps); writes results.json, report.md and the figures to
     ``out``."""
     started = time.perf_counter()
-    r = mixers.compare(VARIANTS, [64] if quick else [32, 64], [64, 256] if quick else [64, 128, 256, 512],
-                       steps=40 if quick else 300, reps=2 if quick else 3)
+    r = mixers.compare(VARIANTS, [32] if quick else [32, 64], [32, 128] if quick else [64, 128, 256, 512],
+                       steps=15 if quick else 300, reps=2 if quick else 3)
     dense, moe = r["trained"]["dense"], r["trained"]["moe-4x-top1"]
     lower = {T: moe[T]["val_loss"] < dense[T]["val_loss"] for T in dense}
     overhead = {T: r["probes"]["moe-4x-top1"][T]["step_ms"] / r["probes"]["dense"][T]["step_ms"]
