@@ -78,3 +78,16 @@ def test_settings_are_restored_after_the_block_and_after_a_run(tmp_path):
     assert runtime.current().threads == 3 and torch.are_deterministic_algorithms_enabled()
     trainer.train()
     assert runtime.current() == before
+
+
+def test_bfloat16_on_a_cpu_without_native_bf16_is_warned_about(monkeypatch):
+    import torch
+
+    from attnlab.core.runtime import slow_bfloat16_warning
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert "no native bfloat16" in slow_bfloat16_warning("cpu", "bfloat16")
+    assert slow_bfloat16_warning("cpu", "float32") is None and slow_bfloat16_warning("cuda", "bfloat16") is None
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert slow_bfloat16_warning("cpu", "bfloat16") is None

@@ -80,6 +80,8 @@ class Trainer:
         wanted = runtime.RuntimeState(cfg.threads or torch.get_num_threads(), cfg.deterministic,
                                       cfg.flush_denormal and self.device.type == "cpu")
         self._runtime_before = runtime.apply(wanted, self.log)
+        if (slow := runtime.slow_bfloat16_warning(self.device.type, cfg.dtype)) is not None:
+            self.log(slow)
         name = cfg.name or runs.default_run_name(preset)
         self.run_dir = Path(cfg.out_dir) / name
         checkpoint = ckpt.resume_point(self.run_dir, RUN_CONFIG, self.dist.is_main) if cfg.resume else None
