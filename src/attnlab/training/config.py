@@ -142,6 +142,8 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0  # 0 disables clipping
+    optimizer: Literal["adamw", "muon"] = "adamw"  # muon: Muon for hidden matrices, AdamW for the rest
+    muon_lr: float = 0.02  # Muon's peak learning rate (the schedule scales it like lr)
     dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16 = autocast for matmuls
     compile: bool = False
     seed: int = 1337
@@ -205,6 +207,12 @@ class TrainConfig:
             raise ConfigError(f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
         if self.weight_decay < 0 or self.grad_clip < 0:
             raise ConfigError("weight_decay and grad_clip must be >= 0")
+        if self.muon_lr <= 0:
+            raise ConfigError(f"'muon_lr' must be > 0, got {self.muon_lr}")
+        if self.optimizer != "muon" and self.muon_lr != 0.02:
+            raise ConfigError(f"'muon_lr' is used only with optimizer=muon (optimizer={self.optimizer})")
+        if self.optimizer == "muon" and self.parallel == "fsdp":
+            raise ConfigError("optimizer=muon needs whole weight matrices; use parallel=ddp (FSDP shards them)")
         if self.checkpoint_interval is not None and self.checkpoint_interval < 1:
             raise ConfigError(f"'checkpoint_interval' must be >= 1, got {self.checkpoint_interval}")
         if self.threads is not None and self.threads < 1:

@@ -1,4 +1,5 @@
-"""The optimiser: AdamW with decoupled weight decay on weight matrices only.
+"""The optimiser: AdamW with decoupled weight decay on weight matrices only, or (``optimizer=muon``)
+Muon for the hidden weight matrices with AdamW for the rest (``training/muon.py``).
 
     theta <- theta - lr * (m_hat / (sqrt(v_hat) + eps) + wd * theta)      (Loshchilov & Hutter 2019)
 
@@ -13,7 +14,15 @@ from attnlab.nn import roles
 from attnlab.training.config import TrainConfig
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = True) -> torch.optim.AdamW:
+def hidden_matrices(model: torch.nn.Module) -> set[int]:
+    """ids of the weights Muon updates: every ``nn.Linear`` weight but the output head's (embeddings,
+    position tables, norms, biases, convolutions and 3-D expert banks are not linear layers' weights)."""
+    head = getattr(model, "lm_head", None)
+    return {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head
+            and not (head is not None and m.weight is head.weight)}
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = True) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices (dim >= 2) only: not on biases, norms' gains, nor on
     parameters whose module gives them the NO_WEIGHT_DECAY role (an SSM's A_log, experts' biases).
     ``fused``: one kernel for all parameters (the foreach path is used for FSDP's sharded DTensor parameters)."""
@@ -25,6 +34,15 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = True)
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if cfg.optimizer == "muon":
+        from attnlab.training.muon import MuonWithAdamW
+
+        hidden = hidden_matrices(model)
+        groups = [{"params": [p for p in decay if id(p) in hidden], "weight_decay": cfg.weight_decay, "muon": True,
+                   "lr_ratio": cfg.muon_lr / cfg.lr},
+                  {"params": [p for p in decay if id(p) not in hidden], "weight_decay": cfg.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        return MuonWithAdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     kernel = {"fused": True} if fused else {"foreach": True}
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **kernel)
 

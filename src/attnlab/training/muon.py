@@ -1,0 +1,91 @@
+"""Muon (Jordan et al. 2024): momentum whose update of a weight matrix is orthogonalised, for the hidden
+matrices of a network; everything else (embeddings, the output head, norms, biases) keeps AdamW.
+
+For a weight W (rows x cols) with gradient G, momentum mu and learning rate lr:
+
+    B <- mu B + G                         momentum buffer
+    U  = G + mu B                         Nesterov
+    O  = NS5(U / ||U||_F)  ~  P Q^T        where U = P S Q^T: every singular value pushed towards 1
+    W <- W (1 - lr wd) - lr sqrt(max(1, rows / cols)) O
+
+NS5 is five steps of the quintic Newton-Schulz iteration X <- a X + (b A + c A^2) X with A = X X^T and
+(a, b, c) = (3.4445, -4.7750, 2.0315): singular values above ~1/300 of ||U||_F end in about [0.6, 1.2]
+(smaller ones are multiplied by at most a^5 ~ 484). Computed in float32 here: on a CPU without native
+bf16 that is also the fast choice.
+
+``MuonWithAdamW`` holds both kinds of parameter group in one optimiser, so the trainer's schedule,
+clipping, checkpoints and resume treat it like AdamW: every group's ``lr`` is set by the schedule, and a
+Muon group multiplies it by its ``lr_ratio`` (``muon_lr / lr``), so both follow the same warmup and decay.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz5(G: Tensor, steps: int = 5) -> Tensor:
+    """An approximately orthogonal matrix with G's singular vectors: G (r, c) -> (r, c), float32."""
+    a, b, c = NS_COEFFICIENTS
+    X = G.float() / (G.float().norm() + 1e-7)
+    tall = X.size(0) > X.size(1)
+    if tall:
+        X = X.T  # iterate on the wide side: A = X X^T is the smaller square
+    for _ in range(steps):
+        A = X @ X.T
+        X = a * X + (b * A + c * A @ A) @ X
+    return X.T if tall else X
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """Muon on the groups with ``muon=True``, AdamW (decoupled weight decay) on the others."""
+
+    def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float] = (0.9, 0.99),
+                 momentum: float = 0.95, eps: float = 1e-8) -> None:
+        defaults = dict(lr=lr, betas=betas, momentum=momentum, eps=eps, weight_decay=0.0, muon=False, lr_ratio=1.0)
+        super().__init__(groups, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One update of every parameter with a gradient (``closure`` re-evaluates the loss, as in torch)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    (self._muon if group["muon"] else self._adamw)(p, group)
+        return loss
+
+    def _muon(self, p: Tensor, group: dict) -> None:
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p)
+        buf = state["momentum_buffer"]
+        mu = group["momentum"]
+        buf.mul_(mu).add_(p.grad)
+        update = newton_schulz5(p.grad + mu * buf).to(p.dtype)
+        lr = group["lr"] * group["lr_ratio"]
+        p.mul_(1 - lr * group["weight_decay"])
+        p.add_(update, alpha=-lr * math.sqrt(max(1.0, p.size(0) / p.size(1))))
+
+    def _adamw(self, p: Tensor, group: dict) -> None:
+        state = self.state[p]
+        if "step" not in state:
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        beta1, beta2 = group["betas"]
+        state["step"] += 1
+        t = float(state["step"])
+        state["exp_avg"].lerp_(p.grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        lr = group["lr"] * group["lr_ratio"]
+        p.mul_(1 - lr * group["weight_decay"])
+        denominator = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt_().add_(group["eps"])
+        p.addcdiv_(state["exp_avg"], denominator, value=-lr / (1 - beta1**t))
