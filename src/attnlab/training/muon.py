@@ -24,21 +24,24 @@ import math
 
 import torch
 from torch import Tensor
+from torch.optim.adamw import adamw
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
 def newton_schulz5(G: Tensor, steps: int = 5) -> Tensor:
-    """An approximately orthogonal matrix with G's singular vectors: G (r, c) -> (r, c), float32."""
+    """An approximately orthogonal matrix with G's singular vectors: G (..., r, c) -> (..., r, c), float32
+    (a stack of matrices is orthogonalised one by one, in one batched iteration)."""
     a, b, c = NS_COEFFICIENTS
-    X = G.float() / (G.float().norm() + 1e-7)
-    tall = X.size(0) > X.size(1)
+    X = G.float()
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    tall = X.size(-2) > X.size(-1)
     if tall:
-        X = X.T  # iterate on the wide side: A = X X^T is the smaller square
+        X = X.mT  # iterate on the wide side: A = X X^T is the smaller square
     for _ in range(steps):
-        A = X @ X.T
+        A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
-    return X.T if tall else X
+    return X.mT if tall else X
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
@@ -57,35 +60,37 @@ class MuonWithAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    (self._muon if group["muon"] else self._adamw)(p, group)
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                (self._muon if group["muon"] else self._adamw)(params, group)
         return loss
 
-    def _muon(self, p: Tensor, group: dict) -> None:
-        state = self.state[p]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(p)
-        buf = state["momentum_buffer"]
-        mu = group["momentum"]
-        buf.mul_(mu).add_(p.grad)
-        update = newton_schulz5(p.grad + mu * buf).to(p.dtype)
-        lr = group["lr"] * group["lr_ratio"]
-        p.mul_(1 - lr * group["weight_decay"])
-        p.add_(update, alpha=-lr * math.sqrt(max(1.0, p.size(0) / p.size(1))))
+    def _muon(self, params: list[Tensor], group: dict) -> None:
+        """Matrices of one shape are orthogonalised together: one batched Newton-Schulz per shape."""
+        mu, lr = group["momentum"], group["lr"] * group["lr_ratio"]
+        by_shape: dict[torch.Size, list[Tensor]] = {}
+        for p in params:
+            by_shape.setdefault(p.shape, []).append(p)
+        for shape, same in by_shape.items():
+            bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in same]
+            grads = [p.grad for p in same]
+            torch._foreach_mul_(bufs, mu)
+            torch._foreach_add_(bufs, grads)
+            nesterov = torch.stack(torch._foreach_add(grads, bufs, alpha=mu))  # (n, rows, cols)
+            updates = newton_schulz5(nesterov).to(same[0].dtype).unbind(0)
+            torch._foreach_mul_(same, 1 - lr * group["weight_decay"])
+            torch._foreach_add_(same, updates, alpha=-lr * math.sqrt(max(1.0, shape[0] / shape[1])))
 
-    def _adamw(self, p: Tensor, group: dict) -> None:
-        state = self.state[p]
-        if "step" not in state:
-            state["step"] = torch.zeros((), dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p)
-            state["exp_avg_sq"] = torch.zeros_like(p)
+    def _adamw(self, params: list[Tensor], group: dict) -> None:
+        """torch's own AdamW arithmetic (foreach), with this group's scaled learning rate."""
+        for p in params:
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = torch.zeros((), dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+        states = [self.state[p] for p in params]
         beta1, beta2 = group["betas"]
-        state["step"] += 1
-        t = float(state["step"])
-        state["exp_avg"].lerp_(p.grad, 1 - beta1)
-        state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-        lr = group["lr"] * group["lr_ratio"]
-        p.mul_(1 - lr * group["weight_decay"])
-        denominator = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt_().add_(group["eps"])
-        p.addcdiv_(state["exp_avg"], denominator, value=-lr / (1 - beta1**t))
+        adamw(params, [p.grad for p in params], [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states],
+              [], [st["step"] for st in states], foreach=True, amsgrad=False, beta1=beta1, beta2=beta2,
+              lr=group["lr"] * group["lr_ratio"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
