@@ -66,6 +66,8 @@ def test_bert_and_vit_runs_export(tmp_path, capsys):
     tiny = ["batch_size=8", "max_iters=6", "eval_interval=6", "eval_iters=1", "progress=false", "bpe_vocab_size=200",
             "block_size=32", "n_layer=2", "n_head=2", "d_model=32"]
     assert main(["train", "configs/bert-mlm.yaml", f"data={corpus}", f"out_dir={tmp_path}", "name=bert", *tiny]) == 0
+    with pytest.raises(OSError):  # the run folder itself is not a transformers folder: no random BERT
+        transformers.BertForMaskedLM.from_pretrained(tmp_path / "bert")
     assert main(["export", str(tmp_path / "bert"), "--out", str(tmp_path / "bert-hf")]) == 0
     hf = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "bert-hf").eval()
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "bert-hf")
