@@ -24,7 +24,6 @@ from pathlib import Path
 
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_write_text
-from attnlab.core.manifest import verify_manifest
 from attnlab.inspect.encoders import SentenceSettings
 from attnlab.interop.bert import check_bert_compatible, save_bert
 from attnlab.interop.gpt2 import check_gpt2_compatible, save_gpt2
@@ -93,8 +92,7 @@ def export_run(run: str | Path, fmt: str, out: str | Path) -> Exported:
     if not run.is_dir():
         raise CheckpointError(f"run folder not found: {run}")
     arch = architecture(read_config(run), fmt)  # refused here, before the weights are read
-    verify_manifest(run)
-    model = from_pretrained(run)
+    model = from_pretrained(run)  # checks every file against the run's manifest, the tokenizer included
     staging = out.parent / f".{out.name}.export-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

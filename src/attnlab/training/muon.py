@@ -72,7 +72,10 @@ class MuonWithAdamW(torch.optim.Optimizer):
         for p in params:
             by_shape.setdefault(p.shape, []).append(p)
         for shape, same in by_shape.items():
-            bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in same]
+            for p in same:  # (setdefault would allocate a fresh zero tensor on every step)
+                if "momentum_buffer" not in self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+            bufs = [self.state[p]["momentum_buffer"] for p in same]
             grads = [p.grad for p in same]
             torch._foreach_mul_(bufs, mu)
             torch._foreach_add_(bufs, grads)
