@@ -50,6 +50,16 @@ def running_server(app, settings=None) -> Iterator[str]:
         sock.close()
 
 
+def client_errors(outcomes) -> dict[str, int]:
+    """The client-side errors of a load test's unanswered requests, counted by kind (for assertion messages)."""
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        if o.status is None:
+            kind = o.error.split(":", 1)[0]
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
 def chromium_path() -> str | None:
     """The system Chromium (Debian's ``chromium``), or $ATTNLAB_CHROMIUM; None when there is none."""
     import os

@@ -7,7 +7,7 @@ import pytest
 
 from attnlab.web.loadtest import fire, summarise
 from attnlab.web.server import LOOPBACK_NAMES, create_app
-from tests.web_helpers import running_server, train_tiny_run
+from tests.web_helpers import client_errors, running_server, train_tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +22,17 @@ def test_200_concurrent_requests_are_answered_or_cleanly_refused(run_dir):
         outcomes = fire(url, n=200, text="the quick brown fox", timeout_s=60)
         stats = summarise(outcomes, wall_s=0)
         assert len(outcomes) == 200
-        # every request got an HTTP answer: none hung, none failed at the connection
-        assert all(o.status in (200, 503) for o in outcomes), stats["by_status"]
+        # every request got an HTTP answer: none hung, none failed at the connection. 408: on a loaded machine
+        # this client (one process, 200 tasks) can take longer than the guard's grace to send a request, which
+        # then counts as stalled and gives its room to a newer connection; that answer is read, not reset
+        assert all(o.status in (200, 503, 408) for o in outcomes), (stats["by_status"], client_errors(outcomes))
         assert stats["by_status"].get("200", 0) >= 1
         for o in outcomes:
             if o.status == 503:  # busy, or (on a very loaded machine) over the time limit: one line each
                 assert o.error.startswith(("busy:", "the model did not answer within")), o.error
-                assert "\n" not in o.error
+            if o.status == 408:
+                assert o.error.startswith("closed: another connection needed the room"), o.error
+            assert "\n" not in o.error
         # the server is still up, idle again, and still computes correctly
         health = httpx.get(f"{url}/api/health", timeout=10)
         assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["pending"] == 0

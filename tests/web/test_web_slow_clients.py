@@ -15,7 +15,9 @@ import pytest
 
 from attnlab.web.connections import GuardSettings
 from attnlab.web.limits import BodyBudget
+from attnlab.web.loadtest import fire, summarise
 from attnlab.web.server import LOOPBACK_NAMES, create_app
+from tests.web_helpers import client_errors as _client_errors
 from tests.web_helpers import running_server, train_tiny_run
 
 FAST = GuardSettings(header_timeout_s=1.0, lifetime_s=8.0, per_client=8, max_open=64, grace_s=0.3)
@@ -144,6 +146,43 @@ def test_a_burst_of_fresh_requests_is_let_in_not_evicted(run_dir):
     with running_server(create_app(run_dir, allowed_hosts=LOOPBACK_NAMES), GuardSettings(per_client=8)) as url:
         outcomes = fire(url, n=40, text="the quick", timeout_s=30)
         assert {o.status for o in outcomes} <= {200, 503} and any(o.status == 200 for o in outcomes)
+
+
+def test_an_evicted_connection_is_closed_lingering(run_dir):
+    """Eviction answers 408 and ends the server's half, but goes on reading (and discarding) until the
+    client ends its own: a client still writing its request is not reset, so it reads the answer. A plain
+    close reset such clients, which then saw no HTTP answer at all: a fresh-clone CI run on a loaded machine
+    lost 61 of the 200-request load test so (RFC 9112, 9.6: "tear-down in stages")."""
+    settings = dataclasses.replace(FAST, per_client=1, grace_s=0.2)
+    with running_server(create_app(run_dir, allowed_hosts=LOOPBACK_NAMES), settings) as url:
+        late = socket.create_connection(("127.0.0.1", _port(url)))
+        late.sendall(b"POST /api/attention HTTP/1.1\r\n")
+        time.sleep(0.4)  # older than the grace, its request not in: stalled
+        newcomer = socket.create_connection(("127.0.0.1", _port(url)))  # evicts `late`
+        waited, got = _closed_after(late, 3)  # the answer, then the end of the server's half
+        assert got.startswith(b"HTTP/1.1 408") and b"another connection needed the room" in got, got
+        assert waited < 2.0
+        for _ in range(3):  # the server still reads: writing more is neither reset nor refused
+            late.sendall(b"x-rest-of-the-head: " + b"y" * 1000 + b"\r\n")
+            time.sleep(0.1)
+        late.shutdown(socket.SHUT_WR)  # the client ends its half: the server closes
+        waited, rest = _closed_after(late, 3)
+        assert rest == b"" and waited < 1.0
+        late.close()
+        newcomer.close()
+
+
+def test_a_burst_whose_connections_are_evicted_reads_408_never_a_reset(run_dir):
+    """The CI failure, made certain: with a grace of 0.01 s almost every connection of a 200-request burst is
+    still sending when the next arrives, so the guard evicts many. Each must read its 408 (lingering close);
+    with a plain close the kernel reset them and the client saw no HTTP answer at all (ReadError)."""
+    settings = dataclasses.replace(FAST, per_client=8, grace_s=0.01, max_open=512, lifetime_s=30.0)
+    with running_server(create_app(run_dir, allowed_hosts=LOOPBACK_NAMES), settings) as url:
+        outcomes = fire(url, n=200, timeout_s=30)
+    by_status = summarise(outcomes, 0)["by_status"]
+    assert all(o.status in (200, 503, 408) for o in outcomes), (by_status, _client_errors(outcomes))
+    assert by_status.get("408", 0) >= 1, by_status  # the burst really was evicted
+    assert all(o.error.startswith("closed: another connection needed the room") for o in outcomes if o.status == 408)
 
 
 def test_the_body_budget_refuses_busy_and_reads_the_body_away():

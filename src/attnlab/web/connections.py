@@ -21,6 +21,12 @@ counts those connections, so a few hundred of them made every request (the healt
   client holding more than ``max_open`` connections at once, each re-opened within ``grace_s`` of the
   last being closed, keeps the server full (newcomers get 503 until it stops).
 
+Every refusal is a **lingering close** (RFC 9112, 9.6): the one-line answer, then the end of the server's
+half, then reading (discarding) until the client ends its half or ``LINGER_S`` passes. A plain close
+made the kernel reset a client still writing its request, which lost the answer and saw no HTTP reply
+at all (a burst from a client slowed by a loaded machine did so). A connection whose bytes already wait
+unread in its socket is never taken for stalled.
+
 The request stream of each connection is followed with a second h11 parser (h11 is uvicorn's own) to
 know when its head and its whole request have arrived; what it reads is discarded as it goes.
 """
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +51,9 @@ class GuardSettings:
     per_client: int = 64  # connections of one client IP still sending their request (a browser opens 6)
     max_open: int = 512  # open connections in all
     grace_s: float = 1.0  # a connection still sending its request after this long is "stalled": evictable
+
+
+LINGER_S = 2.0  # how long a refused connection is still read (and discarded) after its answer
 
 
 def _response(status: int, reason: str, message: str) -> bytes:
@@ -79,7 +89,8 @@ class ConnectionGuard:
         anyone); False if there is none."""
         now = asyncio.get_running_loop().time()
         for other in self.open:
-            if other.waiting and now - other.opened >= grace_s and client in (None, other.client):
+            if (other.waiting and now - other.opened >= grace_s and client in (None, other.client)
+                    and not other.unread()):
                 self.stats["evicted"] += 1
                 other.close(408, "Request Timeout", "closed: another connection needed the room, and this one "
                             "had not sent its request")
@@ -116,6 +127,18 @@ class GuardedConnection(asyncio.Protocol):
         s = self.guard.settings
         self._timers = [self.loop.call_later(s.header_timeout_s, self._head_late),
                         self.loop.call_later(s.lifetime_s, self._too_long)]
+
+    def unread(self) -> bool:
+        """Whether bytes (or the end) from the client already wait in the socket, not yet read by this
+        loop: such a connection is not stalled, only not read yet (a burst of connections is accepted
+        before their requests are read, and a busy machine can stretch that past the grace)."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None:
+            return False
+        try:
+            return bool(select.select([sock.fileno()], [], [], 0)[0])
+        except (OSError, ValueError):  # closed meanwhile
+            return False
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -164,12 +187,24 @@ class GuardedConnection(asyncio.Protocol):
         if self.closed:
             return
         self._end()
-        if self.transport is not None and not self.transport.is_closing():
-            if self.waiting:
-                self.transport.write(_response(status, reason, message))
-            self.transport.close()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self.waiting and transport.can_write_eof():
+            # a lingering close (as nginx's): answer, end our half, and go on reading (discarding) until
+            # the client ends its own or LINGER_S passes. Closing at once would make the kernel reset a
+            # client that writes its request after our answer arrived, losing the answer it had not read
+            transport.write(_response(status, reason, message))
+            transport.write_eof()
+            self._timers.append(self.loop.call_later(LINGER_S, transport.close))
+            return
+        if self.waiting:
+            transport.write(_response(status, reason, message))
+        transport.close()
 
     def eof_received(self) -> bool | None:
+        if self.closed:  # lingering: the client has ended its half too; asyncio closes the transport
+            return None
         return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
