@@ -1,22 +1,30 @@
-"""The CPU speed run: nanoGPT's own CPU recipe against an attnlab preset, whole processes, alternating.
+"""The CPU speed run: nanoGPT's own CPU recipe against attnlab's speed-run preset, whole processes, alternating.
 
-Each round runs both as separate processes (the order alternates between rounds) and records, from
-their own output as it appears, the wall-clock second of every evaluation, so the curve is val loss
-against seconds since the process started: start-up, data preparation, compilation, training and the
-evaluations all count.
+Two measurements, each in alternating rounds (the order flips between rounds, so machine load lands on both):
 
-    nanoGPT   a copy of the checkout given by --nanogpt (nothing of it enters this repository), with
-              tinyshakespeare as data/shakespeare_char/input.txt; prepare.py, then train.py with the
-              README's laptop recipe (4 layers, 4 heads, 128 dims, block 64, batch 12, 2000 iterations,
-              eval_iters 20, no dropout, no compile). Its final model is then scored separately (not
-              timed) with its own code on 200 batches of 12 x 64 from val.bin, the last 10% of the text.
-    attnlab   ``attnlab train PRESET data=<tinyshakespeare>``; its evaluations use the preset's own
-              eval_iters batches from the same last 10% (the speed-run preset: 200 batches of 12 x 64).
+1. **Time to a good model.** nanoGPT runs as a copy of the checkout given by --nanogpt (nothing of it enters
+   this repository), tinyshakespeare as data/shakespeare_char/input.txt: prepare.py, then train.py with the
+   README's laptop recipe (4 layers, 4 heads, 128 dims, block 64, batch 12, 2000 iterations, eval_iters 20,
+   no dropout, no compile). attnlab runs ``attnlab train shakespeare-char-speedrun data=<tinyshakespeare>``
+   with seed 1337 + round, so the rounds are also three seeds of the preset. Every evaluation line is read as
+   it appears: val loss against wall seconds since the process started (start-up, data preparation,
+   training and evaluation all count). After the timed part, nanoGPT's final model is scored with its own
+   code on 200 batches of 12 x 64 from val.bin (the last 10% of the text), the estimate attnlab's preset
+   makes, and both final models write a 300-character sample (temperature 0.8, top-k 200, from "\\n").
+   Target of a round: val <= min(--target, nanoGPT's own final val in that round); attnlab's time to it is
+   the wall second of its first evaluation at or below it. The verdict, fixed before the run: the median of
+   attnlab's times to target is at most a third of the median of nanoGPT's whole-process times.
+2. **The fp32 step.** nanoGPT's exact model (learned positions, LayerNorm, GELU, no biases, AdamW) trained
+   by attnlab in float32 (``shakespeare-char`` preset with ``model.positions=learned``), eager and compiled,
+   against nanoGPT's train.py on the same recipe, --step-iters iterations each: milliseconds per iteration
+   from each program's own log (nanoGPT's per-iteration ``time``; attnlab's tokens/s per log interval, which
+   leaves evaluations out), median over the iterations after the first 50, then the median over rounds.
+   The issue's bar: attnlab at >= 1.3x nanoGPT's iterations per second.
 
-Time to target: the wall second of the first evaluation at or below --target (1.88, nanoGPT's published
-figure for this recipe); "not reached" otherwise. Medians over the rounds, their ratio, and a plot.
+The largest MFU each program logged is reported too (attnlab: against its own peak, training/mfu.py;
+nanoGPT: against an A100's 312 TFLOP/s, its own convention).
 
-    python benchmarks/speedrun.py --nanogpt PATH [--preset shakespeare-char-fast] [--rounds 3]
+    python benchmarks/speedrun.py --nanogpt PATH [--rounds 3] [--step-iters 400] [--skip-step]
 
 Writes benchmarks/results/speedrun.json and speedrun.png.
 """
@@ -24,6 +32,7 @@ Writes benchmarks/results/speedrun.json and speedrun.png.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -37,14 +46,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-NANOGPT_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
-                  "--log_interval=100", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
-                  "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
+RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
+          "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--dropout=0.0"]
+NANOGPT_RUN = [*RECIPE, "--log_interval=100", "--max_iters=2000", "--lr_decay_iters=2000"]
 NANOGPT_EVAL = r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)"
+NANOGPT_ITER = r"iter (\d+): loss [\d.]+, time ([\d.]+)ms, mfu (-?[\d.]+)%"
 ATTNLAB_EVAL = r"step (\d+): (?:train (?:eval )?loss [\d.]+, )?val loss ([\d.]+)"
-# scored after the run with nanoGPT's own model code: 200 batches of 12 x 64 from val.bin (not timed)
-FINAL_EVAL = """
-import sys, numpy as np, torch
+ATTNLAB_LOG = r"step (\d+): train loss [\d.]+, lr [\d.e-]+, ([\d,]+) tokens/s(?:, mfu ([\d.]+)%)?"
+# after the timed run, with nanoGPT's own model code: 200 batches of 12 x 64 from val.bin, then a sample
+NANOGPT_AFTER = """
+import pickle, sys, numpy as np, torch
 sys.path.insert(0, ".")
 from model import GPT, GPTConfig
 ck = torch.load("out-shakespeare-char/ckpt.pt", map_location="cpu", weights_only=False)
@@ -60,52 +71,94 @@ with torch.no_grad():
         x = torch.stack([torch.from_numpy(data[i:i + 64].astype(np.int64)) for i in ix])
         y = torch.stack([torch.from_numpy(data[i + 1:i + 65].astype(np.int64)) for i in ix])
         losses.append(m(x, y)[1].item())
-print(sum(losses) / len(losses), ck["iter_num"])
+    meta = pickle.load(open("data/shakespeare_char/meta.pkl", "rb"))
+    torch.manual_seed(1337)
+    out = m.generate(torch.tensor([[meta["stoi"]["\\n"]]]), 300, temperature=0.8, top_k=200)
+print("SAMPLE=" + repr("".join(meta["itos"][i] for i in out[0].tolist())))
+print("FINAL", sum(losses) / len(losses), ck["iter_num"])
 """
 
 
-def timed_process(cmd: list[str], cwd: Path, pattern: str, env: dict) -> dict:
-    """Run ``cmd``; the wall second (from the start) and the val loss of every evaluation line."""
+def timed_process(cmd: list[str], cwd: Path, env: dict, patterns: dict[str, str]) -> dict:
+    """Run ``cmd``; every line matching one of ``patterns`` (name -> regex) with its wall second from the start."""
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             bufsize=1)
-    curve, tail = [], []
+    seen: dict[str, list] = {name: [] for name in patterns}
+    tail: list[str] = []
     for line in proc.stdout:
         tail = [*tail, line.rstrip()][-20:]
-        match = re.search(pattern, line)
-        if match:
-            curve.append({"step": int(match.group(1)), "val_loss": float(match.group(match.lastindex)),
-                          "seconds": round(time.perf_counter() - started, 2)})
+        for name, pattern in patterns.items():
+            if (match := re.search(pattern, line)) is not None:
+                seen[name].append((round(time.perf_counter() - started, 2), match.groups()))
     if proc.wait() != 0:
-        raise SystemExit(f"{cmd[:3]} failed:\n" + "\n".join(tail))
-    return {"wall_s": round(time.perf_counter() - started, 2), "curve": curve}
+        raise SystemExit(f"{cmd[:4]} failed:\n" + "\n".join(tail))
+    return {"wall_s": round(time.perf_counter() - started, 2), **seen}
 
 
-def time_to(curve: list[dict], target: float) -> float | None:
-    return next((p["seconds"] for p in curve if p["val_loss"] <= target), None)
+def curve(evals: list, loss_group: int) -> list[dict]:
+    return [{"step": int(g[0]), "val_loss": float(g[loss_group]), "seconds": s} for s, g in evals]
 
 
-def run_nanogpt(checkout: Path, work: Path, env: dict) -> dict:
+def nanogpt_copy(checkout: Path, work: Path) -> Path:
     copy = work / "nanogpt"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(checkout, copy, ignore=shutil.ignore_patterns(".git", "out-*", "*.bin"))
     shutil.copy(DATA, copy / "data" / "shakespeare_char" / "input.txt")
+    return copy
+
+
+def nanogpt_cmd(args: list[str]) -> list[str]:
     script = ("import runpy, sys; runpy.run_path('data/shakespeare_char/prepare.py', run_name='__main__'); "
-              f"sys.argv = ['train.py', *{NANOGPT_RECIPE!r}]; runpy.run_path('train.py', run_name='__main__')")
-    result = timed_process([sys.executable, "-c", script], copy, NANOGPT_EVAL, env)
-    out = subprocess.run([sys.executable, "-c", FINAL_EVAL], cwd=copy, env=env, capture_output=True, text=True,
-                         check=True).stdout.strip().splitlines()[-1].split()  # after the model's own prints
-    result.update(final_val_200=round(float(out[0]), 4), final_iter=int(out[1]))
-    return result
+              f"sys.argv = ['train.py', *{args!r}]; runpy.run_path('train.py', run_name='__main__')")
+    return [sys.executable, "-c", script]
 
 
-def run_attnlab(preset: str, work: Path, env: dict, extra: list[str]) -> dict:
-    cmd = [str(Path(sys.executable).with_name("attnlab")), "train", preset, f"data={DATA}", f"out_dir={work}",
-           "name=attnlab", "progress=false", "sample_tokens=0", *extra]
-    shutil.rmtree(work / "attnlab", ignore_errors=True)
-    result = timed_process(cmd, ROOT, ATTNLAB_EVAL, env)
-    result["final_val_200"] = result["curve"][-1]["val_loss"] if result["curve"] else None
-    return result
+def attnlab_cmd(preset: str, work: Path, name: str, extra: list[str]) -> list[str]:
+    shutil.rmtree(work / name, ignore_errors=True)
+    return [str(Path(sys.executable).with_name("attnlab")), "train", preset, f"data={DATA}", f"out_dir={work}",
+            f"name={name}", "progress=false", *extra]
+
+
+def run_nanogpt(checkout: Path, work: Path, env: dict) -> dict:
+    copy = nanogpt_copy(checkout, work)
+    seen = timed_process(nanogpt_cmd(NANOGPT_RUN), copy, env, {"eval": NANOGPT_EVAL, "iter": NANOGPT_ITER})
+    out = subprocess.run([sys.executable, "-c", NANOGPT_AFTER], cwd=copy, env=env, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    final = next(line for line in out if line.startswith("FINAL")).split()
+    sample = ast.literal_eval(next(line for line in out if line.startswith("SAMPLE="))[7:])  # our repr()
+    return {"wall_s": seen["wall_s"], "curve": curve(seen["eval"], 2), "final_val_200": round(float(final[1]), 4),
+            "final_iter": int(final[2]), "max_mfu": max((float(g[2]) for _, g in seen["iter"]), default=None),
+            "sample": sample}
+
+
+def run_attnlab(preset: str, work: Path, env: dict, seed: int, extra: list[str]) -> dict:
+    cmd = attnlab_cmd(preset, work, "speedrun", [f"seed={seed}", "sample_tokens=0", *extra])
+    seen = timed_process(cmd, ROOT, env, {"eval": ATTNLAB_EVAL, "log": ATTNLAB_LOG})
+    c = curve(seen["eval"], 1)
+    sample = subprocess.run([cmd[0], "sample", str(work / "speedrun"), "--prompt", "\n", "--max-new-tokens", "300",
+                             "--temperature", "0.8", "--top-k", "200", "--seed", "1337"], env=env, capture_output=True,
+                            text=True, check=True).stdout
+    return {"wall_s": seen["wall_s"], "curve": c, "final_val_200": c[-1]["val_loss"] if c else None, "seed": seed,
+            "max_mfu": max((float(g[2]) for _, g in seen["log"] if g[2]), default=None), "sample": sample.strip()}
+
+
+def nanogpt_step_ms(checkout: Path, work: Path, env: dict, iters: int) -> dict:
+    copy = nanogpt_copy(checkout, work)
+    args = [*RECIPE, "--log_interval=1", f"--max_iters={iters}", "--lr_decay_iters=2000", "--eval_interval=100000"]
+    seen = timed_process(nanogpt_cmd(args), copy, env, {"iter": NANOGPT_ITER})
+    ms = [float(g[1]) for _, g in seen["iter"] if int(g[0]) > 50]  # iter 0's time includes an evaluation
+    return {"ms_per_iter": statistics.median(ms), "max_mfu": max(float(g[2]) for _, g in seen["iter"])}
+
+
+def attnlab_step_ms(work: Path, env: dict, iters: int, compile: bool) -> dict:
+    cmd = attnlab_cmd("shakespeare-char", work, "step", [
+        "model.positions=learned", "dtype=float32", f"max_iters={iters}", f"lr_decay_iters={2000}",
+        f"eval_interval={iters}", "eval_iters=1", "log_interval=10", "sample_tokens=0", f"compile={compile}"])
+    seen = timed_process(cmd, ROOT, env, {"log": ATTNLAB_LOG})
+    rates = [float(g[1].replace(",", "")) for _, g in seen["log"] if int(g[0]) > 50]
+    return {"ms_per_iter": 1000 * 12 * 64 / statistics.median(rates),
+            "max_mfu": max((float(g[2]) for _, g in seen["log"] if g[2]), default=None)}
 
 
 def plot(rounds: list[dict], target: float, out: Path) -> None:
@@ -119,10 +172,11 @@ def plot(rounds: list[dict], target: float, out: Path) -> None:
         for name, colour in (("nanogpt", "tab:gray"), ("attnlab", "tab:blue")):
             c = r[name]["curve"]
             ax.plot([p["seconds"] for p in c], [p["val_loss"] for p in c], "o-", color=colour, alpha=0.8,
-                    label=name if i == 0 else None)
+                    label=f"{name} ({'2000 steps' if name == 'nanogpt' else 'speed-run preset'})" if i == 0 else None)
     ax.axhline(target, ls="--", color="tab:red", lw=1, label=f"val {target}")
     ax.set_xlabel("wall seconds since the process started")
     ax.set_ylabel("val loss (nats/char)")
+    ax.set_title("tinyshakespeare, whole processes, alternating rounds")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -130,13 +184,61 @@ def plot(rounds: list[dict], target: float, out: Path) -> None:
     plt.close(fig)
 
 
+def time_rounds(args, checkout: Path, work: Path, env: dict) -> tuple[list[dict], dict]:
+    rounds = []
+    for r in range(args.rounds):
+        order = ("nanogpt", "attnlab") if r % 2 == 0 else ("attnlab", "nanogpt")
+        result = {name: (run_nanogpt(checkout, work, env) if name == "nanogpt"
+                         else run_attnlab(args.preset, work, env, 1337 + r, args.extra)) for name in order}
+        target = min(args.target, result["nanogpt"]["final_val_200"])
+        result["target"] = target
+        for name in ("nanogpt", "attnlab"):
+            result[name]["time_to_target_s"] = next(
+                (p["seconds"] for p in result[name]["curve"] if p["val_loss"] <= target), None)
+        rounds.append(result)
+        print(f"round {r + 1} (target {target:.4f}): " + "; ".join(
+            f"{n} {result[n]['wall_s']} s whole, to target {result[n]['time_to_target_s']} s, final val "
+            f"{result[n]['final_val_200']}" for n in ("nanogpt", "attnlab")), flush=True)
+    nano_wall = statistics.median(r["nanogpt"]["wall_s"] for r in rounds)
+    reached = [r["attnlab"]["time_to_target_s"] for r in rounds]
+    attn_time = statistics.median(reached) if None not in reached else None
+    finals = [r["attnlab"]["final_val_200"] for r in rounds]
+    summary = {
+        "nanogpt_median_wall_s": nano_wall, "attnlab_median_time_to_target_s": attn_time,
+        "attnlab_median_wall_s": statistics.median(r["attnlab"]["wall_s"] for r in rounds),
+        "ratio": attn_time / nano_wall if attn_time else None,
+        "attnlab_final_val": {"values": finals, "mean": statistics.mean(finals),
+                              "sd": statistics.stdev(finals) if len(finals) > 1 else 0.0},
+        "nanogpt_final_val": [r["nanogpt"]["final_val_200"] for r in rounds],
+    }
+    summary["held"] = summary["ratio"] is not None and summary["ratio"] <= 1 / 3
+    return rounds, summary
+
+
+def step_rounds(args, checkout: Path, work: Path, env: dict) -> dict:
+    contenders = {"nanogpt": lambda: nanogpt_step_ms(checkout, work, env, args.step_iters),
+                  "attnlab": lambda: attnlab_step_ms(work, env, args.step_iters, compile=False),
+                  "attnlab+compile": lambda: attnlab_step_ms(work, env, args.step_iters, compile=True)}
+    seen: dict[str, list[dict]] = {name: [] for name in contenders}
+    for r in range(args.rounds):
+        for name in (list(contenders) if r % 2 == 0 else list(reversed(contenders))):
+            seen[name].append(contenders[name]())
+        print(f"fp32 step, round {r + 1}: " + ", ".join(f"{n} {v[-1]['ms_per_iter']:.2f} ms" for n, v in seen.items()),
+              flush=True)
+    ms = {name: statistics.median(x["ms_per_iter"] for x in runs) for name, runs in seen.items()}
+    return {"rounds": seen, "median_ms_per_iter": ms,
+            "speedup_vs_nanogpt": {n: ms["nanogpt"] / v for n, v in ms.items() if n != "nanogpt"}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nanogpt", required=True, help="a checkout of karpathy/nanoGPT (copied, never modified)")
-    ap.add_argument("--preset", default="shakespeare-char-fast")
+    ap.add_argument("--preset", default="shakespeare-char-speedrun")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--target", type=float, default=1.88)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--step-iters", type=int, default=400, help="iterations of each fp32 step measurement")
+    ap.add_argument("--skip-step", action="store_true", help="leave out the fp32 step measurement")
     ap.add_argument("extra", nargs="*", help="key=value overrides of the attnlab preset")
     args = ap.parse_args()
     checkout = Path(args.nanogpt)
@@ -146,41 +248,39 @@ def main() -> int:
     if not DATA.is_file():
         print(f"speedrun: {DATA} not found", file=sys.stderr)
         return 2
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT / "src")}
-    rounds = []
+    if args.rounds < 1 or args.step_iters < 100:
+        print("speedrun: --rounds must be >= 1 and --step-iters >= 100", file=sys.stderr)
+        return 2
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT / "src"),
+           "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            order = ("nanogpt", "attnlab") if r % 2 == 0 else ("attnlab", "nanogpt")
-            result = {}
-            for name in order:
-                result[name] = (run_nanogpt(checkout, Path(tmp), env) if name == "nanogpt"
-                                else run_attnlab(args.preset, Path(tmp), env, args.extra))
-                result[name]["time_to_target_s"] = time_to(result[name]["curve"], args.target)
-            rounds.append(result)
-            print(f"round {r + 1}: " + "; ".join(
-                f"{n} {result[n]['wall_s']} s whole process, to {args.target}: {result[n]['time_to_target_s']} s, "
-                f"final val (200 batches) {result[n]['final_val_200']}" for n in ("nanogpt", "attnlab")))
-    summary = {}
+        rounds, summary = time_rounds(args, checkout, Path(tmp), env)
+        step = None if args.skip_step else step_rounds(args, checkout, Path(tmp), env)
+    print("\n| | whole process (median s) | to target (median s) | final val, 200 batches of 12 x 64 | max MFU |")
+    print("|---|---|---|---|---|")
     for name in ("nanogpt", "attnlab"):
-        walls = [r[name]["wall_s"] for r in rounds]
-        reached = [r[name]["time_to_target_s"] for r in rounds]
-        summary[name] = {"median_wall_s": statistics.median(walls),
-                         "median_time_to_target_s": statistics.median(reached) if None not in reached else None,
-                         "final_val_200": [r[name]["final_val_200"] for r in rounds]}
-    n, a = summary["nanogpt"], summary["attnlab"]
-    ratio = (a["median_time_to_target_s"] / n["median_wall_s"]) if a["median_time_to_target_s"] else None
-    print(f"\n| | whole process (median s) | to val <= {args.target} (median s) | final val, 200 batches |")
-    print("|---|---|---|---|")
-    for name, s in summary.items():
-        print(f"| {name} | {s['median_wall_s']} | {s['median_time_to_target_s'] or 'not reached'} | "
-              f"{', '.join(str(v) for v in s['final_val_200'])} |")
-    print(f"\nattnlab's time to {args.target} over nanoGPT's whole process: "
-          + (f"{ratio:.2f} (target <= 0.33)" if ratio else "attnlab did not reach the target"))
+        walls = statistics.median(r[name]["wall_s"] for r in rounds)
+        times = [r[name]["time_to_target_s"] for r in rounds]
+        mfus = [r[name]["max_mfu"] for r in rounds if r[name]["max_mfu"] is not None]
+        print(f"| {name} | {walls} | {statistics.median(times) if None not in times else 'not reached'} | "
+              f"{', '.join(str(r[name]['final_val_200']) for r in rounds)} | {max(mfus, default=0):.2f}% |")
+    v = summary["attnlab_final_val"]
+    print(f"\nattnlab's final val over {len(rounds)} seeds: {v['mean']:.4f} +- {v['sd']:.4f}")
+    print("attnlab's time to target over nanoGPT's whole process: "
+          + (f"{summary['ratio']:.3f} (bar: <= 0.333): {'held' if summary['held'] else 'not held'}"
+             if summary["ratio"] else "attnlab did not reach the target"))
+    if step is not None:
+        print("\nfp32 step, nanoGPT's model and recipe (median ms per iteration; speed-up = nanoGPT ms / attnlab ms):")
+        for name, ms in step["median_ms_per_iter"].items():
+            gain = step["speedup_vs_nanogpt"].get(name)
+            print(f"  {name:16s} {ms:6.2f} ms" + (f"  {gain:.3f}x" if gain else ""))
+    print(f"\nsample, nanoGPT (round 1):\n{rounds[0]['nanogpt']['sample']}\n\nsample, attnlab (round 1):\n"
+          f"{rounds[0]['attnlab']['sample']}")
     results = ROOT / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
     (results / "speedrun.json").write_text(json.dumps(
         {"preset": args.preset, "extra": args.extra, "target": args.target, "threads": args.threads,
-         "rounds": rounds, "summary": summary, "ratio_attnlab_to_target_over_nanogpt_whole": ratio}, indent=1))
+         "rounds": rounds, "summary": summary, "fp32_step": step}, indent=1))
     plot(rounds, args.target, results / "speedrun.png")
     return 0
 

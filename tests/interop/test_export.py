@@ -40,6 +40,7 @@ def _check_causal_lm(run, out, architecture):
     ("configs/quickstart.yaml", {}, "GPT2LMHeadModel"),  # learned positions, no biases (zeros in GPT-2)
     ("configs/shakespeare-char.yaml", {"model.norm": "rmsnorm", "model.activation": "swiglu", "model.n_kv_head": 1},
      "LlamaForCausalLM"),
+    ("configs/shakespeare-char.yaml", {"model.activation": "relu2"}, "GPTNeoXForCausalLM"),  # ACT2FN's relu2
 ])
 def test_gpt_runs_export_to_the_standard_architecture(tmp_path, capsys, preset, extra, architecture):
     run = train_tiny_run(tmp_path, **extra) if preset.endswith("char.yaml") else _quickstart_run(tmp_path)
@@ -107,6 +108,12 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, capsys):
     assert "not an empty folder" in capsys.readouterr().err and (full / "keep.txt").read_text() == "mine"
     assert main(["export", str(run), "--format", "sentence-transformers", "--out", str(tmp_path / "y")]) == 2
     assert "needs a bert encoder" in capsys.readouterr().err
+    capped = train_tiny_run(tmp_path, name="capped", max_iters=2, **{"model.qk_norm": True, "model.logit_softcap": 20})
+    capsys.readouterr()
+    assert main(["export", str(capped), "--out", str(tmp_path / "z")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "qk_norm=True" in err and "logit_softcap=20" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "z").exists()
 
 
 def test_transformers_refuses_a_run_folder_loudly(tmp_path):

@@ -384,6 +384,10 @@ BASE = dict(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=4, d_model=32)
         (dict(n_layers=2), "n_layer"),
         (dict(d_model="big"), "d_model"),
         (dict(norm_eps=0.0), "norm_eps"),
+        (dict(logit_softcap=0.0), "logit_softcap"),
+        (dict(logit_softcap=-5.0), "logit_softcap"),
+        (dict(mixer="ssm", positions="none", qk_norm=True), "qk_norm"),  # no attention to normalise
+        (dict(mixer="latent", positions="none", qk_norm=True), "qk_norm"),
     ],
 )
 def test_model_config_validation(changes, match):
@@ -399,3 +403,35 @@ def test_model_config_valid_variants():
     cfg = from_dict(ModelConfig, {**BASE, "dropout": "0.1", "n_layer": 2.0})
     assert cfg.dropout == 0.1 and cfg.n_layer == 2 and isinstance(cfg.n_layer, int)
 
+
+
+# ------------------------------------------------------------------- speed-run options of the GPT
+
+
+def test_logit_softcap_bounds_the_logits_as_cap_tanh_z_over_cap():
+    capped, plain = make_gpt(logit_softcap=2.0), make_gpt()  # same seed: same weights
+    idx = tokens(2, 9)
+    with torch.no_grad():  # large logits, so the cap is felt
+        for model in (capped, plain):
+            model.lm_head.weight.mul_(5.0)
+    z = plain(idx).logits
+    out = capped(idx, targets=idx)
+    assert torch.allclose(out.logits, 2.0 * torch.tanh(z / 2.0), atol=1e-5)
+    assert out.logits.abs().max() < 2.0 < z.abs().max()
+    assert torch.allclose(out.loss, F.cross_entropy(out.logits.view(-1, VOCAB), idx.view(-1)))
+
+
+def test_a_capped_model_decodes_with_the_cache_as_its_full_forward():
+    model = make_gpt(logit_softcap=3.0, positions="rope", qk_norm=True, activation="relu2")
+    idx = tokens(1, 8)
+    full = model(idx).logits
+    cache = model.new_cache(1)
+    steps = [model(idx[:, t:t + 1], cache=cache).logits for t in range(8)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+def test_relu2_is_relu_squared_in_the_mlp():
+    model = make_gpt(activation="relu2")
+    ffn = model.blocks[0].ffn
+    x = torch.randn(3, 32)
+    assert torch.allclose(ffn(x), ffn.fc_out(F.relu(ffn.fc_in(x)) ** 2), atol=1e-6)

@@ -621,3 +621,49 @@ def test_gqa_decode_steps_match_eager_without_copying_kv(n_kv_heads, with_bias):
         y_e, _ = eager(x[:, step], cache=caches[0], is_causal=True, bias=bias)
         y_f, _ = fused(x[:, step], cache=caches[1], is_causal=True, bias=bias)
         torch.testing.assert_close(y_f, y_e, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ QK-norm
+
+
+def _rms(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * gain
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "tiled"])
+def test_qk_norm_normalises_each_heads_queries_and_keys_before_the_scores(backend):
+    """By hand: q_h <- RMSNorm(q_h) g_q, k_h <- RMSNorm(k_h) g_k over D, then causal attention as usual."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, backend=backend, qk_norm=True)
+    with torch.no_grad():  # gains away from 1, so a missing gain would show
+        mha.q_norm.weight.uniform_(0.5, 2.0)
+        mha.k_norm.weight.uniform_(0.5, 2.0)
+    x = torch.randn(2, 7, 16)
+    q, k, v = mha.qkv_proj(x).split(16, dim=-1)
+    q, k, v = (t.view(2, 7, 4, 4).transpose(1, 2) for t in (q, k, v))
+    q, k = _rms(q, mha.q_norm.weight), _rms(k, mha.k_norm.weight)
+    y, _ = scaled_dot_product_attention(q, k, v, mask=causal_mask(7, 7))
+    expected = mha.out_proj(y.transpose(1, 2).reshape(2, 7, 16))
+    assert torch.allclose(mha(x, is_causal=True)[0], expected, atol=ATOL)
+    plain = MultiHeadAttention(16, 4, backend=backend)
+    assert plain.q_norm is None and "q_norm.weight" not in dict(plain.named_parameters())
+
+
+def test_qk_norm_decodes_with_the_kv_cache_as_the_full_forward():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, n_kv_heads=2, backend="sdpa", qk_norm=True)
+    x = torch.randn(2, 6, 16)
+    full = mha(x, is_causal=True)[0]
+    cache = mha.new_cache(2, 6, torch.float32)
+    steps = [mha(x[:, t:t + 1], cache=cache, is_causal=True)[0] for t in range(6)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=ATOL)
+
+
+def test_qk_norm_in_cross_attention_normalises_the_memorys_keys():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, backend="eager", cross=True, qk_norm=True)
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    q = _rms(mha.q_proj(x).view(2, 3, 4, 4).transpose(1, 2), mha.q_norm.weight)
+    k, v = mha.kv_proj(memory).view(2, 5, 8, 4).transpose(1, 2).split(4, dim=1)
+    y, _ = scaled_dot_product_attention(q, _rms(k, mha.k_norm.weight), v)
+    assert torch.allclose(mha(x, memory)[0], mha.out_proj(y.transpose(1, 2).reshape(2, 3, 16)), atol=ATOL)

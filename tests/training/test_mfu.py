@@ -37,8 +37,66 @@ def test_ssm_layers_have_no_attention_term():
 
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
-    """A cache folder of this test's own: no peak measured by an earlier test in the worker."""
+    """A cache folder of this test's own (no peak measured by an earlier test in the worker), and no hardware
+    bound: these tests pin the measured peak."""
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(mfu_module, "hardware_peak_flops", lambda dtype, threads: None)
+
+
+@pytest.mark.parametrize("flags, dtype, per_cycle", [
+    ({"avx", "avx2", "fma"}, torch.float32, 32),
+    ({"avx", "avx2", "fma"}, torch.bfloat16, 32),  # no native bf16: converted and computed at the fp32 rate
+    ({"avx2", "fma", "avx512f"}, torch.float32, 64),
+    ({"avx2", "fma", "avx512f", "avx512_bf16"}, torch.bfloat16, 128),
+    ({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"}, torch.bfloat16, 1024),
+    ({"sse2"}, torch.float32, 8),
+])
+def test_flops_per_cycle_follows_the_widest_unit(flags, dtype, per_cycle):
+    assert mfu_module.flops_per_cycle(flags, dtype) == per_cycle
+
+
+def test_the_hardware_bound_reads_cpuinfo(monkeypatch):
+    cpuinfo = "processor\t: 0\ncpu MHz\t\t: 2000.000\nflags\t\t: fpu avx avx2 fma\ncpu MHz\t\t: 3000.0\n"
+    monkeypatch.setattr(mfu_module, "_cpuinfo_text", lambda: cpuinfo)
+    monkeypatch.setattr(mfu_module.Path, "read_text", _no_cpufreq(mfu_module.Path.read_text))
+    mfu_module.hardware_peak_flops.cache_clear()
+    try:
+        peak, how = mfu_module.hardware_peak_flops(torch.float32, 2)
+    finally:
+        mfu_module.hardware_peak_flops.cache_clear()
+    assert peak == 2 * 32 * 3.0e9 and "2 threads x 32 FLOP/cycle x 3 GHz" in how
+
+
+def _no_cpufreq(read_text):
+    def read(self, *args, **kwargs):
+        if "cpufreq" in str(self):
+            raise OSError("no cpufreq here")
+        return read_text(self, *args, **kwargs)
+    return read
+
+
+def test_the_peak_is_the_larger_of_the_bound_and_the_measurement(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(mfu_module, "measure_peak_flops", lambda dtype, device: 5e10)
+    monkeypatch.setattr(mfu_module, "hardware_peak_flops", lambda dtype, threads: (2e11, "bound"))
+    assert peak_flops(torch.float32) == 2e11  # a measurement on a loaded machine cannot pull it below the bound
+    monkeypatch.setattr(mfu_module, "hardware_peak_flops", lambda dtype, threads: (1e10, "bound"))
+    assert peak_flops(torch.float32) == 5e10  # a reported clock below the boost clock: the measurement rules
+    assert peak_flops(torch.float32, hardware=False) == 5e10
+
+
+def test_no_run_logs_mfu_above_100_percent(tmp_path):
+    """Unpatched: this machine's own peak (hardware bound and best measurement), a real run of the default model."""
+    from attnlab.training.runs import read_metrics
+    from attnlab.training.trainer import Trainer
+    from tests.helpers import tiny_config, write_corpus
+
+    cfg = tiny_config(write_corpus(tmp_path / "c.txt"), tmp_path / "runs", name="m", max_iters=20, log_interval=5)
+    trainer = Trainer(cfg)
+    trainer.train()
+    logged = [r for r in read_metrics(trainer.run_dir) if "mfu" in r]
+    assert logged and all(0 < r["mfu"] <= 1.0 for r in logged), logged
+    assert all(r["mfu"] == pytest.approx(r["tokens_per_s"] * trainer.flops_per_unit / r["peak_flops"]) for r in logged)
 
 
 def test_peak_is_measured_once_and_cached(monkeypatch, fresh_cache):

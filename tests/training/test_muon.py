@@ -31,6 +31,19 @@ def test_newton_schulz_pushes_the_singular_values_near_one(shape):
     assert (D - torch.diag(D.diagonal())).norm() < 1e-4 * D.norm()
 
 
+@pytest.mark.parametrize("shape", [(32, 32), (96, 24)])
+def test_newton_schulz_in_bfloat16_orthogonalises_as_well(shape):
+    """The bf16 iteration (a bf16 run's Newton-Schulz) lands its singular values where fp32's do, to bf16's
+    rounding, and returns bf16."""
+    G = torch.randn(*shape, generator=torch.Generator().manual_seed(0)) * torch.logspace(-2, 1, shape[1])
+    O16, O32 = newton_schulz5(G, dtype=torch.bfloat16), newton_schulz5(G)
+    assert O16.dtype == torch.bfloat16
+    big = torch.linalg.svdvals(G) / G.norm() > 1 / 300
+    after16, after32 = torch.linalg.svdvals(O16.float()), torch.linalg.svdvals(O32)
+    assert after16.max() < 1.3 and after16[big].min() > 0.55
+    assert (after16 - after32).abs().max() < 0.1
+
+
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     model = build_model(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, d_model=16))
     cfg = load_train_config(None, ["optimizer=muon", "muon_lr=0.02", "lr=1e-3"])

@@ -1,3 +1,4 @@
+import functools
 import itertools
 import json
 import math
@@ -39,6 +40,65 @@ def test_lr_schedule_warmup_then_cosine():
     assert lr_at(500, 1.0, 0.1, 10, 100) == pytest.approx(0.1)
     values = [lr_at(t, 1.0, 0.1, 10, 100) for t in range(10, 100)]
     assert all(a >= b for a, b in itertools.pairwise(values))  # monotone decay
+
+
+def test_lr_schedule_warmup_stable_then_linear_cooldown():
+    wsd = functools.partial(lr_at, lr=1.0, min_lr=0.0, warmup=10, decay_iters=100, schedule="wsd",
+                            cooldown_fraction=0.2)
+    assert wsd(0) == pytest.approx(0.1) and wsd(9) == pytest.approx(1.0)
+    assert all(wsd(t) == 1.0 for t in range(10, 80))  # stable until the last 20 of 100 steps
+    assert wsd(90) == pytest.approx(0.5) and wsd(99) == pytest.approx(0.05)  # linear to 0 at step 100
+    assert wsd(100) == 0.0 and wsd(300) == 0.0
+    # a cooldown longer than what follows the warmup starts right after it
+    assert lr_at(10, 1.0, 0.0, 10, 20, "wsd", 0.9) == pytest.approx(1.0)
+    assert lr_at(15, 1.0, 0.0, 10, 20, "wsd", 0.9) == pytest.approx(0.5)
+
+
+def test_cooldown_fraction_is_checked_and_belongs_to_wsd(corpus, tmp_path):
+    for bad, match in (({"lr_schedule": "wsd", "cooldown_fraction": 0.0}, "cooldown_fraction"),
+                       ({"lr_schedule": "wsd", "cooldown_fraction": 1.5}, "cooldown_fraction"),
+                       ({"cooldown_fraction": 0.5}, "only with lr_schedule=wsd")):
+        with pytest.raises(ConfigError, match=match):
+            tiny_config(corpus, tmp_path / "runs", **bad)
+
+
+def test_a_wsd_run_logs_its_schedule(corpus, tmp_path):
+    cfg = tiny_config(corpus, tmp_path / "runs", name="wsd", max_iters=20, warmup_iters=2, lr_schedule="wsd",
+                      cooldown_fraction=0.5, log_interval=1, min_lr=0.0)
+    Trainer(cfg).train()
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "runs" / "wsd") if "val_loss" not in r]
+    assert lrs == pytest.approx([lr_at(t, cfg.lr, 0.0, 2, 20, "wsd", 0.5) for t in range(20)])
+
+
+def test_eval_train_false_scores_val_alone_on_the_same_batches(corpus, tmp_path):
+    both = Trainer(tiny_config(corpus, tmp_path / "runs", name="both")).train()
+    alone = Trainer(tiny_config(corpus, tmp_path / "runs", name="alone", eval_train=False)).train()
+    evals = [[r for r in read_metrics(run.run_dir) if "val_loss" in r] for run in (both, alone)]
+    assert [r["val_loss"] for r in evals[0]] == [r["val_loss"] for r in evals[1]]  # bit for bit
+    assert all("train_eval_loss" in r for r in evals[0]) and not any("train_eval_loss" in r for r in evals[1])
+
+
+def test_eval_batch_size_sets_the_evaluation_batches(corpus, tmp_path):
+    from attnlab.training.loop import evaluate_model
+
+    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="eb", batch_size=4, eval_batch_size=7))
+    expected = evaluate_model(trainer.model, trainer.task, trainer.task.splits, 7, trainer.cfg.eval_iters,
+                              trainer.cfg.seed)
+    assert trainer.evaluate() == expected
+    with pytest.raises(ConfigError, match="eval_batch_size"):
+        tiny_config(corpus, tmp_path / "runs", eval_batch_size=0)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_dtype_auto_is_bfloat16_only_where_the_device_computes_it_natively(corpus, tmp_path, monkeypatch, native):
+    from attnlab.core import runtime
+
+    monkeypatch.setattr(runtime, "native_bfloat16", lambda device_type: native)
+    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="auto", dtype="auto", optimizer="muon"))
+    assert trainer.dtype == ("bfloat16" if native else "float32")
+    assert trainer.optimizer.ns_dtype == (torch.bfloat16 if native else torch.float32)  # Muon's Newton-Schulz
+    with trainer.autocast():
+        assert torch.is_autocast_enabled("cpu") == native
 
 
 def test_weight_decay_only_on_matrices(corpus, tmp_path):

@@ -136,13 +136,28 @@ def settings(threads: int | None = None, deterministic: bool | None = None,
         apply(before)
 
 
+def native_bfloat16(device_type: str) -> bool:
+    """Whether this device computes bfloat16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16
+    or AMX (elsewhere torch emulates bf16 matmuls, far slower than float32)."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device_type == "cpu":
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return False
+
+
+def resolve_dtype(dtype: str, device_type: str) -> str:
+    """``dtype`` as a run computes in: "auto" is "bfloat16" where the device has native bf16, else "float32"."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if native_bfloat16(device_type) else "float32"
+
+
 def slow_bfloat16_warning(device_type: str, dtype: str) -> str | None:
     """A one-line warning when ``dtype=bfloat16`` would run on a CPU without native bf16 arithmetic
     (neither AVX512-BF16 nor AMX): there torch emulates bf16 matmuls, far slower than float32 (a 512 x 512
     matmul took 214 ms in bf16 against 2.1 ms in fp32 on a 2-core AVX2 machine, measured). None otherwise."""
-    if device_type != "cpu" or dtype != "bfloat16":
-        return None
-    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+    if device_type != "cpu" or dtype != "bfloat16" or native_bfloat16("cpu"):
         return None
     return ("warning: this CPU has no native bfloat16 (no AVX512-BF16 or AMX), so dtype=bfloat16 runs emulated "
             "matmuls, typically 10-100x slower than float32 here; dtype=float32 is the fast setting on it")

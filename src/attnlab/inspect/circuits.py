@@ -79,6 +79,9 @@ def _require_standard_gpt(model: nn.Module) -> None:
     c = getattr(model, "config", None)
     if c is None or c.family != "gpt" or c.norm_position != "pre" or getattr(model, "residual", None) is not None:
         raise ConfigError("direct logit attribution reads one sum of parts: a pre-norm gpt with residual=standard")
+    if getattr(c, "logit_softcap", None) is not None:
+        raise ConfigError(f"direct logit attribution splits the logit linearly, and model.logit_softcap="
+                          f"{c.logit_softcap:g} bends it (cap * tanh(z / cap)); it reads uncapped models only")
 
 
 @torch.no_grad()

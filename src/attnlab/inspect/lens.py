@@ -42,7 +42,7 @@ def logit_lens(model: nn.Module, idx: Tensor, targets: Tensor | None = None, k: 
     with capture(model, "blocks.*.hook_resid_pre", f"blocks.{L - 1}.hook_resid_post") as seen:
         model(idx)
     streams = [seen[f"blocks.{i}.hook_resid_pre"] for i in range(L)] + [seen[f"blocks.{L - 1}.hook_resid_post"]]
-    logits = torch.stack([model.lm_head(model.norm_f(r)) for r in streams])  # (L+1, B, T, V)
+    logits = torch.stack([model.head(model.norm_f(r)) for r in streams])  # (L+1, B, T, V)
     loss = None
     if targets is not None:
         loss = [F.cross_entropy(lg.reshape(-1, lg.size(-1)), targets.reshape(-1), ignore_index=-100).item()

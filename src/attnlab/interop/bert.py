@@ -29,7 +29,9 @@ from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.interop.hfio import (
     FROM_HF_ACTIVATION,
     HF_ACTIVATION,
+    dense_attention_mismatches,
     layer_names,
+    mismatches,
     read_hf_config,
     read_hf_weights,
     refuse,
@@ -68,13 +70,8 @@ def _hf_bert_key(name: str) -> str:
 
 def check_bert_compatible(config: ModelConfig) -> None:
     """Raise CheckpointError unless the model has exactly BERT's architecture."""
-    wanted = dict(family="bert", positions="learned", norm="layernorm", norm_position="post", bias=True)
-    wrong = [f"{k}={getattr(config, k)!r} (BERT needs {v!r})" for k, v in wanted.items() if getattr(config, k) != v]
-    if config.activation not in HF_ACTIVATION:
-        wrong.append(f"activation={config.activation!r} (BERT's MLP is not gated: gelu, gelu_tanh or relu)")
-    if config.n_kv_head not in (None, config.n_head):
-        wrong.append(f"n_kv_head={config.n_kv_head} (BERT has full multi-head attention)")
-    refuse("BERT", wrong)
+    refuse("BERT", mismatches(config, "BERT", family="bert", positions="learned", norm="layernorm",
+                              norm_position="post", bias=True) + dense_attention_mismatches(config, "BERT"))
 
 
 def to_bert_state_dict(model) -> dict[str, torch.Tensor]:

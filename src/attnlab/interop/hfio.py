@@ -18,10 +18,11 @@ from attnlab.core.errors import CheckpointError
 from attnlab.core.fileio import atomic_path, atomic_write_text
 
 # attnlab's activation -> the name transformers' ACT2FN gives the same function
-HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "relu2": "relu2"}
 # transformers' names -> attnlab's (gelu_new and gelu_pytorch_tanh are both the tanh approximation)
 FROM_HF_ACTIVATION = {"gelu": "gelu", "gelu_python": "gelu", "gelu_pytorch": "gelu", "gelu_new": "gelu_tanh",
-                      "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu": "relu"}
+                      "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu": "relu",
+                      "relu2": "relu2"}
 
 
 def layer_names(n_layer: int, per_layer: list[tuple[str, str]], prefix: str,
@@ -87,17 +88,23 @@ def bias_or_zeros(state: dict[str, torch.Tensor], name: str, size: int, like: to
 
 
 def mismatches(config, architecture: str, **wanted) -> list[str]:
-    """"option=value (ARCH needs wanted)" for every option of ``config`` that differs from ``wanted``."""
-    return [f"{k}={getattr(config, k)!r} ({architecture} needs {v!r})" for k, v in wanted.items()
-            if getattr(config, k) != v]
+    """"option=value (ARCH needs wanted)" for every option of ``config`` that differs from ``wanted``, and the
+    options no exported architecture has (QK-norm, logit soft-capping)."""
+    wrong = [f"{k}={getattr(config, k)!r} ({architecture} needs {v!r})" for k, v in wanted.items()
+             if getattr(config, k) != v]
+    if getattr(config, "qk_norm", False):
+        wrong.append(f"qk_norm=True ({architecture} does not normalise queries and keys)")
+    if getattr(config, "logit_softcap", None) is not None:
+        wrong.append(f"logit_softcap={config.logit_softcap:g} ({architecture}'s logits are not capped)")
+    return wrong
 
 
 def dense_attention_mismatches(config, architecture: str, gated: str = "", grouped: str = "") -> list[str]:
     """The activation and head options an architecture with a plain MLP and full multi-head attention lacks."""
     wrong = []
     if config.activation not in HF_ACTIVATION:
-        wrong.append(f"activation={config.activation!r} ({architecture}'s MLP is not gated: gelu, gelu_tanh or "
-                     f"relu{gated})")
+        wrong.append(f"activation={config.activation!r} ({architecture}'s MLP is not gated: "
+                     f"{', '.join(HF_ACTIVATION)}{gated})")
     if config.n_kv_head not in (None, config.n_head):
         wrong.append(f"n_kv_head={config.n_kv_head} ({architecture} has full multi-head attention{grouped})")
     return wrong

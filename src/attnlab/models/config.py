@@ -144,10 +144,12 @@ def at_least(config: Any, minimum: int, *keys: str) -> None:
 
 @dataclass
 class AttentionOptions:
-    """Heads: n_head, n_kv_head (grouped-query attention when fewer) and the attention backend."""
+    """Heads: n_head, n_kv_head (grouped-query attention when fewer), the attention backend, and QK-norm
+    (each head's queries and keys RMS-normalised, with a learned gain, before positions and scores)."""
     n_head: int = 4
     n_kv_head: int | None = None  # None = n_head (MHA); 1 = MQA; in between = GQA
     attn_backend: Literal["eager", "sdpa", "tiled"] = "sdpa"
+    qk_norm: bool = False  # Dehghani et al. 2023 / OLMo 2: RMSNorm(q), RMSNorm(k) per head
 
 
 @dataclass
@@ -162,7 +164,7 @@ class NormOptions:
 class FFNOptions:
     """The feed-forward width (d_ff) and its activation."""
     d_ff: int | None = None  # None = 4 d_model (gelu/relu) or 8/3 d_model (swiglu)
-    activation: Literal["gelu", "gelu_tanh", "relu", "swiglu"] = "gelu"  # gelu_tanh: GPT-2's
+    activation: Literal["gelu", "gelu_tanh", "relu", "relu2", "swiglu"] = "gelu"  # gelu_tanh: GPT-2's; relu2: ReLU^2
 
 
 @dataclass
@@ -291,6 +293,8 @@ class MixerOptions:
             *self._unless(self.mixer == "hybrid", f"for mixer=hybrid, and mixer={self.mixer}",
                           "hybrid_attention_every"),
             *self._unless(self.mixer != "ssm", "mixer=ssm has no attention", "attn_backend", "n_kv_head"),
+            *self._unless(self.mixer in ("attention", "hybrid"), f"multi-head attention's, and mixer={self.mixer}",
+                          "qk_norm"),
         ]
 
 

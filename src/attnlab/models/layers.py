@@ -28,7 +28,7 @@ def build_mixer(c: ModelConfig, kind: str = "attention") -> nn.Module:
     """The token mixer ``kind`` with the config's sizes (the config has refused what a kind cannot do)."""
     if kind == "attention":
         return MultiHeadAttention(c.d_model, c.n_head, n_kv_heads=c.n_kv_head, bias=c.bias, dropout=c.dropout,
-                                  backend=c.attn_backend)
+                                  backend=c.attn_backend, qk_norm=c.qk_norm)
     if kind == "latent":
         return MultiHeadLatentAttention(
             c.d_model, c.n_head, bias=c.bias, dropout=c.dropout, backend=c.attn_backend,
@@ -57,7 +57,7 @@ def build_block(c: ModelConfig, mixer: str = "attention", moe: bool = False, cro
     pre- or post-norm as ``c.norm_position`` says. Layers are built in that order."""
     token_mixer = build_mixer(c, mixer)
     cross = (MultiHeadAttention(c.d_model, c.n_head, n_kv_heads=c.n_kv_head, bias=c.bias, dropout=c.dropout,
-                                backend=c.attn_backend, cross=True) if cross_attention else None)
+                                backend=c.attn_backend, cross=True, qk_norm=c.qk_norm) if cross_attention else None)
     ffn = build_ffn(c, moe)
     norm = partial(build_norm, c.norm, c.d_model, c.norm_eps, c.bias)
     return compose(token_mixer, ffn, norm, c.dropout, c.norm_position, cross)

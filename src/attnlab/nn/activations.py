@@ -1,6 +1,7 @@
 """The feed-forward non-linearities, shared by the dense FFN and the mixture-of-experts experts.
 
     relu(h) = max(0, h)
+    relu2(h) = max(0, h)^2                                (So et al. 2021, "Primer"; modded-nanoGPT's MLP)
     gelu(h) = h * Phi(h)                                  (exact, with the normal CDF Phi)
     gelu_tanh(h) = h/2 * (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))   (GPT-2's approximation, "gelu_new")
     swiglu([g; u]) = SiLU(g) * u,  SiLU(g) = g * sigmoid(g)   (Shazeer 2020; h holds gate and up halves)
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "swiglu")
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "relu2", "swiglu")
 
 
 def check_activation(activation: str) -> None:
@@ -29,4 +30,7 @@ def activate(h: Tensor, activation: str) -> Tensor:
         return F.gelu(h)
     if activation == "gelu_tanh":
         return F.gelu(h, approximate="tanh")
+    if activation == "relu2":
+        return F.relu(h).square()
     return F.relu(h)
+

@@ -138,13 +138,17 @@ class TrainConfig:
     min_lr: float = 1e-4
     warmup_iters: int = 100
     lr_decay_iters: int | None = None  # None = max_iters
+    lr_schedule: Literal["cosine", "wsd"] = "cosine"  # wsd: warmup, constant, linear cooldown (schedule.py)
+    cooldown_fraction: float = 0.2  # wsd: the last fraction of lr_decay_iters spent cooling down to min_lr
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0  # 0 disables clipping
     optimizer: Literal["adamw", "muon"] = "adamw"  # muon: Muon for hidden matrices, AdamW for the rest
     muon_lr: float = 0.02  # Muon's peak learning rate (the schedule scales it like lr)
-    dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16 = autocast for matmuls
+    # bfloat16 = autocast for matmuls; auto = bfloat16 where the device computes it natively (a GPU with bf16,
+    # a CPU with AVX512-BF16 or AMX), else float32
+    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     compile: bool = False
     seed: int = 1337
     threads: int | None = None  # torch intra-op threads; None = torch's default
@@ -164,6 +168,8 @@ class TrainConfig:
     # evaluation, logging, checkpoints
     eval_interval: int = 250
     eval_iters: int = 100  # batches per evaluation
+    eval_batch_size: int | None = None  # sequences per evaluation batch; None = batch_size
+    eval_train: bool = True  # also estimate the loss on the train split at each evaluation
     log_interval: int = 10
     checkpoint_interval: int | None = None  # None = at every evaluation
     keep_checkpoints: int = 2
@@ -211,8 +217,14 @@ class TrainConfig:
             raise ConfigError(f"'muon_lr' must be > 0, got {self.muon_lr}")
         if self.optimizer != "muon" and self.muon_lr != 0.02:
             raise ConfigError(f"'muon_lr' is used only with optimizer=muon (optimizer={self.optimizer})")
+        if not 0.0 < self.cooldown_fraction <= 1.0:
+            raise ConfigError(f"'cooldown_fraction' must be in (0, 1], got {self.cooldown_fraction}")
+        if self.lr_schedule != "wsd" and self.cooldown_fraction != 0.2:
+            raise ConfigError(f"'cooldown_fraction' is used only with lr_schedule=wsd (lr_schedule={self.lr_schedule})")
         if self.optimizer == "muon" and self.parallel == "fsdp":
             raise ConfigError("optimizer=muon needs whole weight matrices; use parallel=ddp (FSDP shards them)")
+        if self.eval_batch_size is not None and self.eval_batch_size < 1:
+            raise ConfigError(f"'eval_batch_size' must be >= 1, got {self.eval_batch_size}")
         if self.checkpoint_interval is not None and self.checkpoint_interval < 1:
             raise ConfigError(f"'checkpoint_interval' must be >= 1, got {self.checkpoint_interval}")
         if self.threads is not None and self.threads < 1:

@@ -148,8 +148,9 @@ def evaluate_model(
 ) -> dict[str, float]:
     """Mean of the task's reported loss (key ``split``) and metrics (key ``split_metric``) per split.
 
-    Split i uses the batches of ``task.eval_batches(split, ..., seed + 1 + i)``, so every evaluation
-    of a run sees the same ones; with N processes each evaluates every N-th batch and they average.
+    The split at position i of ``task.splits`` uses the batches of ``task.eval_batches(split, ..., seed + 1 + i)``,
+    so every evaluation of a run sees the same ones, whichever subset of splits it asks for; with N processes
+    each evaluates every N-th batch and they average.
     """
     rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
     was_training = model.training
@@ -158,7 +159,8 @@ def evaluate_model(
     for i, split in enumerate(splits):
         sums: dict[str, torch.Tensor] = {}
         n = 0
-        for j, batch in enumerate(task.eval_batches(split, batch_size, n_batches, seed + 1 + i)):
+        position = task.splits.index(split) if split in task.splits else i
+        for j, batch in enumerate(task.eval_batches(split, batch_size, n_batches, seed + 1 + position)):
             n += 1
             if j % world != rank:
                 continue

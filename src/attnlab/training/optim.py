@@ -22,10 +22,12 @@ def hidden_matrices(model: torch.nn.Module) -> set[int]:
             and not (head is not None and m.weight is head.weight)}
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = True) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = True,
+                   compute_dtype: str = "float32") -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices (dim >= 2) only: not on biases, norms' gains, nor on
     parameters whose module gives them the NO_WEIGHT_DECAY role (an SSM's A_log, experts' biases).
-    ``fused``: one kernel for all parameters (the foreach path is used for FSDP's sharded DTensor parameters)."""
+    ``fused``: one kernel for all parameters (the foreach path is used for FSDP's sharded DTensor parameters).
+    ``compute_dtype``: what the run computes in ("float32" or "bfloat16"); Muon's Newton-Schulz runs in it."""
     exempt = {id(p) for _, p in roles.with_role(model, roles.NO_WEIGHT_DECAY)}
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2 and id(p) not in exempt]
@@ -42,7 +44,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = True)
                    "lr_ratio": cfg.muon_lr / cfg.lr},
                   {"params": [p for p in decay if id(p) not in hidden], "weight_decay": cfg.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
-        return MuonWithAdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+        return MuonWithAdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             ns_dtype=torch.bfloat16 if compute_dtype == "bfloat16" else torch.float32)
     kernel = {"fused": True} if fused else {"foreach": True}
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **kernel)
 

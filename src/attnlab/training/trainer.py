@@ -28,7 +28,7 @@ from attnlab.training import distributed, runs
 from attnlab.training.config import TrainConfig
 from attnlab.training.loggers import RunLog, evaluation_keys
 from attnlab.training.loop import evaluate_model, train_step
-from attnlab.training.mfu import mfu, peak_flops
+from attnlab.training.mfu import MFUMeter
 from attnlab.training.moe_log import MoELog
 from attnlab.training.optim import make_optimizer, state_is_finite
 from attnlab.training.profiling import StepProfiler
@@ -80,7 +80,11 @@ class Trainer:
         wanted = runtime.RuntimeState(cfg.threads or torch.get_num_threads(), cfg.deterministic,
                                       cfg.flush_denormal and self.device.type == "cpu")
         self._runtime_before = runtime.apply(wanted, self.log)
-        if (slow := runtime.slow_bfloat16_warning(self.device.type, cfg.dtype)) is not None:
+        self.dtype = runtime.resolve_dtype(cfg.dtype, self.device.type)  # what the run computes in
+        if cfg.dtype == "auto":
+            self.log(f"dtype=auto: {self.dtype} (native bfloat16 on this {self.device.type}: "
+                     f"{'yes' if self.dtype == 'bfloat16' else 'no'})")
+        if (slow := runtime.slow_bfloat16_warning(self.device.type, self.dtype)) is not None:
             self.log(slow)
         name = cfg.name or runs.default_run_name(preset)
         self.run_dir = Path(cfg.out_dir) / name
@@ -116,19 +120,18 @@ class Trainer:
 
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=ids)
-        self.optimizer = make_optimizer(self.model, cfg, fused=not self.sharded)
+        self.optimizer = make_optimizer(self.model, cfg, fused=not self.sharded, compute_dtype=self.dtype)
         if state is not None:
             ckpt.check_trainer_state(state, self.optimizer, checkpoint)
             self._restore_state(state)
         wrapped = self.ddp or self.model
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
         self.flops_per_unit = self.task.flops_per_unit(self.model)
-        self._peak: float | None = None
-        self._peak_dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
-        self._peak_refreshed = False
         # the peak is measured once per machine and cached; here, so it never pauses the training loop
-        if cfg.mfu and self.flops_per_unit is not None:
-            self._peak = peak_flops(self._peak_dtype, self.device.type)
+        self.meter = (MFUMeter(self.flops_per_unit, self.dtype, self.device.type)
+                      if cfg.mfu and self.flops_per_unit is not None else None)
+        if self.meter is not None:
+            self.log(self.meter.describe())
         self.records: RunLog | None = None  # metrics.jsonl (+ TensorBoard), on the main process
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -219,7 +222,7 @@ class Trainer:
 
     def autocast(self):
         """The autocast context of the run's dtype (bfloat16 autocast, or nothing for float32)."""
-        if self.cfg.dtype == "bfloat16":
+        if self.dtype == "bfloat16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -244,8 +247,10 @@ class Trainer:
     def evaluate(self, splits: tuple[str, ...] | None = None) -> dict[str, float]:
         """Loss and task metrics per split on the same batches at every evaluation (see evaluate_model)."""
         # under FSDP every rank runs every batch (each forward gathers weights collectively)
-        return evaluate_model(self.model, self.task, splits or self.task.splits, self.cfg.batch_size,
-                              self.cfg.eval_iters, self.cfg.seed, self.device, self.autocast,
+        cfg = self.cfg
+        splits = splits or tuple(s for s in self.task.splits if s != "train" or cfg.eval_train)
+        return evaluate_model(self.model, self.task, splits, cfg.eval_batch_size or cfg.batch_size,
+                              cfg.eval_iters, cfg.seed, self.device, self.autocast,
                               None if self.sharded else self.dist)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -278,7 +283,8 @@ class Trainer:
         pause_total = 0.0
         try:
             while self.step < cfg.max_iters:
-                lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, decay_iters)
+                lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, decay_iters, cfg.lr_schedule,
+                           cfg.cooldown_fraction)
                 drawn: list[dict[str, torch.Tensor]] = []
                 result = train_step(
                     self.model, self.optimizer, self._train_batches(drawn), lambda batch: self.forward(**batch),
@@ -307,7 +313,8 @@ class Trainer:
                     utilisation = self.mfu(last_tps / self.dist.world_size)  # per replica vs one device's peak
                     self._append_metrics({
                         "step": self.step, "train_loss": last_train, "lr": lr, f"{self.task.unit}_per_s": last_tps,
-                        **({"mfu": utilisation} if utilisation is not None else {}), **moe_log.flush(),
+                        **({"mfu": utilisation, "peak_flops": self.meter.peak} if utilisation is not None else {}),
+                        **moe_log.flush(),
                     })
                     line = (f"train loss {last_train:.4f}, lr {lr:.3g}, {last_tps:,.0f} {self.task.unit}/s"
                             + (f", mfu {utilisation:.1%}" if utilisation is not None else ""))
@@ -368,14 +375,7 @@ class Trainer:
 
     def mfu(self, tokens_per_s: float) -> float | None:
         """Model FLOPs utilisation of the current throughput (None when cfg.mfu is off)."""
-        if self._peak is None:
-            return None
-        utilisation = mfu(tokens_per_s, self.flops_per_unit, self._peak)
-        if utilisation > 1.0 and not self._peak_refreshed:  # the cached peak was measured on a busy machine
-            self._peak_refreshed = True
-            self._peak = peak_flops(self._peak_dtype, self.device.type, refresh=True)
-            utilisation = mfu(tokens_per_s, self.flops_per_unit, self._peak)
-        return utilisation
+        return None if self.meter is None else self.meter(tokens_per_s)
 
     def _skip_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, bad_steps: int, say) -> None:
         """Record a skipped update; stop once the limit of consecutive bad steps is reached."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attnlab.core.errors import ConfigError
 from attnlab.models.config import (
     MixerOptions,
     ModelConfig,
@@ -24,9 +25,12 @@ class GPTConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOption
     """A GPT: any token mixer per layer, dense or expert feed-forward, any residual scheme."""
 
     family: str = "gpt"
+    logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma 2); None = uncapped
 
     def validate(self) -> None:
         at_least(self, 1, "block_size", "vocab_size")
+        if self.logit_softcap is not None and not self.logit_softcap > 0:
+            raise ConfigError(f"model.logit_softcap must be > 0 (or null), got {self.logit_softcap}")
         self.check_transformer()
         self.check_positions()
         self.check_mixer()

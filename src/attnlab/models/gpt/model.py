@@ -2,7 +2,8 @@
 
     h_0 = E[x] + P[pos]                      token embedding (+ additive positions, if any)
     h_l = Block_l(h_{l-1}),  l = 1..L       causal self-attention + feed-forward
-    p(x_{t+1} | x_<=t) = softmax(Norm(h_L) E^T)   LM head tied to the embedding
+    p(x_{t+1} | x_<=t) = softmax(z),  z = Norm(h_L) E^T   LM head tied to the embedding
+    z <- cap * tanh(z / cap)                 with model.logit_softcap (Gemma 2), else z as it is
 
 Trained with next-token cross-entropy; generates with a KV cache (see ``attnlab.generation``).
 """
@@ -83,6 +84,12 @@ class GPT(PretrainedModel):
         else:
             super()._init_weights(module)
 
+    def head(self, x: Tensor) -> Tensor:
+        """Logits of final-normed states x (..., C) -> (..., V): the LM head, soft-capped if the config says so."""
+        logits = self.lm_head(x)
+        cap = self.config.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
+
     def new_cache(
         self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None
     ) -> list[LayerCache]:
@@ -131,7 +138,7 @@ class GPT(PretrainedModel):
         x = self.norm_f(x)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
-        logits = self.lm_head(x)  # (B, T, V)
+        logits = self.head(x)  # (B, T, V)
         out = LMOutput(logits=logits, moe_stats=moe_stats or None)
         if targets is not None:
             out.lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)

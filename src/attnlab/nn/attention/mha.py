@@ -20,6 +20,7 @@ from attnlab.nn.attention.kernels import BACKENDS, Backend, sdpa_attention
 from attnlab.nn.attention.reference import attention_probs, causal_mask, combine_masks
 from attnlab.nn.hooks import HookPoint, ScoresPoint
 from attnlab.nn.mixing import BlockContext
+from attnlab.nn.norms import RMSNorm
 
 # hook(module, q, k, mask, bias, is_causal, scale): the exact inputs of the softmax, see ScoresHooks
 ScoresHook = Callable[[nn.Module, Tensor, Tensor, "Tensor | None", "Tensor | None", bool, float], None]
@@ -102,7 +103,9 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
 
     With ``n_kv_heads < n_heads`` the query heads are split into groups that share one key/value
     head (GQA; ``n_kv_heads=1`` is multi-query attention), shrinking the KV cache by
-    n_heads / n_kv_heads.
+    n_heads / n_kv_heads. ``qk_norm`` RMS-normalises every head's query and key over D, each with a
+    learned gain (``q_norm``, ``k_norm``), before positions and scores: q_h <- RMSNorm(q_h), which
+    bounds the scores' scale by the gains (Dehghani et al. 2023; OLMo 2; modded-nanoGPT).
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         backend: Backend = "eager",
         cross: bool = False,
         d_memory: int | None = None,
+        qk_norm: bool = False,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -135,6 +139,8 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
             self.qkv_proj = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)  # fused Q, K, V
         self.out_proj = nn.Linear(q_dim, d_model, bias=bias)
         roles.declare(self, "out_proj.weight", roles.RESIDUAL_OUT)
+        self.q_norm = RMSNorm(self.head_dim) if qk_norm else None  # over D, one gain shared by the heads
+        self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
         self.hook_pattern = HookPoint()  # (B, H, T, S) attention probabilities
         self.hook_z = HookPoint()  # (B, H, T, D) head outputs, before out_proj
         self.hook_scores = ScoresPoint()  # (q, k, mask, bias, is_causal, scale), read-only
@@ -148,6 +154,10 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
     def mix(self, x: Tensor, ctx: BlockContext) -> Tensor:
         """The token-mixer protocol (``nn/mixing.py``): self-attention of x (B, T, C) under ``ctx``."""
         return self(x, mask=ctx.mask, bias=ctx.bias, rotary=ctx.rotary, cache=ctx.cache, is_causal=ctx.is_causal)[0]
+
+    @staticmethod
+    def _normed(x: Tensor, norm: nn.Module | None) -> Tensor:
+        return x if norm is None else norm(x)  # (B, n, T, D), normalised over D
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
@@ -177,16 +187,18 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         if self.cross:
             if memory is None and (cache is None or cache.length == 0):
                 raise ValueError("cross-attention needs a memory (or a filled cross cache)")
-            q = self._split_heads(self.q_proj(x), H)  # (B, H, T, D)
+            q = self._normed(self._split_heads(self.q_proj(x), H), self.q_norm)  # (B, H, T, D)
             if cache is not None and cache.length > 0:
                 k, v = cache.k, cache.v  # memory keys/values computed on the first step
             else:
                 k, v = self._split_heads(self.kv_proj(memory), 2 * Hkv).split(Hkv, dim=1)
+                k = self._normed(k, self.k_norm)
                 if cache is not None:
                     cache.set_static(k, v)
         else:
             q, k, v = self.qkv_proj(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
             q, k, v = self._split_heads(q, H), self._split_heads(k, Hkv), self._split_heads(v, Hkv)
+            q, k = self._normed(q, self.q_norm), self._normed(k, self.k_norm)  # QK-norm, if any, before RoPE
             if rotary is not None:
                 from attnlab.nn.positions import apply_rotary
 
