@@ -80,3 +80,22 @@ def test_a_missing_extra_is_named_in_one_line(tmp_path, capsys, monkeypatch, arg
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert extra in err and len(err.splitlines()) == 1, err
+
+
+def test_the_speedrun_preset_evaluates_nanogpts_estimate_on_val_alone(tmp_path, capsys):
+    """The speed run's one evaluation: val only, batches of 12 x 64 whatever the training batch; QK-norm, Muon and
+    dtype=auto (which says what it chose); a short run end to end through the CLI, the preset named by name."""
+    from attnlab.cli import main
+    from attnlab.training.runs import load_run_config, read_metrics
+    from tests.helpers import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    assert main(["train", "shakespeare-char-speedrun", f"data={corpus}", f"out_dir={tmp_path}", "name=s",
+                 "max_iters=4", "eval_interval=4", "eval_iters=2", "log_interval=2", "batch_size=5"]) == 0
+    out = capsys.readouterr().out
+    assert "dtype=auto: " in out and "mfu against" in out
+    evals = [r for r in read_metrics(tmp_path / "s") if "val_loss" in r]
+    assert len(evals) == 1 and "train_eval_loss" not in evals[0]
+    cfg = load_run_config(tmp_path / "s")
+    assert (cfg.eval_batch_size, cfg.eval_train, cfg.batch_size) == (12, False, 5)
+    assert cfg.model.qk_norm and cfg.optimizer == "muon" and cfg.dtype == "auto"

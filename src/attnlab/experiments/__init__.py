@@ -24,6 +24,8 @@ EXPERIMENTS: dict[str, str] = {
     "word-vectors": "attnlab.experiments.word_vectors",
     "chomsky": "attnlab.experiments.chomsky",
     "faithfulness": "attnlab.experiments.faithfulness",
+    "grokking": "attnlab.experiments.grokking",
+    "induction-heads": "attnlab.experiments.induction_heads",
 }
 
 

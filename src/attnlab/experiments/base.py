@@ -14,19 +14,29 @@ import torch
 from attnlab.core.fileio import atomic_write_text
 from attnlab.core.version import __version__
 
+VERDICT_LINES = {
+    "held": "**The claim held.**",
+    "not held": "**The claim did not hold** (see the numbers above).",
+    "not decidable": "**Not decidable at this scale**: the intervals do not carry a verdict either way.",
+}
 
-def write_outputs(out: Path, name: str, claim: str, held: bool, results: dict[str, Any], report_body: str,
-                  started: float, quick: bool) -> dict[str, Any]:
-    """Write results.json and report.md; return the results record."""
+
+def write_outputs(out: Path, name: str, claim: str, held: bool | str, results: dict[str, Any], report_body: str,
+                  started: float, quick: bool, protocol: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write results.json and report.md; return the results record. ``held``: True / False, or one of the
+    study's verdicts ("held", "not held", "not decidable"); ``protocol``: what was fixed before the run
+    (``study.Protocol.as_dict()``), recorded beside the results."""
     out.mkdir(parents=True, exist_ok=True)
+    verdict = held if isinstance(held, str) else ("held" if held else "not held")
+    if verdict not in VERDICT_LINES:
+        raise ValueError(f"unknown verdict {verdict!r}; one of {list(VERDICT_LINES)}")
     record = {
-        "experiment": name, "claim": claim, "claim_held": held, "quick": quick,
+        "experiment": name, "claim": claim, "claim_held": verdict == "held", "verdict": verdict, "quick": quick,
         "wall_time_s": round(time.perf_counter() - started, 2), "attnlab": __version__, "torch": torch.__version__,
-        "machine": platform.machine(), "results": results,
+        "machine": platform.machine(), **({"protocol": protocol} if protocol is not None else {}), "results": results,
     }
     atomic_write_text(out / "results.json", json.dumps(record, indent=2))
-    verdict = "**The claim held.**" if held else "**The claim did not hold** (see the numbers above)."
-    report = (f"# {name}\n\n**Claim.** {claim}\n\n{report_body.strip()}\n\n{verdict}\n\n"
+    report = (f"# {name}\n\n**Claim.** {claim}\n\n{report_body.strip()}\n\n{VERDICT_LINES[verdict]}\n\n"
               f"_Run {'in quick mode ' if quick else ''}in {record['wall_time_s']} s with attnlab {__version__}, "
               f"torch {torch.__version__}._\n")
     atomic_write_text(out / "report.md", report)

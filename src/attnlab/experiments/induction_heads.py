@@ -1,0 +1,196 @@
+"""induction-heads (Olsson et al. 2022): in-context learning arrives in a phase change, at the moment induction
+heads form, and removing those heads removes it.
+
+Data: sequences [r, r] of 2 x ``half`` tokens, r drawn without repeats from a vocabulary of ``vocab``
+(``inspect.heads.repeated_random_tokens``): the first half is unpredictable (loss ~ ln(vocab - t)), the second
+half is predictable only by looking back for the current token's earlier copy and reading the token after it,
+which is what an induction head does (a previous-token head in layer 0 composing with it through the keys).
+
+Model: attnlab's GPT, 2 layers, 4 heads, d_model 64, learned positions, trained by the pure ``fit`` loop with
+AdamW. Every ``eval_every`` steps, on fixed held-out sequences:
+
+    icl_score      loss on the second half minus loss on the first half (Olsson's "loss at a late token minus
+                   loss at an early token"; < 0 when the model learns from its context)
+    induction      the largest induction score of a layer-1 head (attention mass on the token after the current
+                   token's earlier copy; ``inspect.heads``), and the largest previous-token score in layer 0
+
+Timing: t_icl is the first evaluation at which icl_score reaches half its final value, t_head the first at
+which the induction score reaches half of its final value; their lag, over the budget, says whether the two
+coincide. At the end the layer-1 heads whose induction score is >= 0.3 (at least the top one) are mean-ablated
+(``inspect.intervene.ablated``): the share of the in-context gain they remove, against a control that ablates
+as many of the other layer-1 heads.
+
+Verdict rule, fixed before the run (3 seeds; 95% t intervals, experiments/study.py):
+    learns in context        Threshold(icl_gain = -icl_score > 1 nat)
+    coincide                 Threshold(lag / steps < 0.1)
+    the heads carry it       Threshold(share removed by ablating the induction heads > 0.5)
+    and only they            Threshold(share removed by the control ablation < 0.25)
+One learning rate (no sweep): the claim is about the dynamics of one run, not a comparison of arms.
+Regime against the paper's: synthetic repeated sequences instead of natural text, a 2-layer model with MLPs
+(theirs: attention-only and full models), and ~10^3 steps instead of ~10^4.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.study import Protocol, Threshold, fmt, run_arms, verdict_of
+from attnlab.inspect.heads import collect_head_stats, repeated_random_tokens
+from attnlab.inspect.intervene import ablated, head, run_with_cache
+from attnlab.models import GPTConfig, build_model
+from attnlab.training.loop import fit
+
+NAME = "induction-heads"
+CLAIM = ("A 2-layer transformer on sequences with repeats learns in context in a phase change that coincides with "
+         "the formation of an induction head in layer 1; ablating the induction heads removes the gain.")
+FULL = dict(vocab=64, half=32, steps=2000, eval_every=50, batch=32, d_model=64, lr=1e-3)
+QUICK = dict(vocab=32, half=16, steps=300, eval_every=25, batch=32, d_model=32, lr=3e-3)
+RULES = [Threshold("model", "icl_gain", 1.0, above=True),
+         Threshold("model", "lag_fraction", 0.1, above=False),
+         Threshold("model", "ablation_removed", 0.5, above=True),
+         Threshold("model", "control_removed", 0.25, above=False)]
+
+
+def half_losses(model: torch.nn.Module, seqs: Tensor, half: int) -> tuple[float, float]:
+    """Mean next-token loss on the first half (targets 1..half-1) and on the second (targets half+1..2 half-1,
+    each predictable from its earlier copy)."""
+    with torch.no_grad():
+        logits = model(seqs[:, :-1]).logits  # (B, T-1, V): position t predicts token t + 1
+        loss = F.cross_entropy(logits.transpose(1, 2), seqs[:, 1:], reduction="none")  # (B, T-1)
+    return loss[:, : half - 1].mean().item(), loss[:, half:].mean().item()
+
+
+def head_scores(model: torch.nn.Module, probe: Tensor) -> dict[str, list[float]]:
+    """Per head of each layer: its induction and previous-token scores on the repeated probe sequences."""
+    stats = collect_head_stats(model, [probe], induction_batches=[probe])
+    names = sorted(stats.sums, key=lambda n: stats.layer[n])
+    return {"induction": [stats.means(n, "induction").tolist() for n in names],
+            "previous_token": [stats.means(n, "previous_token").tolist() for n in names]}
+
+
+def first_reaching(curve: list[tuple[int, float]], fraction: float) -> int:
+    """The first step at which a curve reaches ``fraction`` of its final value (of its change from the start)."""
+    start, end = curve[0][1], curve[-1][1]
+    goal = start + fraction * (end - start)
+    rising = end >= start
+    return next(step for step, v in curve if (v >= goal if rising else v <= goal))
+
+
+def train_one(settings: dict[str, Any], seed: int, lr: float) -> dict[str, Any]:
+    """One run: the curves, the two times, the final gain and the ablations' shares."""
+    vocab, half, steps, every = settings["vocab"], settings["half"], settings["steps"], settings["eval_every"]
+    torch.manual_seed(seed)
+    model = build_model(GPTConfig(vocab_size=vocab, block_size=2 * half, n_layer=2, n_head=4,
+                                  d_model=settings["d_model"], positions="learned", bias=False))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    held_out = repeated_random_tokens(256, half, vocab, seed=10_000 + seed)  # never trained on
+    probe = held_out[:64]
+    data_seed = iter(range(seed * 1_000_000, (seed + 1) * 1_000_000))
+    curve: list[dict[str, Any]] = []
+
+    def evaluate(step: int) -> None:
+        model.eval()
+        first, second = half_losses(model, held_out, half)
+        scores = head_scores(model, probe)
+        curve.append({"step": step, "first": first, "second": second, "icl_score": second - first,
+                      "induction": max(scores["induction"][1]), "previous_token": max(scores["previous_token"][0])})
+        model.train()
+
+    def batch(step: int) -> Tensor:
+        return repeated_random_tokens(settings["batch"], half, vocab, seed=next(data_seed))
+
+    evaluate(0)
+    fit(model, opt, batch, lambda seqs: model(seqs[:, :-1], targets=seqs[:, 1:]).loss, steps,
+        after_step=lambda step, _: evaluate(step + 1) if (step + 1) % every == 0 else None)
+    model.eval()
+    t_icl = first_reaching([(c["step"], c["icl_score"]) for c in curve], 0.5)
+    t_head = first_reaching([(c["step"], c["induction"]) for c in curve], 0.5)
+    final = head_scores(model, probe)
+    layer1 = final["induction"][1]
+    chosen = [h for h, s in enumerate(layer1) if s >= 0.3] or [max(range(len(layer1)), key=layer1.__getitem__)]
+    others = sorted((h for h in range(len(layer1)) if h not in chosen), key=layer1.__getitem__)[: len(chosen)]
+    gain = -curve[-1]["icl_score"]
+    return {"curve": curve, "t_icl": t_icl, "t_head": t_head, "lag_fraction": abs(t_icl - t_head) / steps,
+            "icl_gain": gain, "induction_score": max(layer1), "previous_token_score": max(final["previous_token"][0]),
+            "induction_heads": chosen, "control_heads": others,
+            "ablation_removed": _removed(model, held_out, half, chosen, gain),
+            "control_removed": _removed(model, held_out, half, others, gain) if others else 0.0}
+
+
+def _removed(model: torch.nn.Module, seqs: Tensor, half: int, heads: list[int], gain: float) -> float:
+    """Share of the in-context gain lost when layer 1's ``heads`` are mean-ablated (their output replaced by its
+    mean over these sequences and positions)."""
+    _, cache = run_with_cache(model, (seqs[:, :-1],), "blocks.1.mixer.hook_z")
+    with ablated(model, [head(1, h) for h in heads], how="mean", reference=cache):
+        first, second = half_losses(model, seqs, half)
+    return ((second - first) + gain) / gain if gain > 0 else 0.0
+
+
+def run(out: Path, quick: bool = False) -> dict[str, Any]:
+    """Run the experiment (quick: a smaller model and vocabulary, 300 steps); writes results.json, report.md, plots."""
+    started = time.perf_counter()
+    s = QUICK if quick else FULL
+    protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "eval_every")},
+                        lr_sweep={"model": [s["lr"]]}, verdict_rule=[r.describe() for r in RULES],
+                        select_on="icl_gain", higher_is_better=True)
+    runs: dict[int, dict[str, Any]] = {}
+
+    def model_arm(seed: int, lr: float) -> dict[str, float]:
+        r = runs[seed] = train_one(s, seed, lr)
+        return {k: float(v) for k, v in r.items() if isinstance(v, int | float)}
+
+    arms = run_arms({"model": model_arm}, protocol, log=lambda line: None)
+    outcomes = [rule.decide(arms) for rule in RULES]
+    verdict = verdict_of(outcomes)
+    _plot(runs, s, out)
+    a = arms["model"]
+    per_seed = "\n".join(
+        f"| {seed} | {r['icl_gain']:.3f} | {r['t_icl']} | {r['t_head']} | {r['induction_score']:.2f} "
+        f"(L1H{', L1H'.join(map(str, r['induction_heads']))}) | {r['previous_token_score']:.2f} | "
+        f"{r['ablation_removed']:.2f} | {r['control_removed']:.2f} |" for seed, r in runs.items())
+    rules = "\n".join(f"- {o['rule']}: mean {o['mean']:.3f}, 95% interval [{o['interval'][0]:.3f}, "
+                      f"{o['interval'][1]:.3f}]: **{o['verdict']}**" for o in outcomes)
+    results = {"settings": s, "arms": arms, "outcomes": outcomes,
+               "runs": {str(k): {kk: vv for kk, vv in v.items()} for k, v in runs.items()}}
+    body = f"""**Verdict rule, fixed before the run.** Four parts on seeds {protocol.seeds}, each decided by its 95%
+interval; all must hold.
+
+**Setup.** Sequences [r, r], r = {s['half']} distinct tokens of {s['vocab']}; attnlab's GPT (2 layers, 4 heads,
+d_model {s['d_model']}), AdamW lr {s['lr']:g}, batch {s['batch']}, {s['steps']} steps; evaluation every
+{s['eval_every']} steps on 256 held-out sequences (loss per half) and 64 of them for the head scores.
+In-context gain = loss on the first half minus loss on the second; t_icl, t_head = first evaluations at half the
+final value of the ICL score and of the layer-1 induction score.
+
+| seed | gain (nats) | t_icl | t_head | induction score (ablated heads) | prev-token (L0) | removed | control |
+|---|---|---|---|---|---|---|---|
+{per_seed}
+
+Mean +- sd: gain {fmt(a['icl_gain'])} nats; lag / steps {fmt(a['lag_fraction'])}; removed by the induction heads
+{fmt(a['ablation_removed'])}, by the control {fmt(a['control_removed'])}.
+
+{rules}
+
+Plot: `phase_change.png` (ICL score, layer-1 induction score and layer-0 previous-token score over training, every
+seed)."""
+    return write_outputs(out, NAME, CLAIM, verdict, results, body, started, quick, protocol=protocol.as_dict())
+
+
+def _plot(runs: dict[int, dict[str, Any]], s: dict[str, Any], out: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    for seed, r in runs.items():
+        steps = [c["step"] for c in r["curve"]]
+        for ax, key in zip(axes, ("icl_score", "induction", "previous_token")):
+            ax.plot(steps, [c[key] for c in r["curve"]], alpha=0.8, label=f"seed {seed}")
+            ax.axvline(r["t_icl"] if key == "icl_score" else r["t_head"], ls=":", lw=0.8, color="grey")
+    label_axes(axes[0], "step", "loss 2nd half - loss 1st half (nats)", "in-context learning score")
+    label_axes(axes[1], "step", "max induction score, layer 1", "induction head")
+    label_axes(axes[2], "step", "max previous-token score, layer 0", "previous-token head")
+    save_figure(fig, out / "phase_change.png")

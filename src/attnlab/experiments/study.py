@@ -1,0 +1,206 @@
+"""The protocol every trained comparison follows: seeds, a budget, a learning-rate sweep per arm, a verdict
+rule fixed in code before anything runs, and summaries with their spread.
+
+A study compares *arms* (models or settings). ``run_arms`` trains every arm at every learning rate of its
+sweep with every seed, interleaved (seed after seed, arm after arm, so machine load and drift land on all
+arms alike), keeps for each arm the rate whose mean *validation* metric is best (the test metric is never
+looked at to choose), and summarises the test metric at that rate: mean +- sd over seeds, the values, and
+the best single seed beside them (best-of-K is shown, never compared with a published number as if it were
+a mean). A selection is confirmed on held-out seeds: the chosen rate is run again with seeds that took no
+part in choosing it, and their summary is reported next to the selection's.
+
+A verdict rule states the statistic and the comparison. ``Difference(a, b, metric)``: the claim "a is
+better than b by more than ``margin``" is
+
+    held           when the whole 95% interval of the difference lies beyond the margin,
+    not held       when the whole interval lies short of it,
+    not decidable  when the interval straddles it (the numbers do not carry a verdict at this scale);
+
+the interval is Welch's t interval of the difference of two means (unequal variances, each over its seeds).
+``Threshold(arm, metric, bound)`` does the same for one arm's mean against a fixed number.
+
+``results.json`` records the ``protocol`` (seeds, budget, lr_sweep, verdict_rule) and per-arm summaries with
+``mean`` and ``sd``; ``verdict_of`` turns several rule outcomes into one.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+HELD, NOT_HELD, UNDECIDED = "held", "not held", "not decidable"
+
+
+def summarize(values: Sequence[float]) -> dict[str, Any]:
+    """mean, sd (n - 1; 0 for one value), n, the values, and the smallest and largest (the best single seed
+    is one of them, by the metric's direction)."""
+    vals = [float(v) for v in values]
+    return {"mean": statistics.fmean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0, "n": len(vals),
+            "values": vals, "min": min(vals), "max": max(vals)}
+
+
+def welch_interval(a: Mapping[str, Any], b: Mapping[str, Any], level: float = 0.95) -> tuple[float, float, float]:
+    """(difference of means a - b, lower, upper): Welch's t interval from two summaries (mean, sd, n). With a
+    single value on either side there is no spread to estimate and the interval is infinite."""
+    diff = a["mean"] - b["mean"]
+    va, vb = a["sd"] ** 2 / a["n"], b["sd"] ** 2 / b["n"]
+    if a["n"] < 2 or b["n"] < 2:
+        return diff, -math.inf, math.inf
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return diff, diff, diff
+    df = (va + vb) ** 2 / ((va**2 / (a["n"] - 1) if va else 0.0) + (vb**2 / (b["n"] - 1) if vb else 0.0))
+    half = _t_quantile((1 + level) / 2, df) * se
+    return diff, diff - half, diff + half
+
+
+def mean_interval(s: Mapping[str, Any], level: float = 0.95) -> tuple[float, float]:
+    """The t interval of one summary's mean (infinite with one value)."""
+    if s["n"] < 2:
+        return -math.inf, math.inf
+    half = _t_quantile((1 + level) / 2, s["n"] - 1) * s["sd"] / math.sqrt(s["n"])
+    return s["mean"] - half, s["mean"] + half
+
+
+def _t_quantile(p: float, df: float) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(p, df))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Claim: arm ``a`` is better than arm ``b`` on ``metric`` by more than ``margin`` (in the metric's units,
+    in the direction of "better"); decided on Welch's 95% interval of the difference of means."""
+
+    a: str
+    b: str
+    metric: str
+    higher_is_better: bool = True
+    margin: float = 0.0
+
+    def describe(self) -> str:
+        """The rule in one sentence (recorded as the protocol's verdict_rule)."""
+        better = "higher" if self.higher_is_better else "lower"
+        return (f"{self.a} beats {self.b} on {self.metric} ({better} is better) by more than {self.margin:g}: held if "
+                f"the 95% Welch interval of the difference lies wholly beyond {self.margin:g}, not held if wholly "
+                f"short of it, else not decidable")
+
+    def decide(self, summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        """The outcome on ``summaries[arm][metric]``: verdict, the difference (oriented so that > 0 favours a) and
+        its interval."""
+        diff, low, high = welch_interval(summaries[self.a][self.metric], summaries[self.b][self.metric])
+        if not self.higher_is_better:
+            diff, low, high = -diff, -high, -low
+        verdict = HELD if low > self.margin else NOT_HELD if high < self.margin else UNDECIDED
+        return {"rule": self.describe(), "verdict": verdict, "difference": diff, "interval": [low, high]}
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """Claim: ``arm``'s mean ``metric`` is beyond ``bound`` (above it if ``above``, else below); decided on the
+    mean's 95% t interval."""
+
+    arm: str
+    metric: str
+    bound: float
+    above: bool = True
+
+    def describe(self) -> str:
+        """The rule in one sentence (recorded as the protocol's verdict_rule)."""
+        side = "above" if self.above else "below"
+        return (f"{self.arm}'s mean {self.metric} is {side} {self.bound:g}: held if its 95% interval lies wholly "
+                f"{side} it, not held if wholly on the other side, else not decidable")
+
+    def decide(self, summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        """The outcome on ``summaries[arm][metric]``."""
+        s = summaries[self.arm][self.metric]
+        low, high = mean_interval(s)
+        if not self.above:
+            low, high = -high, -low
+            bound = -self.bound
+        else:
+            bound = self.bound
+        verdict = HELD if low > bound else NOT_HELD if high < bound else UNDECIDED
+        interval = mean_interval(s)
+        return {"rule": self.describe(), "verdict": verdict, "mean": s["mean"], "interval": list(interval)}
+
+
+def verdict_of(outcomes: Sequence[Mapping[str, Any]]) -> str:
+    """One verdict from several parts of a claim: not held if any part is not held, held if all are held,
+    else not decidable."""
+    verdicts = [o["verdict"] for o in outcomes]
+    if NOT_HELD in verdicts:
+        return NOT_HELD
+    return HELD if all(v == HELD for v in verdicts) else UNDECIDED
+
+
+@dataclass
+class Protocol:
+    """What a study fixes before it runs (recorded in results.json as ``protocol``)."""
+
+    seeds: list[int]
+    budget: dict[str, Any]  # e.g. {"steps": 3000} per run, or per arm; stated in advance
+    lr_sweep: dict[str, list[float]]  # per arm; one rate = no sweep
+    verdict_rule: list[str]  # the rules' descriptions (Difference.describe(), ...)
+    select_on: str = "val"  # the metric that chooses each arm's rate (never the test metric)
+    higher_is_better: bool = True  # for select_on
+    confirm_seeds: list[int] = field(default_factory=list)  # held-out seeds run at the chosen rate
+
+    def as_dict(self) -> dict[str, Any]:
+        """The protocol as results.json records it."""
+        return asdict(self)
+
+
+# an arm: (seed, lr) -> {metric: value} (at least protocol.select_on, usually also "test" metrics)
+ArmFn = Callable[[int, float], Mapping[str, float]]
+
+
+def run_arms(arms: Mapping[str, ArmFn], protocol: Protocol, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every arm at every rate of its sweep with every seed (interleaved: seed-major, then arm, then rate);
+    per arm the rate with the best mean ``select_on``, summaries of every metric at that rate (and per rate),
+    and the confirmation seeds at that rate. Each run's wall seconds are recorded as metric ``seconds``."""
+    runs: dict[str, dict[float, list[dict[str, float]]]] = {a: {lr: [] for lr in protocol.lr_sweep[a]} for a in arms}
+    for seed in protocol.seeds:
+        for arm, fn in arms.items():
+            for lr in protocol.lr_sweep[arm]:
+                runs[arm][lr].append(_timed(fn, seed, lr))
+                log(f"  {arm} lr {lr:g} seed {seed}: " + _brief(runs[arm][lr][-1]))
+    out: dict[str, Any] = {}
+    for arm in arms:
+        by_lr = {lr: _summaries(rs) for lr, rs in runs[arm].items()}
+        pick = (max if protocol.higher_is_better else min)(by_lr, key=lambda lr: by_lr[lr][protocol.select_on]["mean"])
+        out[arm] = {"lr": pick, **by_lr[pick], "by_lr": {f"{lr:g}": s for lr, s in by_lr.items()}}
+    if protocol.confirm_seeds:
+        for seed in protocol.confirm_seeds:
+            for arm, fn in arms.items():
+                out[arm].setdefault("_confirm", []).append(_timed(fn, seed, out[arm]["lr"]))
+                log(f"  {arm} lr {out[arm]['lr']:g} held-out seed {seed}: " + _brief(out[arm]["_confirm"][-1]))
+        for arm in arms:
+            out[arm]["confirmation"] = _summaries(out[arm].pop("_confirm"))
+    return out
+
+
+def _timed(fn: ArmFn, seed: int, lr: float) -> dict[str, float]:
+    started = time.perf_counter()
+    result = dict(fn(seed, lr))
+    result.setdefault("seconds", time.perf_counter() - started)
+    return result
+
+
+def _summaries(results: list[dict[str, float]]) -> dict[str, dict[str, Any]]:
+    keys = [k for k in results[0] if all(isinstance(r.get(k), int | float) for r in results)]
+    return {k: summarize([r[k] for r in results]) for k in keys}
+
+
+def _brief(result: Mapping[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, int | float))
+
+
+def fmt(s: Mapping[str, Any], digits: int = 3) -> str:
+    """"mean +- sd" of a summary."""
+    return f"{s['mean']:.{digits}f} +- {s['sd']:.{digits}f}"

@@ -1,0 +1,79 @@
+"""The study protocol: summaries, Welch intervals, three-way verdicts, learning-rate selection on validation
+only, interleaved runs and held-out confirmation seeds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from attnlab.experiments.study import (
+    HELD,
+    NOT_HELD,
+    UNDECIDED,
+    Difference,
+    Protocol,
+    Threshold,
+    run_arms,
+    summarize,
+    verdict_of,
+    welch_interval,
+)
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+
+def test_summaries_and_welchs_interval_match_scipy():
+    a, b = summarize([1.0, 1.2, 0.9, 1.1]), summarize([0.5, 0.9, 0.4])
+    assert a["mean"] == pytest.approx(1.05) and a["sd"] == pytest.approx(0.12909944) and a["n"] == 4
+    assert (a["min"], a["max"]) == (0.9, 1.2)
+    diff, low, high = welch_interval(a, b)
+    ref = scipy_stats.ttest_ind([1.0, 1.2, 0.9, 1.1], [0.5, 0.9, 0.4], equal_var=False).confidence_interval(0.95)
+    assert diff == pytest.approx(1.05 - 0.6) and (low, high) == pytest.approx((ref.low, ref.high))
+    assert welch_interval(summarize([1.0]), b)[1:] == (-math.inf, math.inf)  # one value: no spread, no verdict
+
+
+@pytest.mark.parametrize("a_vals, b_vals, margin, verdict", [
+    ([0.90, 0.91, 0.92], [0.50, 0.52, 0.51], 0.0, HELD),  # far apart, tight
+    ([0.50, 0.52, 0.51], [0.90, 0.91, 0.92], 0.0, NOT_HELD),  # the other way
+    ([0.70, 0.90, 0.50], [0.60, 0.80, 0.65], 0.0, UNDECIDED),  # a difference smaller than its interval
+    ([0.90, 0.91, 0.92], [0.85, 0.86, 0.87], 0.2, NOT_HELD),  # better, but credibly by less than the margin
+])
+def test_difference_is_decided_by_its_interval(a_vals, b_vals, margin, verdict):
+    rule = Difference("a", "b", "acc", higher_is_better=True, margin=margin)
+    out = rule.decide({"a": {"acc": summarize(a_vals)}, "b": {"acc": summarize(b_vals)}})
+    assert out["verdict"] == verdict and out["interval"][0] <= out["difference"] <= out["interval"][1]
+    # lower-is-better flips the orientation: the same numbers as losses favour the other arm
+    flipped = Difference("a", "b", "acc", higher_is_better=False, margin=0.0)
+    mirrored = {HELD: NOT_HELD, NOT_HELD: HELD, UNDECIDED: UNDECIDED}
+    if margin == 0.0:
+        assert flipped.decide({"a": {"acc": summarize(a_vals)}, "b": {"acc": summarize(b_vals)}})["verdict"] == \
+            mirrored[verdict]
+
+
+def test_threshold_and_the_combined_verdict():
+    s = {"x": {"loss": summarize([1.01, 1.02, 1.015])}}
+    assert Threshold("x", "loss", 1.1, above=False).decide(s)["verdict"] == HELD
+    assert Threshold("x", "loss", 1.0, above=False).decide(s)["verdict"] == NOT_HELD
+    assert Threshold("x", "loss", 1.015, above=False).decide(s)["verdict"] == UNDECIDED
+    assert verdict_of([{"verdict": HELD}, {"verdict": HELD}]) == HELD
+    assert verdict_of([{"verdict": HELD}, {"verdict": UNDECIDED}]) == UNDECIDED
+    assert verdict_of([{"verdict": UNDECIDED}, {"verdict": NOT_HELD}]) == NOT_HELD
+
+
+def test_the_rate_is_chosen_on_validation_never_on_test_and_confirmed_on_held_out_seeds():
+    calls = []
+
+    def arm(seed, lr):  # validation prefers lr 0.1; the test metric would prefer lr 1.0
+        calls.append((seed, lr))
+        return {"val": 1.0 - abs(lr - 0.1) + 0.01 * seed, "test": lr + 0.01 * seed}
+
+    protocol = Protocol(seeds=[0, 1, 2], budget={"steps": 10}, lr_sweep={"a": [0.1, 1.0], "b": [0.1]},
+                        verdict_rule=["-"], confirm_seeds=[7])
+    out = run_arms({"a": arm, "b": arm}, protocol, log=lambda _: None)
+    assert out["a"]["lr"] == 0.1 and out["a"]["test"]["mean"] == pytest.approx(0.11)
+    assert set(out["a"]["by_lr"]) == {"0.1", "1"} and out["a"]["by_lr"]["1"]["test"]["mean"] == pytest.approx(1.01)
+    assert out["a"]["confirmation"]["test"]["values"] == [pytest.approx(0.17)]  # seed 7 at the chosen rate
+    # interleaved: every arm and rate of seed 0 before any run of seed 1; the held-out seed last
+    assert calls[:3] == [(0, 0.1), (0, 1.0), (0, 0.1)] and calls[3][0] == 1 and calls[-2:] == [(7, 0.1), (7, 0.1)]
+    assert "seconds" in out["a"] and out["a"]["seconds"]["n"] == 3
