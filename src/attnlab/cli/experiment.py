@@ -41,6 +41,8 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         record = module.run(out, quick=args.quick, resume=True)
     else:
         record = module.run(out, quick=args.quick)
-    verdict = "held" if record["claim_held"] else "did NOT hold"
-    print(f"{args.name}: the claim {verdict} ({record['wall_time_s']} s); report, results.json and plots in {out}")
+    verdict = {"held": "the claim held", "not held": "the claim did NOT hold",
+               "not decidable": "not decidable at this scale"}[record.get("verdict", "held" if record["claim_held"]
+                                                                   else "not held")]
+    print(f"{args.name}: {verdict} ({record['wall_time_s']} s); report, results.json and plots in {out}")
     return 0

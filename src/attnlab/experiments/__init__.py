@@ -26,6 +26,7 @@ EXPERIMENTS: dict[str, str] = {
     "faithfulness": "attnlab.experiments.faithfulness",
     "grokking": "attnlab.experiments.grokking",
     "induction-heads": "attnlab.experiments.induction_heads",
+    "attention-saliency": "attnlab.experiments.attention_saliency",
 }
 
 

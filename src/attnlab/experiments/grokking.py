@@ -2,8 +2,11 @@
 generalises, and weight decay is what makes it generalise.
 
 Data: every pair (a, b) in Z_p x Z_p as three tokens [a, b, =], the target (a + b) mod p read at the "="
-position. A fixed split (seed 0, the same for every run): half the pairs train; the other half is split
-again into validation (which chooses each arm's learning rate) and test (which decides the verdict).
+position. A fixed split (seed 0, the same for every run): 30% of the pairs train; the rest is split in
+halves, validation (which chooses each arm's learning rate) and test (which decides the verdict). A pilot at
+50% (weight decay 1.0, lr 1e-3) generalised as fast as it memorised (both at 99% by step 1250: no delay to
+see), so the fraction was set to 30%, Nanda et al.'s, before the runs; a pilot there memorised by step 500
+and generalised by step 3250.
 
 Model: attnlab's GPT (2 layers, 4 heads, d_model 128, learned positions, untied head, no dropout), trained by
 the pure ``fit`` loop with AdamW (betas 0.9/0.98, 10 warmup steps, then a constant rate), minibatches of 512
@@ -17,9 +20,9 @@ intervals; experiments/study.py):
                           twice as late as training does
     no-wd memorises       Threshold(no-wd, train_accuracy > 0.99)
     no-wd does not        Threshold(no-wd, test_accuracy < 0.5) within the same budget
-Regime against the paper's: p = 97 as in Power et al., but half the pairs train (they report 30-50%), a
-budget of a few thousand steps instead of 10^5 (so "without weight decay it never generalises" is tested only
-within this budget), and minibatches where Nanda et al. use the full batch.
+Regime against the paper's: p = 97 and a 30% training fraction as in Power et al.'s figures, but a budget of
+5,000 steps instead of 10^5 (so "without weight decay validation stays low" is tested only within this budget),
+and minibatches of 512 where Nanda et al. use the full batch.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ RULES = [Threshold("wd", "test_accuracy", 0.95, above=True),
          Threshold("no-wd", "test_accuracy", 0.5, above=False)]
 
 
-def modular_pairs(p: int, train_fraction: float = 0.5, seed: int = 0) -> dict[str, tuple[Tensor, Tensor]]:
+def modular_pairs(p: int, train_fraction: float = 0.3, seed: int = 0) -> dict[str, tuple[Tensor, Tensor]]:
     """Every (a, b) as inputs (N, 3) = [a, b, p] (p is the "=" token) with targets (a + b) mod p, split at
     random (``seed``) into train (``train_fraction``), and validation and test (halves of the rest)."""
     a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
@@ -127,7 +130,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     verdict = verdict_of(outcomes)
     curves = {name: [runs[(name, arms[name]["lr"], seed)]["curve"] for seed in protocol.seeds] for name in arms}
     _plot(curves, arms, out)
-    results = {"settings": settings, "train_fraction": 0.5, "arms": arms, "outcomes": outcomes}
+    results = {"settings": settings, "train_fraction": 0.3, "arms": arms, "outcomes": outcomes}
     rows = "\n".join(
         f"| {name} ({WEIGHT_DECAY[name]:g}) | {a['lr']:g} | {fmt(a['train_accuracy'])} | {fmt(a['test_accuracy'])} | "
         f"{fmt(a['t_train'], 0)} | {fmt(a['t_val'], 0)} | {int(sum(a['reached_val_99']['values']))}/3 | "
@@ -139,10 +142,11 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     body = f"""**Verdict rule, fixed before the run.** Four parts, each on seeds {protocol.seeds} at the arm's tuned
 rate (chosen on validation accuracy; test never used to choose), all of which must hold.
 
-**Setup.** (a + b) mod {settings['p']}: {settings['p'] ** 2} pairs, half of them train, the rest split into validation
-and test. attnlab's GPT ({settings['n_layer']} layers, 4 heads, d_model {settings['d_model']}), AdamW (betas 0.9/0.98),
-minibatches of {settings['batch']}, {settings['steps']} steps; weight decay 1.0 vs 0. t_train, t_val: first evaluation
-(every {settings['eval_every']} steps) at 99% accuracy; {settings['steps'] + settings['eval_every']} = never.
+**Setup.** (a + b) mod {settings['p']}: {settings['p'] ** 2} pairs, 30% of them train, the rest split into
+validation and test. attnlab's GPT ({settings['n_layer']} layers, 4 heads, d_model {settings['d_model']}), AdamW
+(betas 0.9/0.98), minibatches of {settings['batch']}, {settings['steps']} steps; weight decay 1.0 vs 0. t_train,
+t_val: first evaluation (every {settings['eval_every']} steps) at 99% accuracy;
+{settings['steps'] + settings['eval_every']} = never.
 Learning-rate sweep, validation accuracy at the end: {sweep}.
 
 | arm (weight decay) | lr | train acc | test acc | t_train | t_val | reached 99% val | held-out seed: test acc |

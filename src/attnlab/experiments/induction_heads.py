@@ -1,16 +1,21 @@
 """induction-heads (Olsson et al. 2022): in-context learning arrives in a phase change, at the moment induction
 heads form, and removing those heads removes it.
 
-Data: sequences [r, r] of 2 x ``half`` tokens, r drawn without repeats from a vocabulary of ``vocab``
-(``inspect.heads.repeated_random_tokens``): the first half is unpredictable (loss ~ ln(vocab - t)), the second
-half is predictable only by looking back for the current token's earlier copy and reading the token after it,
-which is what an induction head does (a previous-token head in layer 0 composing with it through the keys).
+Data (``repeated_segments``): sequences cut from a stream of segments [r, SEP, r, NL], each r of 6-20 distinct
+tokens of a 64-token alphabet, at a random phase. A token of a second copy (after its first) is predictable only
+by finding its earlier copy and reading the token that followed, which is what an induction head does (a
+previous-token head composing with it); first-copy tokens are not predictable at all. The copies' distance
+varies with |r|. A pilot with a fixed [r, r] layout (copies always 32 apart) was solved by position alone:
+95% of the second half right with no head attending to the copy (layer-1 attention spread evenly over the last
+ten positions), so the layout was changed before the runs.
 
-Model: attnlab's GPT, 2 layers, 4 heads, d_model 64, learned positions, trained by the pure ``fit`` loop with
-AdamW. Every ``eval_every`` steps, on fixed held-out sequences:
+Model: attnlab's GPT, 2 layers, 4 heads, d_model 64, RoPE, trained by the pure ``fit`` loop with AdamW, lr 1e-3,
+batch 32. (A pilot with learned positions at d_model 64 had not formed the circuit after 3,000 steps, as the
+``induction`` preset's notes report; with RoPE the phase change came at 2,000-3,500 steps.) Every
+``eval_every`` steps, on fixed held-out sequences:
 
-    icl_score      loss on the second half minus loss on the first half (Olsson's "loss at a late token minus
-                   loss at an early token"; < 0 when the model learns from its context)
+    icl_score      loss on second-copy tokens minus loss on first-copy tokens (< 0 when the model learns from
+                   its context; the analogue of Olsson's "loss at a late token minus loss at an early token")
     induction      the largest induction score of a layer-1 head (attention mass on the token after the current
                    token's earlier copy; ``inspect.heads``), and the largest previous-token score in layer 0
 
@@ -26,8 +31,8 @@ Verdict rule, fixed before the run (3 seeds; 95% t intervals, experiments/study.
     the heads carry it       Threshold(share removed by ablating the induction heads > 0.5)
     and only they            Threshold(share removed by the control ablation < 0.25)
 One learning rate (no sweep): the claim is about the dynamics of one run, not a comparison of arms.
-Regime against the paper's: synthetic repeated sequences instead of natural text, a 2-layer model with MLPs
-(theirs: attention-only and full models), and ~10^3 steps instead of ~10^4.
+Regime against the paper's: synthetic repeated segments instead of natural text, a 2-layer model with MLPs and
+RoPE (theirs: attention-only and full models, learned positions), 12,000 steps of 2,048 tokens.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from torch import Tensor
 
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
 from attnlab.experiments.study import Protocol, Threshold, fmt, run_arms, verdict_of
-from attnlab.inspect.heads import collect_head_stats, repeated_random_tokens
+from attnlab.inspect.heads import collect_head_stats
 from attnlab.inspect.intervene import ablated, head, run_with_cache
 from attnlab.models import GPTConfig, build_model
 from attnlab.training.loop import fit
@@ -50,26 +55,54 @@ from attnlab.training.loop import fit
 NAME = "induction-heads"
 CLAIM = ("A 2-layer transformer on sequences with repeats learns in context in a phase change that coincides with "
          "the formation of an induction head in layer 1; ablating the induction heads removes the gain.")
-FULL = dict(vocab=64, half=32, steps=2000, eval_every=50, batch=32, d_model=64, lr=1e-3)
-QUICK = dict(vocab=32, half=16, steps=300, eval_every=25, batch=32, d_model=32, lr=3e-3)
+# 12,000 steps: a first full run with 5,000 (docs/experiments/induction-heads-5000) was not decidable, one seed still
+# in its transition at the end (gain 0.43 nats, induction score 0.11); the budget was raised before this run
+FULL = dict(alphabet=64, length=64, steps=12000, eval_every=200, batch=32, d_model=64, lr=1e-3)
+QUICK = dict(alphabet=16, length=32, steps=300, eval_every=25, batch=32, d_model=32, lr=3e-3)
 RULES = [Threshold("model", "icl_gain", 1.0, above=True),
          Threshold("model", "lag_fraction", 0.1, above=False),
          Threshold("model", "ablation_removed", 0.5, above=True),
          Threshold("model", "control_removed", 0.25, above=False)]
 
 
-def half_losses(model: torch.nn.Module, seqs: Tensor, half: int) -> tuple[float, float]:
-    """Mean next-token loss on the first half (targets 1..half-1) and on the second (targets half+1..2 half-1,
-    each predictable from its earlier copy)."""
+def repeated_segments(n: int, length: int, alphabet: int, seed: int, low: int = 6, high: int = 20
+                      ) -> tuple[Tensor, Tensor]:
+    """``n`` sequences of ``length`` tokens cut from a stream of segments [r, SEP, r, NL], each r of ``low`` to
+    ``high`` distinct tokens of ``alphabet`` (SEP = alphabet, NL = alphabet + 1), starting at a random phase.
+    Returns (tokens (n, length), kind (n, length)): kind 1 marks a token of a second copy after its first
+    (predictable only by finding the first copy and reading what followed), 2 a token of a first copy
+    (unpredictable), 0 separators and the first token of a second copy. The copies' distance varies with
+    |r|, so no fixed positional offset solves it (a fixed [r, r] is solved by position alone)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.empty(n, length, dtype=torch.long)
+    kinds = torch.empty(n, length, dtype=torch.long)
+    for i in range(n):
+        toks: list[int] = []
+        kind: list[int] = []
+        while len(toks) < length + high * 2 + 2:
+            size = int(torch.randint(low, high + 1, (1,), generator=g))
+            r = torch.randperm(alphabet, generator=g)[:size].tolist()
+            toks += [*r, alphabet, *r, alphabet + 1]
+            kind += [2] * size + [0, 0] + [1] * (size - 1) + [0]
+        start = int(torch.randint(0, 2 * high + 2, (1,), generator=g))
+        tokens[i] = torch.tensor(toks[start:start + length])
+        kinds[i] = torch.tensor(kind[start:start + length])
+    return tokens, kinds
+
+
+def copy_losses(model: torch.nn.Module, seqs: Tensor, kinds: Tensor) -> tuple[float, float]:
+    """Mean next-token loss on first-copy targets and on second-copy targets (kind 2 and 1 of
+    ``repeated_segments``)."""
     with torch.no_grad():
         logits = model(seqs[:, :-1]).logits  # (B, T-1, V): position t predicts token t + 1
         loss = F.cross_entropy(logits.transpose(1, 2), seqs[:, 1:], reduction="none")  # (B, T-1)
-    return loss[:, : half - 1].mean().item(), loss[:, half:].mean().item()
+    k = kinds[:, 1:]
+    return loss[k == 2].mean().item(), loss[k == 1].mean().item()
 
 
 def head_scores(model: torch.nn.Module, probe: Tensor) -> dict[str, list[float]]:
-    """Per head of each layer: its induction and previous-token scores on the repeated probe sequences."""
-    stats = collect_head_stats(model, [probe], induction_batches=[probe])
+    """Per head of each layer: its induction and previous-token scores on the probe sequences."""
+    stats = collect_head_stats(model, [probe])
     names = sorted(stats.sums, key=lambda n: stats.layer[n])
     return {"induction": [stats.means(n, "induction").tolist() for n in names],
             "previous_token": [stats.means(n, "previous_token").tolist() for n in names]}
@@ -85,26 +118,26 @@ def first_reaching(curve: list[tuple[int, float]], fraction: float) -> int:
 
 def train_one(settings: dict[str, Any], seed: int, lr: float) -> dict[str, Any]:
     """One run: the curves, the two times, the final gain and the ablations' shares."""
-    vocab, half, steps, every = settings["vocab"], settings["half"], settings["steps"], settings["eval_every"]
+    alphabet, length, steps, every = settings["alphabet"], settings["length"], settings["steps"], settings["eval_every"]
     torch.manual_seed(seed)
-    model = build_model(GPTConfig(vocab_size=vocab, block_size=2 * half, n_layer=2, n_head=4,
-                                  d_model=settings["d_model"], positions="learned", bias=False))
+    model = build_model(GPTConfig(vocab_size=alphabet + 2, block_size=length, n_layer=2, n_head=4,
+                                  d_model=settings["d_model"], positions="rope", bias=False))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    held_out = repeated_random_tokens(256, half, vocab, seed=10_000 + seed)  # never trained on
-    probe = held_out[:64]
+    held_out, kinds = repeated_segments(256, length + 1, alphabet, seed=10_000 + seed)  # never trained on
+    probe = held_out[:64, :-1]
     data_seed = iter(range(seed * 1_000_000, (seed + 1) * 1_000_000))
     curve: list[dict[str, Any]] = []
 
     def evaluate(step: int) -> None:
         model.eval()
-        first, second = half_losses(model, held_out, half)
+        first, second = copy_losses(model, held_out, kinds)
         scores = head_scores(model, probe)
         curve.append({"step": step, "first": first, "second": second, "icl_score": second - first,
                       "induction": max(scores["induction"][1]), "previous_token": max(scores["previous_token"][0])})
         model.train()
 
     def batch(step: int) -> Tensor:
-        return repeated_random_tokens(settings["batch"], half, vocab, seed=next(data_seed))
+        return repeated_segments(settings["batch"], length + 1, alphabet, seed=next(data_seed))[0]
 
     evaluate(0)
     fit(model, opt, batch, lambda seqs: model(seqs[:, :-1], targets=seqs[:, 1:]).loss, steps,
@@ -120,21 +153,21 @@ def train_one(settings: dict[str, Any], seed: int, lr: float) -> dict[str, Any]:
     return {"curve": curve, "t_icl": t_icl, "t_head": t_head, "lag_fraction": abs(t_icl - t_head) / steps,
             "icl_gain": gain, "induction_score": max(layer1), "previous_token_score": max(final["previous_token"][0]),
             "induction_heads": chosen, "control_heads": others,
-            "ablation_removed": _removed(model, held_out, half, chosen, gain),
-            "control_removed": _removed(model, held_out, half, others, gain) if others else 0.0}
+            "ablation_removed": _removed(model, held_out, kinds, chosen, gain),
+            "control_removed": _removed(model, held_out, kinds, others, gain) if others else 0.0}
 
 
-def _removed(model: torch.nn.Module, seqs: Tensor, half: int, heads: list[int], gain: float) -> float:
+def _removed(model: torch.nn.Module, seqs: Tensor, kinds: Tensor, heads: list[int], gain: float) -> float:
     """Share of the in-context gain lost when layer 1's ``heads`` are mean-ablated (their output replaced by its
     mean over these sequences and positions)."""
     _, cache = run_with_cache(model, (seqs[:, :-1],), "blocks.1.mixer.hook_z")
     with ablated(model, [head(1, h) for h in heads], how="mean", reference=cache):
-        first, second = half_losses(model, seqs, half)
+        first, second = copy_losses(model, seqs, kinds)
     return ((second - first) + gain) / gain if gain > 0 else 0.0
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: a smaller model and vocabulary, 300 steps); writes results.json, report.md, plots."""
+    """Run the experiment (quick: a smaller model and alphabet, 300 steps); writes results.json, report.md, plots."""
     started = time.perf_counter()
     s = QUICK if quick else FULL
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "eval_every")},
@@ -162,11 +195,12 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     body = f"""**Verdict rule, fixed before the run.** Four parts on seeds {protocol.seeds}, each decided by its 95%
 interval; all must hold.
 
-**Setup.** Sequences [r, r], r = {s['half']} distinct tokens of {s['vocab']}; attnlab's GPT (2 layers, 4 heads,
-d_model {s['d_model']}), AdamW lr {s['lr']:g}, batch {s['batch']}, {s['steps']} steps; evaluation every
-{s['eval_every']} steps on 256 held-out sequences (loss per half) and 64 of them for the head scores.
-In-context gain = loss on the first half minus loss on the second; t_icl, t_head = first evaluations at half the
-final value of the ICL score and of the layer-1 induction score.
+**Setup.** Sequences of {s['length']} tokens from segments [r, SEP, r, NL], |r| = 6-20 distinct tokens of
+{s['alphabet']}; attnlab's GPT (2 layers, 4 heads, d_model {s['d_model']}, RoPE), AdamW lr {s['lr']:g}, batch
+{s['batch']}, {s['steps']} steps; evaluation every {s['eval_every']} steps on 256 held-out sequences (loss on first
+and second copies) and 64 of them for the head scores. In-context gain = loss on first-copy tokens minus loss on
+second-copy tokens; t_icl, t_head = first evaluations at half the final value of the ICL score and of the layer-1
+induction score.
 
 | seed | gain (nats) | t_icl | t_head | induction score (ablated heads) | prev-token (L0) | removed | control |
 |---|---|---|---|---|---|---|---|
@@ -190,7 +224,7 @@ def _plot(runs: dict[int, dict[str, Any]], s: dict[str, Any], out: Path) -> None
         for ax, key in zip(axes, ("icl_score", "induction", "previous_token")):
             ax.plot(steps, [c[key] for c in r["curve"]], alpha=0.8, label=f"seed {seed}")
             ax.axvline(r["t_icl"] if key == "icl_score" else r["t_head"], ls=":", lw=0.8, color="grey")
-    label_axes(axes[0], "step", "loss 2nd half - loss 1st half (nats)", "in-context learning score")
+    label_axes(axes[0], "step", "loss on second copies - loss on first (nats)", "in-context learning score")
     label_axes(axes[1], "step", "max induction score, layer 1", "induction head")
     label_axes(axes[2], "step", "max previous-token score, layer 0", "previous-token head")
     save_figure(fig, out / "phase_change.png")
