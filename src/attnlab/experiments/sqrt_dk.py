@@ -275,10 +275,27 @@ At each arm's chosen rate (mean +- sd over seeds; "->" = at init -> after traini
 Speed: scaled minus unscaled steps, oriented so > 0 favours the scale: {o['speed']['difference']:.1f}, 95% interval
 [{o['speed']['interval'][0]:.1f}, {o['speed']['interval'][1]:.1f}]: **{o['speed']['verdict']}**. Test loss, likewise:
 {o['quality']['difference']:.4f} [{o['quality']['interval'][0]:.4f}, {o['quality']['interval'][1]:.4f}]:
-**{o['quality']['verdict']}**. Adam divides every update by the gradient's running scale, so the small
-gradients of a saturated softmax are not small updates; what the scale buys in training is the range of
-learning rates that work, visible in the sweep above, not the result at a tuned rate. Plots: `statistics.png`
-(part 1), `training.png` (validation accuracy at the tuned rates, every seed; validation loss across the sweep)."""
+**{o['quality']['verdict']}**. {_reading(arms, o)} Plots: `statistics.png` (part 1), `training.png` (validation
+accuracy at the tuned rates, every seed; validation loss across the sweep)."""
+
+
+def _reading(arms: dict[str, Any], o: dict[str, Any]) -> str:
+    """What part 2's numbers say, from the outcomes (not written before them)."""
+    sc, un = arms["scaled"], arms["unscaled"]
+    working = {label: [lr for lr, s in a["by_lr"].items() if s["val_accuracy"]["mean"] >= 0.99]
+               for label, a in arms.items()}
+    speed = (f"At their tuned rates the scaled model reached 99% validation accuracy in {sc['steps_to_99']['mean']:.0f}"
+             f" steps and the unscaled one in {un['steps_to_99']['mean']:.0f} ({o['speed']['verdict']} by the rule)")
+    end = (f"; both end near {min(sc['test_accuracy']['mean'], un['test_accuracy']['mean']):.3f} test accuracy, so the "
+           f"final quality does not separate them ({o['quality']['verdict']})" if o["quality"]["verdict"] != "held"
+           else "; the scaled one also ends lower in test loss (held)")
+    dead, peak = un["init_dead_fraction"]["mean"], un["init_max_probability"]["mean"]
+    rates = (f". The rates at which an arm ends at 99% validation accuracy or more: scaled "
+             f"{working['scaled'] or 'none'}, unscaled {working['unscaled'] or 'none'}: the scale widens the range of "
+             f"rates that train, and Adam, which divides each update by the gradient's running scale, lets the "
+             f"unscaled arm train at all despite its saturated softmax (dead-Jacobian fraction at init {dead:.2f}, "
+             f"max attention probability {peak:.2f}).")
+    return speed + end + rates
 
 
 def _plot(stats: dict[str, Any], curves: dict[str, list], arms: dict[str, Any], out: Path) -> None:
