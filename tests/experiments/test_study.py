@@ -77,3 +77,16 @@ def test_the_rate_is_chosen_on_validation_never_on_test_and_confirmed_on_held_ou
     # interleaved: every arm and rate of seed 0 before any run of seed 1; the held-out seed last
     assert calls[:3] == [(0, 0.1), (0, 1.0), (0, 0.1)] and calls[3][0] == 1 and calls[-2:] == [(7, 0.1), (7, 0.1)]
     assert "seconds" in out["a"] and out["a"]["seconds"]["n"] == 3
+
+
+def test_outcome_lines_show_the_statistic_its_interval_and_the_verdict():
+    from attnlab.experiments.study import outcome_lines
+
+    text = outcome_lines([
+        {"rule": "a beats b", "verdict": HELD, "difference": 0.25, "interval": [0.1, 0.4]},
+        {"rule": "x below 1", "verdict": UNDECIDED, "mean": 0.9, "interval": [0.7, 1.1], "k": 32},
+        {"rule": "combined", "verdict": NOT_HELD},
+    ]).splitlines()
+    assert text == ["- a beats b: difference 0.250, 95% interval [0.100, 0.400]: **held**",
+                    "- x below 1 (k = 32): mean 0.900, 95% interval [0.700, 1.100]: **not decidable**",
+                    "- combined: **not held**"]

@@ -36,7 +36,7 @@ import torch
 
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
 from attnlab.experiments.faithfulness import quadrant_patches, train_vit
-from attnlab.experiments.study import Protocol, Threshold, fmt, run_arms, verdict_of
+from attnlab.experiments.study import Protocol, Threshold, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.inspect.faithfulness import attribute, for_vit
 
 NAME = "attention-saliency"
@@ -109,8 +109,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     _plot(arms, out)
     rows = "\n".join(f"| {m} | {fmt(a['pointing'])} | {fmt(a['auc'])} | {fmt(a['rank_corr_random'])} | "
                      f"{fmt(a['pointing_random'])} |" for m, a in arms.items())
-    rules = "\n".join(f"- {o['rule']}: mean {o['mean']:.3f}, 95% interval [{o['interval'][0]:.3f}, "
-                      f"{o['interval'][1]:.3f}]: **{o['verdict']}**" for o in outcomes)
+    rules = outcome_lines(outcomes)
     results = {"settings": s, "methods": arms, "outcomes": outcomes,
                "per_seed": {str(k): v for k, v in per_seed.items()}}
     body = f"""**Verdict rule, fixed before the run.** For attention and rollout, on seeds {protocol.seeds}: pointing

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
-from attnlab.experiments.study import Protocol, Threshold, fmt, run_arms, verdict_of
+from attnlab.experiments.study import Protocol, Threshold, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.models import GPTConfig, build_model
 from attnlab.training.loop import fit
 
@@ -135,8 +135,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
         f"| {name} ({WEIGHT_DECAY[name]:g}) | {a['lr']:g} | {fmt(a['train_accuracy'])} | {fmt(a['test_accuracy'])} | "
         f"{fmt(a['t_train'], 0)} | {fmt(a['t_val'], 0)} | {int(sum(a['reached_val_99']['values']))}/3 | "
         f"{a['confirmation']['test_accuracy']['values'][0]:.3f} |" for name, a in arms.items())
-    rules = "\n".join(f"- {o['rule']}: mean {o['mean']:.3f}, 95% interval [{o['interval'][0]:.3f}, "
-                      f"{o['interval'][1]:.3f}]: **{o['verdict']}**" for o in outcomes)
+    rules = outcome_lines(outcomes)
     sweep = "; ".join(f"{name}: " + ", ".join(f"lr {lr} val acc {fmt(s['val_accuracy'])}"
                                               for lr, s in a["by_lr"].items()) for name, a in arms.items())
     body = f"""**Verdict rule, fixed before the run.** Four parts, each on seeds {protocol.seeds} at the arm's tuned

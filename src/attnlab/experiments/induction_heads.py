@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
-from attnlab.experiments.study import Protocol, Threshold, fmt, run_arms, verdict_of
+from attnlab.experiments.study import Protocol, Threshold, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.inspect.heads import collect_head_stats
 from attnlab.inspect.intervene import ablated, head, run_with_cache
 from attnlab.models import GPTConfig, build_model
@@ -188,8 +188,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
         f"| {seed} | {r['icl_gain']:.3f} | {r['t_icl']} | {r['t_head']} | {r['induction_score']:.2f} "
         f"(L1H{', L1H'.join(map(str, r['induction_heads']))}) | {r['previous_token_score']:.2f} | "
         f"{r['ablation_removed']:.2f} | {r['control_removed']:.2f} |" for seed, r in runs.items())
-    rules = "\n".join(f"- {o['rule']}: mean {o['mean']:.3f}, 95% interval [{o['interval'][0]:.3f}, "
-                      f"{o['interval'][1]:.3f}]: **{o['verdict']}**" for o in outcomes)
+    rules = outcome_lines(outcomes)
     results = {"settings": s, "arms": arms, "outcomes": outcomes,
                "runs": {str(k): {kk: vv for kk, vv in v.items()} for k, v in runs.items()}}
     body = f"""**Verdict rule, fixed before the run.** Four parts on seeds {protocol.seeds}, each decided by its 95%

@@ -50,6 +50,7 @@ from attnlab.experiments.study import (
     Protocol,
     Threshold,
     fmt,
+    outcome_lines,
     run_arms,
     verdict_of,
 )
@@ -235,13 +236,7 @@ def _report(s, grads, by_k, times, slopes, outcomes, protocol) -> str:
     grad_rows = "\n".join(f"| {k} | " + " | ".join(f"{grads[a][k]:.3g}" for a in ARMS[:3]) + " |" for k in grad_ks)
     time_rows = "\n".join(f"| {T} | " + " | ".join(f"{1000 * statistics.median(times[a][T]):.2f}" for a in times) + " |"
                           for T in times["lstm"])
-    def interval(o: dict[str, Any]) -> str:
-        if "difference" not in o:
-            return ""
-        return f"; difference {o['difference']:.3f}, interval [{o['interval'][0]:.3f}, {o['interval'][1]:.3f}]"
-
-    rules = "\n".join(f"- {o['rule']}: **{o['verdict']}**" + (f" (k = {o['k']})" if o.get("k") else "") + interval(o)
-                      for o in outcomes.values())
+    rules = outcome_lines(list(outcomes.values()))
     (ts, tl, th), (ls, ll, lh) = slopes["transformer"], slopes["lstm"]
     return f"""**Verdict rule, fixed before the run.** {'; '.join(protocol.verdict_rule)}. Each arm at each k: a
 learning-rate sweep {s['lrs']} chosen on validation accuracy, a budget to a plateau (stop at 99% validation

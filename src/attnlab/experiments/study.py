@@ -201,6 +201,19 @@ def _brief(result: Mapping[str, float]) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, int | float))
 
 
+def outcome_lines(outcomes: Sequence[Mapping[str, Any]]) -> str:
+    """One Markdown bullet per rule outcome: the rule, its statistic and 95% interval where it has them, the
+    verdict."""
+    lines = []
+    for o in outcomes:
+        stat = (f"difference {o['difference']:.3f}" if "difference" in o
+                else f"mean {o['mean']:.3f}" if "mean" in o else "")
+        interval = f", 95% interval [{o['interval'][0]:.3f}, {o['interval'][1]:.3f}]" if "interval" in o else ""
+        where = f" (k = {o['k']})" if o.get("k") is not None else ""
+        lines.append(f"- {o['rule']}{where}: {stat}{interval}{': ' if stat else ''}**{o['verdict']}**")
+    return "\n".join(lines)
+
+
 def fmt(s: Mapping[str, Any], digits: int = 3) -> str:
     """"mean +- sd" of a summary."""
     return f"{s['mean']:.{digits}f} +- {s['sd']:.{digits}f}"
