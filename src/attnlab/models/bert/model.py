@@ -40,8 +40,9 @@ class BertOutput:
     mean, per ``config.pooling``. mlm_logits: (B, T, V) with ``with_mlm``, or (N, V) at the N
     positions whose ``mlm_labels`` are not -100 (row-major order) when labels are given.
     nsp_logits (B, 2) (from the [CLS] pooler, whatever the pooling); logits (B, n_classes) and
-    token_logits (B, T, n_classes) when the model has ``n_classes``. ``loss`` is the sum of the
-    losses of the labels given (mlm_loss, nsp_loss, cls_loss).
+    token_logits (B, T, n_classes) when the model has ``n_classes``; predictions (B, n_targets), the
+    regression head's pool(h) W_r + b_r, when it has ``n_targets``. ``loss`` is the sum of the
+    losses of the labels given (mlm_loss, nsp_loss, cls_loss, reg_loss = mean (prediction - target)^2).
     """
 
     hidden_states: Tensor
@@ -54,6 +55,8 @@ class BertOutput:
     mlm_loss: Tensor | None = None
     nsp_loss: Tensor | None = None
     cls_loss: Tensor | None = None
+    predictions: Tensor | None = None
+    reg_loss: Tensor | None = None
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
@@ -114,7 +117,10 @@ class Bert(PretrainedModel):
         if c.n_classes is not None:
             self.classifier = nn.Linear(c.d_model, c.n_classes)
             self.token_classifier = nn.Linear(c.d_model, c.n_classes)
+        self.regressor = nn.Linear(c.d_model, c.n_targets) if c.n_targets is not None else None
         self.apply(self._init_weights)
+        if self.regressor is not None:
+            nn.init.zeros_(self.regressor.weight)  # start at the mean of the (standardised) targets
 
     # -- the encoder ---------------------------------------------------------------------------
 
@@ -155,13 +161,15 @@ class Bert(PretrainedModel):
         next_sentence_label: Tensor | None = None,
         labels: Tensor | None = None,
         token_labels: Tensor | None = None,
+        targets: Tensor | None = None,
         with_mlm: bool = False,
     ) -> BertOutput:
         """Encode, then the heads the labels ask for.
 
         mlm_labels (B, T): original ids at the selected positions, -100 elsewhere; next_sentence_label
         (B,): 0 = B follows A, 1 = B is random (BERT's convention); labels (B,): sequence classes;
-        token_labels (B, T): per-token classes, -100 to skip. ``with_mlm``: full (B, T, V) MLM logits.
+        token_labels (B, T): per-token classes, -100 to skip; targets (B, n_targets): regression values.
+        ``with_mlm``: full (B, T, V) MLM logits.
         """
         hidden = self.encode(input_ids, attention_mask, token_type_ids)
         pooled = self.pool(hidden, attention_mask)
@@ -193,6 +201,13 @@ class Bert(PretrainedModel):
                 losses.append(token_loss)
         elif labels is not None or token_labels is not None:
             raise ValueError("this BERT has no classification head: set model.n_classes")
+        if self.regressor is not None:
+            out.predictions = self.regressor(F.dropout(pooled, self.config.dropout if self.training else 0.0))
+            if targets is not None:
+                out.reg_loss = F.mse_loss(out.predictions.float(), targets.float())  # (B, n_targets) each
+                losses.append(out.reg_loss)
+        elif targets is not None:
+            raise ValueError("this BERT has no regression head: set model.n_targets")
         if losses:
             out.loss = torch.stack(losses).sum()
         return out

@@ -2,9 +2,9 @@
 
     p(y | x) = softmax(Dropout(pool(h_L(x))) W_c + b_c),    L = -(1/B) sum_b log p(y_b | x_b)
 
-Rows come from a CSV (``text,label`` header) or JSONL file; a seeded ``classify.test_fraction`` of
-them is held out as split "val" and never trained on. The tokenizer is the pre-trained model's
-(``classify.init_from`` or the run's own when resuming); class names are saved as labels.json.
+Rows, held-out split and tokenizer as in ``tasks/text_rows.py`` (wordpiece or char, or the pre-trained
+model's); class names are saved as labels.json. Labels that are all numbers (more than ten values) are
+refused: that is ``task=regress``.
 """
 
 from __future__ import annotations
@@ -16,53 +16,35 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlab.core.errors import CheckpointError, ConfigError
+from attnlab.core.errors import CheckpointError, ConfigError, DataError
 from attnlab.training.metrics import accuracy, confusion_matrix, macro_f1
-from attnlab.training.tasks.base import Batch, RowsTask
+from attnlab.training.tasks.base import Batch
+from attnlab.training.tasks.text_rows import TextRowsTask
 
 if TYPE_CHECKING:
-    from attnlab.training.config import TrainConfig
+    from attnlab.data.labelled import LabelledText
 
 LABELS_FILE = "labels.json"
 
 
-class ClassifyTask(RowsTask):
+class ClassifyTask(TextRowsTask):
     """Text classification with a BERT encoder; metrics accuracy and macro-F1 on the held-out rows."""
 
-    unit = "examples"
+    name = "classify"
 
-    def __init__(self, cfg: TrainConfig, assets: Path | None = None, world_size: int = 1) -> None:
-        from attnlab.data.labelled import read_labelled, split_indices
-        from attnlab.tokenizers import WordPieceTokenizer, load_tokenizer, train_tokenizer
-
-        super().__init__(cfg, assets, world_size)
-        if cfg.model.family != "bert":
-            raise ConfigError(f"task classify trains a bert encoder, not model.family={cfg.model.family}")
-        opts = cfg.classify
-        data = read_labelled(cfg.data)
-        source = assets if assets is not None else (Path(opts.init_from) if opts.init_from else None)
-        if source is not None:
-            self.tokenizer = load_tokenizer(source)
-        elif cfg.tokenizer != "wordpiece":
-            raise ConfigError(f"task classify needs tokenizer=wordpiece (or classify.init_from=RUN), got "
-                              f"{cfg.tokenizer}")
-        else:
-            self.tokenizer = train_tokenizer("wordpiece", "\n".join(data.texts), cfg.bpe_vocab_size)
-        if not isinstance(self.tokenizer, WordPieceTokenizer):
-            raise ConfigError(f"task classify needs a WordPiece tokenizer, {source} has {self.tokenizer!r}")
+    def _targets(self, data: LabelledText, assets: Path | None) -> None:
+        numbers = data.numeric_labels()
+        if numbers is not None and assets is None:
+            raise DataError(f"{self.cfg.data}: every label is a number ({len(set(numbers))} distinct values, "
+                            f"{min(numbers):g} to {max(numbers):g}): a regression target, not classes; train it with "
+                            "task=regress (or write the labels as class names)")
         self.classes = self._load_classes(assets) if assets is not None else data.classes
         unknown = sorted(set(data.labels) - set(self.classes))
         if unknown:
-            raise ConfigError(f"{cfg.data} has labels the model was not trained on: {unknown[:3]}")
-        max_len = min(opts.max_len or cfg.model.block_size, cfg.model.block_size)
-        enc = self.tokenizer.encode_batch(data.texts, max_len=max_len)
-        self.inputs = {k: torch.tensor(v, dtype=torch.long) for k, v in enc.items()}  # (N, T) each
+            raise ConfigError(f"{self.cfg.data} has labels the model was not trained on: {unknown[:3]}")
         index = {c: i for i, c in enumerate(self.classes)}
-        self.labels = torch.tensor([index[y] for y in data.labels], dtype=torch.long)  # (N,)
-        train, held_out = split_indices(len(data), opts.test_fraction, opts.split_seed)
-        self.rows = {"train": torch.tensor(train), "val": torch.tensor(held_out)}
-        cfg.model.vocab_size = self.tokenizer.vocab_size
-        cfg.model.n_classes = len(self.classes)
+        self.targets = self.labels = torch.tensor([index[y] for y in data.labels], dtype=torch.long)  # (N,)
+        self.cfg.model.n_classes = len(self.classes)
 
     @staticmethod
     def _load_classes(folder: Path) -> list[str]:
@@ -74,16 +56,6 @@ class ClassifyTask(RowsTask):
         if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
             raise CheckpointError(f"{file} must hold a JSON list of class names")
         return classes
-
-    def _gather(self, rows: Tensor) -> Batch:
-        batch = {k: v[rows] for k, v in self.inputs.items()}
-        width = int(batch["attention_mask"].sum(1).max())  # trim the columns that are padding in every row
-        batch = {k: v[:, :width] for k, v in batch.items()}
-        batch["labels"] = self.labels[rows]
-        return batch
-
-    def count(self, batch: Batch) -> int:
-        return int(batch["labels"].numel())
 
     def reported_loss(self, out: Any) -> Tensor:
         return out.cls_loss

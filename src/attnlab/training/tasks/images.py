@@ -54,7 +54,8 @@ class ImageClassificationTask(Task):
         saved = load_labels(assets) if assets is not None else None
         self.data = load_splits(cfg.data, m.in_channels, m.image_size, cfg.val_fraction, opts.test_fraction,
                                 opts.train_fraction, opts.split_seed, opts.resize,
-                                classes=saved["classes"] if saved else None)
+                                classes=saved["classes"] if saved else None, n_generated=opts.n_generated,
+                                data_seed=opts.data_seed)
         self.classes: list[str] = self.data["train"].classes
         if saved is not None:
             if saved["classes"] != self.classes:

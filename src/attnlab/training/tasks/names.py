@@ -14,6 +14,7 @@ TASKS: dict[str, str] = {
     "image-classification": "attnlab.training.tasks.images:ImageClassificationTask",
     "mlm": "attnlab.training.tasks.mlm:MaskedLanguageModelTask",
     "classify": "attnlab.training.tasks.classify:ClassifyTask",
+    "regress": "attnlab.training.tasks.regress:RegressTask",
     "seq2seq": "attnlab.training.tasks.seq2seq:Seq2SeqTask",
     "continuous": "attnlab.training.tasks.continuous:ContinuousTask",
 }

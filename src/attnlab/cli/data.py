@@ -1,0 +1,37 @@
+"""``attnlab data``: write a generated data set to files other tools (and ``data=FOLDER``) can read."""
+
+from __future__ import annotations
+
+import argparse
+
+from attnlab.cli.errors import at_least, seed
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the data command (and its generators) to the parser."""
+    p = sub.add_parser("data", help="write a generated data set to files")
+    gens = p.add_subparsers(dest="generator", required=True)
+    m = gens.add_parser("micrographs", help="SEM-like micrographs with pores, cracks and inclusions, as image "
+                        "folders (train/ and test/, one sub-folder per class), their defect masks and defects.jsonl")
+    m.add_argument("--out", required=True, help="a new or empty folder")
+    m.add_argument("--task", choices=("defect", "type", "count"), default="defect",
+                   help="classes: defect / none (default), crack / inclusion / pore, or 0..3 defects")
+    m.add_argument("--n", type=at_least(2), default=1000, help="images in all (default 1000)")
+    m.add_argument("--size", type=at_least(1), default=64, help="width and height in pixels, 32..512 (default 64)")
+    m.add_argument("--seed", type=seed, default=0, help="the generator's seed (default 0)")
+    m.add_argument("--test-fraction", type=float, default=0.2, help="share written to test/ (default 0.2)")
+    m.set_defaults(func=_cmd_micrographs)
+
+
+def _cmd_micrographs(args: argparse.Namespace) -> int:
+    from attnlab.core.errors import ConfigError
+    from attnlab.data.micrographs import MAX_SIZE, MIN_SIZE, write_folder
+
+    if not MIN_SIZE <= args.size <= MAX_SIZE:
+        raise ConfigError(f"--size must be {MIN_SIZE} to {MAX_SIZE} pixels, got {args.size}")
+    if not 0 < args.test_fraction < 1 or round(args.test_fraction * args.n) >= args.n:
+        raise ConfigError(f"--test-fraction must leave images for both train/ and test/, got {args.test_fraction}")
+    n = write_folder(args.out, args.task, args.n, args.size, args.seed, args.test_fraction)
+    print(f"wrote {n} {args.size}x{args.size} micrographs ({args.task}) to {args.out}: train/, test/, masks/, "
+          f"defects.jsonl; train on them with data={args.out}")
+    return 0
