@@ -1,4 +1,5 @@
-"""``attnlab eval``: loss, perplexity or accuracy of a run on its data (``training.loop.evaluate_model``)."""
+"""``attnlab eval``: loss, perplexity or accuracy of a run on its data (``training.loop.evaluate_model``);
+``attnlab predict``: a prediction and its probability for each new input (``training.predict``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=at_least(1), default=32)
     p.add_argument("--splits", nargs="+", default=None, help="default: the task's, e.g. train val")
     p.set_defaults(func=_cmd_eval)
+    p = sub.add_parser("predict", help="predict each input of a file or folder with a trained run (CSV or JSONL)")
+    p.add_argument("run_dir")
+    p.add_argument("--data", required=True, help="texts (.txt/.csv/.tsv/.jsonl), rows (.csv/.npz), an image "
+                   "or a folder of images, as the run's task reads")
+    p.add_argument("--out", required=True, help="a new .csv or .jsonl file (never overwritten)")
+    p.add_argument("--batch-size", type=at_least(1), default=64)
+    p.add_argument("--resize", action="store_true", help="resize images of another size to the model's")
+    p.set_defaults(func=_cmd_predict)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -50,4 +59,24 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print(f"{split:>5} loss {loss:.4f}{ppl}{extra}")
     for path in task.eval_report(model, run_dir):
         print(f"wrote {path}")
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    """Write one row per input: the prediction and its probability (or the regressed value)."""
+    from attnlab.core.errors import ConfigError
+    from attnlab.training.predict import predict, write_predictions
+
+    out = Path(args.out)
+    if out.suffix.lower() not in (".csv", ".jsonl"):
+        raise ConfigError(f"--out must be a .csv or .jsonl file, got {out.name}")
+    if out.exists():
+        raise ConfigError(f"{out} exists; choose a new --out (predictions never overwrite a file)")
+    if not out.parent.is_dir():
+        raise ConfigError(f"the folder of --out does not exist: {out.parent}")
+    if not Path(args.run_dir).is_dir():
+        raise ConfigError(f"run folder not found: {args.run_dir}")
+    rows = predict(args.run_dir, args.data, args.batch_size, args.resize)
+    write_predictions(rows, out)
+    print(f"wrote {len(rows)} predictions to {out}")
     return 0

@@ -13,7 +13,7 @@ from attnlab.cli import bench, data, encoders, evaluate, experiment, explore, ge
 from attnlab.cli.errors import OneLineParser
 
 DESCRIPTION = ("attnlab train | resume | sample | eval | inspect | heads | explore | bench | experiment | "
-               "lens | import-hf | export | embed | probe | finetune | translate | data")
+               "lens | import-hf | export | embed | probe | finetune | translate | predict | data")
 GROUPS = (train, generate, evaluate, inspect, lens, interop, encoders, explore, bench, experiment, data)
 
 

@@ -131,8 +131,10 @@ def _float(text: str, where: str) -> float:
     return x
 
 
-def read_csv(path: Path, target: str = "target", element_names: list[str] | None = None) -> ContinuousData:
-    """Rows of feature values, or of ``name:value`` sets, plus a target column (see the module doc)."""
+def read_csv(path: Path, target: str = "target", element_names: list[str] | None = None,
+             require_target: bool = True) -> ContinuousData:
+    """Rows of feature values, or of ``name:value`` sets, plus a target column (see the module doc); without
+    ``require_target`` (new rows to predict) the target column may be missing (targets "") and one row is enough."""
     check_regular_file(path, "data file", DataError)
     try:
         raw = path.read_text(encoding="utf-8")
@@ -143,9 +145,9 @@ def read_csv(path: Path, target: str = "target", element_names: list[str] | None
     if not header:
         raise DataError(f"{path}: empty file (need a header row naming a '{target}' column)")
     header = [h.strip() for h in header]
-    if target not in header:
+    if target not in header and require_target:
         raise DataError(f"{path}: the header has no target column '{target}' (got {header[:6]})")
-    ti = header.index(target)
+    ti = header.index(target) if target in header else -1
     is_set = "set" in header
     si = header.index("set") if is_set else -1
     names = list(element_names or [])
@@ -159,7 +161,7 @@ def read_csv(path: Path, target: str = "target", element_names: list[str] | None
             continue
         if len(row) != len(header):
             raise DataError(f"{path}:{n}: expected {len(header)} columns, got {len(row)}")
-        targets.append(row[ti].strip())
+        targets.append(row[ti].strip() if ti >= 0 else "")
         if is_set:
             pairs = []
             for item in row[si].split():
@@ -177,8 +179,8 @@ def read_csv(path: Path, target: str = "target", element_names: list[str] | None
             rows_set.append(pairs)
         else:
             rows_x.append([_float(c, f"{path}:{n}") for j, c in enumerate(row) if j != ti])
-    if len(targets) < 4:
-        raise DataError(f"{path}: need at least 4 rows, found {len(targets)}")
+    if len(targets) < (4 if require_target else 1):
+        raise DataError(f"{path}: need at least {4 if require_target else 1} rows, found {len(targets)}")
     if is_set:
         S = max(len(p) for p in rows_set)
         elements = np.zeros((len(rows_set), S), dtype=np.int64)
@@ -189,7 +191,7 @@ def read_csv(path: Path, target: str = "target", element_names: list[str] | None
             values[r, :len(pairs)] = [v for _, v in pairs]
             mask[r, :len(pairs)] = True
         return ContinuousData(targets=targets, elements=elements, values=values, mask=mask, element_names=names)
-    if len(header) < 2:
+    if len(header) - (ti >= 0) < 1:
         raise DataError(f"{path}: no feature columns besides the target '{target}'")
     return ContinuousData(targets=targets, features=np.asarray(rows_x, dtype=np.float32)[:, :, None])
 
@@ -201,16 +203,22 @@ def _load_array(file: Path) -> np.ndarray:
         raise DataError(f"cannot read {file} as a NumPy array: {e}") from None
 
 
-def read_npy(path: Path) -> ContinuousData:
-    """A folder with X.npy + y.npy, or an .npz with X + y or elements + values [+ mask] + y."""
+def read_npy(path: Path, require_target: bool = True) -> ContinuousData:
+    """A folder with X.npy + y.npy, or an .npz with X + y or elements + values [+ mask] + y; without
+    ``require_target`` (new rows to predict) y may be missing."""
     if path.is_dir():
-        arrays = {"X": _load_array(path / "X.npy"), "y": _load_array(path / "y.npy")}
+        arrays = {"X": _load_array(path / "X.npy")}
+        if require_target or (path / "y.npy").exists():
+            arrays["y"] = _load_array(path / "y.npy")
     else:
         try:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
         except (OSError, ValueError) as e:
             raise DataError(f"cannot read {path} as a NumPy .npz archive: {e}") from None
+    if "y" not in arrays and not require_target:
+        first = arrays.get("X", arrays.get("elements"))
+        arrays["y"] = np.zeros(len(first) if first is not None and first.ndim else 0)
     if "y" not in arrays:
         raise DataError(f"{path}: no target array 'y' (got {sorted(arrays)})")
     y = arrays["y"]

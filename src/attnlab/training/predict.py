@@ -1,0 +1,279 @@
+"""Score new inputs with a trained run: one prediction (and its probability) per input, for every task.
+
+    image-classification   an image file, or a folder of them (searched recursively)   class, p(class | x)
+    classify               texts: .txt (a line each), .csv/.tsv ("text" column), .jsonl  class, p(class | x)
+    regress                texts, as classify                                          value(s), targets. units
+    continuous             rows: .csv (features or a "set" column), .npz, folder X.npy  value(s), or class and p
+    lm                     texts                                                       the next token, p(token | x)
+    mlm                    texts with [MASK]                                           the text filled in, prod p(token)
+    seq2seq                texts                                                       the greedy output, p(output | x)
+
+Only what the run saved is read (weights, tokenizer, labels.json / targets.json / inputs.json): the training data
+need not be there. Inputs are checked before the model runs; a text too long for the model's context is cut to
+the context (its last tokens for lm, its first for the encoders) and marked ``"truncated": true``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.core.errors import DataError
+
+TEXT_SUFFIXES = (".txt", ".csv", ".tsv", ".jsonl")
+
+
+def read_texts(path: Path) -> list[str]:
+    """Texts to predict: a line each (.txt), the "text" column (.csv/.tsv), or the "text" key (.jsonl)."""
+    import csv
+
+    from attnlab.core.fileio import check_regular_file
+
+    check_regular_file(path, "input file", DataError)
+    suffix = path.suffix.lower()
+    if suffix not in TEXT_SUFFIXES:
+        raise DataError(f"{path}: texts are read from {', '.join(TEXT_SUFFIXES)} files")
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not UTF-8 text") from None
+    if suffix == ".txt":
+        texts = [line for line in raw.splitlines() if line.strip()]
+    elif suffix == ".jsonl":
+        texts = []
+        for n, line in enumerate(raw.splitlines(), 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise DataError(f"{path}:{n}: each line needs an object with a 'text' string")
+                texts.append(row["text"])
+    else:
+        reader = csv.DictReader(raw.splitlines(), delimiter="\t" if suffix == ".tsv" else ",")
+        if reader.fieldnames is None or "text" not in reader.fieldnames:
+            raise DataError(f"{path}: the header must name a 'text' column, got {reader.fieldnames}")
+        texts = [row["text"] or "" for row in reader]
+    if not texts:
+        raise DataError(f"{path}: no texts to predict")
+    return texts
+
+
+def image_files(path: Path) -> list[Path]:
+    """One image file, or every image file under a folder (recursively, sorted)."""
+    from attnlab.data.images import IMAGE_SUFFIXES
+
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise DataError(f"{path} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        return files
+    if not path.is_file():
+        raise DataError(f"input not found: {path}")
+    return [path]
+
+
+def significant(p: float) -> float:
+    """A probability to 6 significant digits (a long output's p(y | x) can be 1e-30: not rounded to 0)."""
+    return float(f"{p:.6g}")
+
+
+def _batches(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(n, start + size))
+
+
+def _label_rows(inputs: list[str], probs: torch.Tensor, classes: list[str]) -> list[dict[str, Any]]:
+    """(N, K) probabilities -> rows {input, prediction (the arg-max class), probability}."""
+    p, k = probs.max(-1)
+    return [{"input": x, "prediction": classes[int(c)], "probability": significant(float(q))}
+            for x, c, q in zip(inputs, k, p)]
+
+
+@torch.no_grad()
+def predict_images(model, run: Path, path: Path, batch_size: int, resize: bool) -> list[dict[str, Any]]:
+    """Class and its probability for each image (read as the model's channels and size; resized only with
+    ``resize``), normalised with the training split's mean and std from labels.json."""
+    from attnlab.data.images import normalize, read_image
+    from attnlab.training.tasks.images import load_labels
+
+    labels, c = load_labels(run), model.config
+    files = image_files(path)
+    images = torch.stack([read_image(f, c.in_channels, c.image_size, resize) for f in files])  # (N, C, H, W)
+    names = [str(f.relative_to(path)) if path.is_dir() else f.name for f in files]
+    probs = torch.cat([F.softmax(model(normalize(images[s], labels["mean"], labels["std"])).logits.float(), -1)
+                       for s in _batches(len(files), batch_size)])
+    return _label_rows(names, probs, labels["classes"])
+
+
+@torch.no_grad()
+def predict_text_rows(model, run: Path, texts: list[str], task: str, batch_size: int) -> list[dict[str, Any]]:
+    """classify: class and probability; regress: the value(s) in the targets' units (BERT runs)."""
+    from attnlab.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(run)
+    max_len = model.config.block_size
+    rows: list[dict[str, Any]] = []
+    if task == "regress":
+        from attnlab.training.tasks.regress import RegressTask
+
+        saved = RegressTask._load(run)
+        mean, std = torch.tensor(saved["mean"]), torch.tensor(saved["std"])
+    else:
+        from attnlab.training.tasks.classify import ClassifyTask
+
+        classes = ClassifyTask._load_classes(run)
+    for s in _batches(len(texts), batch_size):
+        enc = {k: torch.tensor(v) for k, v in tok.encode_batch(texts[s], max_len=max_len).items()}
+        out = model(**enc)
+        cut = [len(tok.encode(t)) + 2 > max_len for t in texts[s]]
+        if task == "regress":
+            values = out.predictions.double() * std + mean  # (B, k)
+            part = [{"input": t, "prediction": ";".join(f"{v:.6g}" for v in row.tolist())}
+                    for t, row in zip(texts[s], values)]
+        else:
+            part = _label_rows(texts[s], F.softmax(out.logits.float(), -1), classes)
+        rows += [{**r, "truncated": c} if c else r for r, c in zip(part, cut)]
+    return rows
+
+
+@torch.no_grad()
+def predict_continuous(model, run: Path, path: Path, batch_size: int) -> list[dict[str, Any]]:
+    """The encoder's value(s) (regression, original units) or class and probability, per row."""
+    from attnlab.data.continuous import read_csv, read_npy
+    from attnlab.training.tasks.continuous import ContinuousTask
+
+    saved = ContinuousTask._load_inputs(run)
+    if path.is_dir() or path.suffix.lower() == ".npz":
+        if not path.exists():
+            raise DataError(f"input not found: {path}")
+        data = read_npy(path, require_target=False)
+    elif path.suffix.lower() == ".csv":
+        data = read_csv(path, element_names=saved["element_names"] or None, require_target=False)
+    else:
+        raise DataError(f"{path}: rows are read from a .csv file, an .npz file or a folder with X.npy")
+    if data.features is not None:
+        if model.config.inputs != "features" or data.features.shape[-1] != model.config.n_features:
+            raise DataError(f"{path}: rows of {data.features.shape[-1]} features per step, the model takes "
+                            f"{model.config.n_features if model.config.inputs == 'features' else 'sets'}")
+        inputs = {"features": torch.from_numpy(data.features)}
+    else:
+        if model.config.inputs != "set":
+            raise DataError(f"{path} holds sets but the model takes feature sequences")
+        inputs = {"elements": torch.from_numpy(data.elements), "values": torch.from_numpy(data.values),
+                  "mask": torch.from_numpy(data.mask)}
+    n = len(next(iter(inputs.values())))
+    rows: list[dict[str, Any]] = []
+    for s in _batches(n, batch_size):
+        out = model(**{k: v[s] for k, v in inputs.items()}).predictions
+        ids = [f"row {i + 1}" for i in range(s.start, s.stop)]
+        if model.config.head == "regression":
+            values = out.double() * torch.tensor(saved["target_std"]) + torch.tensor(saved["target_mean"])
+            rows += [{"input": i, "prediction": ";".join(f"{v:.6g}" for v in r.tolist())} for i, r in zip(ids, values)]
+        else:
+            rows += _label_rows(ids, F.softmax(out.float(), -1), saved["classes"])
+    return rows
+
+
+@torch.no_grad()
+def predict_tokens(model, run: Path, texts: list[str], task: str) -> list[dict[str, Any]]:
+    """lm: the most likely next token after each text; mlm: each [MASK] filled with its most likely token."""
+    from attnlab.tokenizers import load_tokenizer
+
+    tok, T = load_tokenizer(run), model.config.block_size
+    rows = []
+    for text in texts:
+        if task == "lm":
+            ids = tok.encode(text)
+            if not ids:
+                raise DataError("an empty text has no next token to predict; give at least one character")
+            p = F.softmax(model(torch.tensor([ids[-T:]])).logits[0, -1].float(), -1)  # (V,)
+            q, k = p.max(-1)
+            row = {"input": text, "prediction": tok.decode([int(k)]), "probability": significant(float(q))}
+            cut = len(ids) > T
+        else:
+            enc = {k: torch.tensor(v) for k, v in tok.encode_batch([text], max_len=T).items()}
+            masked = enc["input_ids"][0] == tok.mask_id  # (T,)
+            if not masked.any():
+                raise DataError(f"no [MASK] in {text[:40]!r}: a masked-LM run fills in [MASK] tokens")
+            p = F.softmax(model(**enc, with_mlm=True).mlm_logits[0, masked].float(), -1)  # (M, V)
+            q, k = p.max(-1)
+            filled = enc["input_ids"][0].clone()
+            filled[masked] = k
+            body = [int(i) for i, m in zip(filled, enc["attention_mask"][0]) if m and int(i) not in
+                    (tok.cls_id, tok.sep_id)]
+            row = {"input": text, "prediction": tok.decode(body), "probability": significant(float(q.prod()))}
+            cut = len(tok.encode(text)) + 2 > T
+        rows.append({**row, "truncated": True} if cut else row)
+    return rows
+
+
+@torch.no_grad()
+def predict_seq2seq(model, run: Path, texts: list[str], batch_size: int) -> list[dict[str, Any]]:
+    """The greedy output for each text and its probability p(y | x) = exp(sum_t log p(y_t | y_<t, x))."""
+    import math
+
+    from attnlab.data.pairs import PairEncoder
+    from attnlab.generation import greedy_decode
+    from attnlab.tokenizers import load_tokenizer
+
+    encoder = PairEncoder(load_tokenizer(run), model.config.block_size)
+    rows = []
+    for s in _batches(len(texts), batch_size):
+        src, mask = encoder.sources(texts[s])
+        decoded = greedy_decode(model, src, mask, encoder.bos_id, encoder.eos_id, model.config.block_size)
+        rows += [{"input": t, "prediction": encoder.text(ids), "probability": significant(math.exp(lp))}
+                 for t, ids, lp in zip(texts[s], decoded.tokens, decoded.log_probs)]
+    return rows
+
+
+def predict(run: str | Path, data: str | Path, batch_size: int = 64, resize: bool = False) -> list[dict[str, Any]]:
+    """One row per input of ``data`` for the trained run in ``run`` (see the module for each task)."""
+    from attnlab.models.registry import from_pretrained
+    from attnlab.training.runs import load_run_config
+    from attnlab.training.tasks import task_name
+
+    run, data = Path(run), Path(data)
+    cfg = load_run_config(run)
+    task = task_name(cfg.task, cfg.model.family)
+    if not data.exists():
+        raise DataError(f"input not found: {data}")
+    texts = read_texts(data) if task in ("classify", "regress", "lm", "mlm", "seq2seq") else None
+    model = from_pretrained(run).eval()
+    if task == "image-classification":
+        return predict_images(model, run, data, batch_size, resize)
+    if task == "continuous":
+        return predict_continuous(model, run, data, batch_size)
+    assert texts is not None
+    if task in ("classify", "regress"):
+        return predict_text_rows(model, run, texts, task, batch_size)
+    if task == "seq2seq":
+        return predict_seq2seq(model, run, texts, batch_size)
+    return predict_tokens(model, run, texts, task)
+
+
+def write_predictions(rows: list[dict[str, Any]], out: str | Path) -> Path:
+    """Write ``rows`` as CSV (columns input, prediction, probability, truncated) or JSONL, atomically."""
+    import csv
+    import io
+
+    from attnlab.core.fileio import atomic_write_text
+
+    out = Path(out)
+    if out.suffix.lower() == ".jsonl":
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    else:
+        columns = [c for c in ("input", "prediction", "probability", "truncated") if any(c in r for r in rows)]
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        text = buffer.getvalue()
+    atomic_write_text(out, text)
+    return out
