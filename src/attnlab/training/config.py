@@ -132,6 +132,9 @@ class TrainConfig:
     task: str | None = None
     data: str = "shakespeare"  # a text file, or "shakespeare" (built-in corpus, no download)
     tokenizer: Literal["char", "bpe", "wordpiece"] = "char"  # wordpiece: vocab size = bpe_vocab_size
+    # a run or model folder of the same family: its weights start this run (every tensor whose name and shape
+    # fit; a head of another size starts fresh) and its tokenizer is used; resume=true takes precedence
+    init_from: str | None = None
     bpe_vocab_size: int = 1024
     val_fraction: float = 0.1
     # optimisation

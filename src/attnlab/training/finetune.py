@@ -3,6 +3,7 @@
     h = Encoder_pretrained(x);   logits = W_c pool(h) + b_c      (W_c, b_c fresh; everything else loaded)
 
 trained with cross-entropy on (text, label) rows for a few hundred steps at a small learning rate.
+(``init_from=RUN``, for any family, is ``training/init_from.py``.)
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.training import checkpoint as ckpt
 from attnlab.training import distributed, runs
 from attnlab.training.config import TrainConfig
+from attnlab.training.init_from import check_init_from, init_weights_line
 from attnlab.training.loggers import RunLog, evaluation_keys
 from attnlab.training.loop import evaluate_model, train_step
 from attnlab.training.mfu import MFUMeter
@@ -82,8 +83,7 @@ class Trainer:
         self._runtime_before = runtime.apply(wanted, self.log)
         self.dtype = runtime.resolve_dtype(cfg.dtype, self.device.type)  # what the run computes in
         if cfg.dtype == "auto":
-            self.log(f"dtype=auto: {self.dtype} (native bfloat16 on this {self.device.type}: "
-                     f"{'yes' if self.dtype == 'bfloat16' else 'no'})")
+            self.log(f"dtype=auto: {self.dtype} (native bfloat16 on {self.device.type}: {self.dtype == 'bfloat16'})")
         if (slow := runtime.slow_bfloat16_warning(self.device.type, self.dtype)) is not None:
             self.log(slow)
         name = cfg.name or runs.default_run_name(preset)
@@ -92,11 +92,10 @@ class Trainer:
         if cfg.resume and checkpoint is None:
             self.log(f"{self.run_dir} stopped before its first checkpoint was complete; training it from step 0")
         if not cfg.resume and (self.run_dir / "checkpoints").exists():
-            raise ConfigError(
-                f"run folder {self.run_dir} already holds a run; pass resume=true or another name="
-            )
-
+            raise ConfigError(f"run folder {self.run_dir} already holds a run; pass resume=true or another name=")
         check_fits(cfg.model, "the model", batch_size=cfg.batch_size)  # before the data and the tokenizer
+        if cfg.init_from and checkpoint is None:
+            check_init_from(cfg.init_from, cfg.model.family)  # before any data is read
         # data, tokenizer/class names (from the checkpoint when resuming); fills vocab_size etc.
         self.task = build_task(cfg, assets=checkpoint, world_size=self.dist.world_size)
         self.tokenizer = getattr(self.task, "tokenizer", None)
@@ -109,6 +108,8 @@ class Trainer:
         self.step = 0
         self.best_val: float | None = None
         state = self._restore_weights(checkpoint) if checkpoint is not None else None
+        if cfg.init_from and checkpoint is None:
+            self.log(init_weights_line(self.model, cfg.init_from))
         self.ddp: torch.nn.Module | None = None
         self.sharded = self.dist.enabled and cfg.parallel == "fsdp"
         if self.sharded:  # each process keeps 1/N of the weights, gradients and moments
@@ -124,8 +125,7 @@ class Trainer:
         if state is not None:
             ckpt.check_trainer_state(state, self.optimizer, checkpoint)
             self._restore_state(state)
-        wrapped = self.ddp or self.model
-        self.forward = torch.compile(wrapped) if cfg.compile else wrapped
+        self.forward = torch.compile(self.ddp or self.model) if cfg.compile else (self.ddp or self.model)
         self.flops_per_unit = self.task.flops_per_unit(self.model)
         # the peak is measured once per machine and cached; here, so it never pauses the training loop
         self.meter = (MFUMeter(self.flops_per_unit, self.dtype, self.device.type)

@@ -41,6 +41,13 @@ class Task(ABC):
     unit: str = "tokens"  # what throughput counts (logged as <unit>_per_s): tokens, images, examples
     splits: tuple[str, ...] = ("train", "val")  # evaluated during training, in this order
 
+    def tokenizer_source(self, assets: Path | None) -> Path | None:
+        """Where the run's tokenizer comes from: the checkpoint being resumed, else ``init_from``, else None
+        (a new one is trained on the data)."""
+        if assets is not None:
+            return assets
+        return Path(self.cfg.init_from) if self.cfg.init_from else None
+
     def __init__(self, cfg: TrainConfig, assets: Path | None = None, world_size: int = 1) -> None:
         self.cfg = cfg
         self.world_size = world_size

@@ -30,8 +30,8 @@ class LanguageModelTask(Task):
 
         super().__init__(cfg, assets, world_size)
         source = resolve_text_source(cfg.data)
-        if assets is not None:
-            self.tokenizer = load_tokenizer(assets)
+        if (pretrained := self.tokenizer_source(assets)) is not None:
+            self.tokenizer = load_tokenizer(pretrained)
         else:
             self.tokenizer = train_tokenizer(cfg.tokenizer, read_text(source), cfg.bpe_vocab_size)
         self.data = TextDataset(source, self.tokenizer, val_fraction=cfg.val_fraction)

@@ -41,8 +41,8 @@ class MaskedLanguageModelTask(Task):
         if opts.max_len is not None and opts.max_len > cfg.model.block_size:
             raise ConfigError(f"mlm.max_len={opts.max_len} exceeds model.block_size={cfg.model.block_size}")
         text = read_text(resolve_text_source(cfg.data))
-        if assets is not None:
-            self.tokenizer = load_tokenizer(assets)
+        if (pretrained := self.tokenizer_source(assets)) is not None:
+            self.tokenizer = load_tokenizer(pretrained)
         elif cfg.tokenizer != "wordpiece":
             raise ConfigError(f"task mlm needs tokenizer=wordpiece ([CLS] [SEP] [MASK] [PAD]), got {cfg.tokenizer}")
         else:

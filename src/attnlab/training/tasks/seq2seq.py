@@ -85,8 +85,8 @@ class Seq2SeqTask(Task):
         super().__init__(cfg, assets, world_size)
         require("sacrebleu", "BLEU and chrF of seq2seq runs")  # before any work, not at the first evaluation
         self.pairs = load_pairs(cfg.data, cfg.seq2seq, cfg.seed, cfg.val_fraction)
-        if assets is not None:
-            self.tokenizer = load_tokenizer(assets)
+        if (pretrained := self.tokenizer_source(assets)) is not None:
+            self.tokenizer = load_tokenizer(pretrained)
         else:  # the char vocabulary covers every split, so evaluation never meets an unknown character
             every = self.pairs.train + self.pairs.val + self.pairs.test
             texts = [s for p in every for s in p] if cfg.tokenizer == "char" else \

@@ -57,7 +57,7 @@ class TextRowsTask(RowsTask):
             raise ConfigError(f"task {self.name} trains a bert encoder, not model.family={cfg.model.family}")
         opts = cfg.classify
         data = read_labelled(cfg.data)
-        source = assets if assets is not None else (Path(opts.init_from) if opts.init_from else None)
+        source = Path(opts.init_from) if assets is None and opts.init_from else self.tokenizer_source(assets)
         self._targets(data, assets)  # refuses labels that do not fit the task before a tokenizer is trained
         self.tokenizer = text_tokenizer(cfg, data.texts, source, self.name)
         max_len = min(opts.max_len or cfg.model.block_size, cfg.model.block_size)
