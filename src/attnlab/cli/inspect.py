@@ -9,10 +9,12 @@ from attnlab.cli.errors import at_least, seed
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the inspect, heads commands to the parser."""
-    p = sub.add_parser("inspect", help="attention figures for one input: --text (any family) or --image (ViT)")
+    p = sub.add_parser("inspect", help="attention figures for one input: --text (any family) or --image "
+                       "(ViT attention, CNN Grad-CAM)")
     p.add_argument("run_dir")
     p.add_argument("--text", default=None, help="the text to run through the model")
-    p.add_argument("--image", default=None, help="an image file (png, jpg, ...) for a vit run")
+    p.add_argument("--image", default=None, help="an image file (png, jpg, ...) for a vit run (attention and "
+                   "rollout) or a cnn run (Grad-CAM)")
     p.add_argument("--resize", action="store_true", help="resize an image of another size to the model's")
     p.add_argument("--layer", type=at_least(0), default=None, help="layer of the single-head figure (default: last)")
     p.add_argument("--head", type=at_least(0), default=None, help="head of the single-head figure (default: 0)")
@@ -39,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     """Look inside a trained run on one input: --text (attention figures + a JSON dump of the
-    probabilities) or --image (a ViT's [CLS] attention per layer/head and rollout, as a PNG)."""
+    probabilities) or --image (a ViT's [CLS] attention per layer/head and rollout, or a CNN's Grad-CAM, as a PNG)."""
     from attnlab.core.errors import ConfigError
 
     if (args.text is None) == (args.image is None):
@@ -50,8 +52,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         from attnlab.inspect.saliency import inspect_image
 
         result = inspect_image(args.run_dir, args.image, args.out or "saliency.png", resize=args.resize)
-        print(f"{args.image}: {result['class']} ({result['probability']:.1%}); rollout peaks at patch "
-              f"(row, col) {result['rollout_peak']}; wrote {result['out']}")
+        peak = (f"rollout peaks at patch (row, col) {result['rollout_peak']}" if "rollout_peak" in result else
+                f"Grad-CAM peaks at cell (row, col) {result['gradcam_peak']} of the last block")
+        print(f"{args.image}: {result['class']} ({result['probability']:.1%}); {peak}; wrote {result['out']}")
         return 0
     from attnlab.inspect.report import inspect_text
 

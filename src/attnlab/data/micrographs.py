@@ -118,7 +118,7 @@ def _blob(grey: np.ndarray, centre: tuple[float, float], radius: float, rng: np.
 
 def _pore(grey: np.ndarray, centre: tuple[float, float], w: float, rng: np.random.Generator) -> np.ndarray:
     """A dark cavity with a bright halo one w wide just outside it; returns its pixels (H, W) bool."""
-    inside = _blob(grey, centre, rng.uniform(2.2, 4.5) * w, rng, roughness=0.12)
+    inside = _blob(grey, centre, rng.uniform(2.8, 5.0) * w, rng, roughness=0.12)
     halo = _dilate(inside, max(1, round(w))) & ~inside
     grey[halo] += 0.22
     grey[inside] = 0.08 + 0.03 * rng.standard_normal(inside.sum())
@@ -127,7 +127,7 @@ def _pore(grey: np.ndarray, centre: tuple[float, float], w: float, rng: np.rando
 
 def _inclusion(grey: np.ndarray, centre: tuple[float, float], w: float, rng: np.random.Generator) -> np.ndarray:
     """A bright compact second-phase particle with a sharp edge; returns its pixels (H, W) bool."""
-    inside = _blob(grey, centre, rng.uniform(1.8, 3.5) * w, rng, roughness=0.2)
+    inside = _blob(grey, centre, rng.uniform(2.2, 4.0) * w, rng, roughness=0.2)
     grey[inside] = 0.88 + 0.02 * rng.standard_normal(inside.sum())
     return inside
 

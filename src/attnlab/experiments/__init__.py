@@ -27,6 +27,7 @@ EXPERIMENTS: dict[str, str] = {
     "grokking": "attnlab.experiments.grokking",
     "induction-heads": "attnlab.experiments.induction_heads",
     "attention-saliency": "attnlab.experiments.attention_saliency",
+    "micrograph-saliency": "attnlab.experiments.micrograph_saliency",
 }
 
 

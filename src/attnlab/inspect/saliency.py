@@ -94,10 +94,11 @@ def render(image: Tensor, maps: SaliencyMaps, out_path: str | Path, title: str =
 
 def inspect_image(run_dir: str | Path, image_path: str | Path, out_path: str | Path, head_fusion: str = "mean",
                   resize: bool = False) -> dict[str, Any]:
-    """Classify one image file with a trained ViT run and write its saliency PNG to ``out_path``.
+    """Classify one image file with a trained ViT (or CNN) run and write its saliency PNG to ``out_path``: the
+    ViT's attention per layer and head and rollout, or the CNN's Grad-CAM (``inspect/gradcam.py``).
 
     The image is converted to the model's channels; one of another size is refused unless ``resize``.
-    Returns the predicted class, its probability and the patch (row, col) where rollout peaks.
+    Returns the predicted class, its probability and the cell (row, col) where rollout (Grad-CAM) peaks.
     """
     from attnlab.data.images import normalize, read_image
     from attnlab.models.registry import from_pretrained
@@ -110,7 +111,17 @@ def inspect_image(run_dir: str | Path, image_path: str | Path, out_path: str | P
     labels = load_labels(run_dir)
     c = model.config
     image = read_image(image_path, c.in_channels, c.image_size, resize=resize)  # (C, H, W) uint8
-    maps = saliency_maps(model, normalize(image[None], labels["mean"], labels["std"]), head_fusion)
+    x = normalize(image[None], labels["mean"], labels["std"])  # (1, C, H, W)
+    if c.family == "cnn":
+        from attnlab.inspect.gradcam import gradcam, render_gradcam
+
+        cam = gradcam(model, x)
+        k = cam.target
+        title = f"{Path(image_path).name}: {labels['classes'][k]} ({cam.probs[k]:.1%})"
+        render_gradcam(image, cam, out_path, title)
+        return {"class": labels["classes"][k], "probability": float(cam.probs[k]),
+                "gradcam_peak": divmod(int(cam.map.argmax()), cam.map.size(1)), "out": str(out_path)}
+    maps = saliency_maps(model, x, head_fusion)
     k = int(maps.probs.argmax())
     peak = divmod(int(maps.rollout.argmax()), maps.rollout.size(1))
     title = f"{Path(image_path).name}: {labels['classes'][k]} ({maps.probs[k]:.1%})"
