@@ -10,15 +10,25 @@ import pytest
 
 from attnlab.cli import main
 from attnlab.core.errors import ConfigError
-from attnlab.models import BertConfig, CNNConfig, EncoderConfig, GPTConfig, ModelConfig, Seq2SeqConfig, ViTConfig
+from attnlab.models import (
+    BertConfig,
+    CNNConfig,
+    EncoderConfig,
+    GPTConfig,
+    MAEConfig,
+    ModelConfig,
+    Seq2SeqConfig,
+    ViTConfig,
+)
 from attnlab.models.base import read_config
 from attnlab.models.config import LEGACY_DEFAULTS
 
 # options added after the flat version-1 schema (the speed run's QK-norm and logit soft-cap)
-ADDED_SINCE_THE_FLAT_SCHEMA = {"qk_norm", "logit_softcap", "n_targets"}
+ADDED_SINCE_THE_FLAT_SCHEMA = {"qk_norm", "logit_softcap", "n_targets", "mask_ratio", "decoder_layers",
+                               "decoder_d_model", "decoder_n_head", "norm_pix_loss"}
 
 FAMILIES = {"gpt": GPTConfig, "bert": BertConfig, "seq2seq": Seq2SeqConfig, "vit": ViTConfig, "cnn": CNNConfig,
-            "encoder": EncoderConfig}
+            "encoder": EncoderConfig, "mae": MAEConfig}
 
 
 def fields(cls) -> set[str]:

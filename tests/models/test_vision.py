@@ -316,8 +316,9 @@ def test_train_eval_inspect_through_the_cli(tmp_path, capsys):
         assert message in err and len(err.strip().splitlines()) == 1
     assert main(["train", "configs/cnn-digits.yaml", "name=cnn", *tiny[:-2], "model.cnn_width=4"]) == 0
     capsys.readouterr()
-    assert main(["inspect", str(tmp_path / "cnn"), "--image", str(tmp_path / "digit.png")]) == 2
-    assert "needs a vit" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path / "cnn"), "--image", str(tmp_path / "digit.png"), "--out",
+                 str(tmp_path / "cam.png")]) == 0  # a CNN's image saliency is Grad-CAM (tests/inspect/test_gradcam.py)
+    assert "Grad-CAM peaks at cell" in capsys.readouterr().out
     assert main(["inspect", str(tmp_path / "cnn"), "--image", str(tmp_path / "digit.png"), "--faithfulness",
                  str(tmp_path / "c.json")]) == 2
     assert "explains a vit run" in capsys.readouterr().err

@@ -20,10 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vectors", action="store_true", help="print the embeddings as JSON lines")
     p.set_defaults(func=_cmd_embed)
 
-    p = sub.add_parser("probe", help="linear probe on a frozen encoder: data=file.csv|jsonl (text,label)")
+    p = sub.add_parser("probe", help="linear probe on a frozen encoder: a bert run with data=file.csv|jsonl "
+                       "(text,label), or a vit/cnn/mae run with data=IMAGES (any image source)")
     p.add_argument("run_dir")
-    p.add_argument("overrides", nargs="*", help="data=FILE (required), pooling=mean|cls, test_fraction=0.2, "
-                   "seed=0, max_len=128, kind=auto|logistic|ridge")
+    p.add_argument("overrides", nargs="*", help="data=FILE|IMAGES (required), pooling=mean|cls, test_fraction=0.2, "
+                   "seed=0, max_len=128, kind=auto|logistic|ridge; images: n_labels=N (labelled training images)")
     p.set_defaults(func=_cmd_probe)
 
 
@@ -36,6 +37,18 @@ def _load_encoder(run_dir: str):
     if not isinstance(model, Bert):
         raise ConfigError(f"{run_dir} holds a {model.config.family} model; this command needs a bert encoder")
     return model, tokenizer
+
+def _family(run_dir: str) -> str:
+    """The model family of a run folder (a one-line error if it is not one)."""
+    from pathlib import Path
+
+    from attnlab.core.errors import ConfigError
+    from attnlab.models.base import read_config
+
+    if not (Path(run_dir) / "config.json").is_file():
+        raise ConfigError(f"{run_dir} is not a run or model folder (no config.json)")
+    return read_config(run_dir).family
+
 
 def _cmd_embed(args: argparse.Namespace) -> int:
     import json
@@ -68,6 +81,20 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
     require("sklearn", "linear probes")  # before the encoder is loaded and the texts embedded
     opts = from_dict(ProbeOptions, apply_overrides(ProbeOptions, {}, list(args.overrides)))  # validated
+    if _family(args.run_dir) in ("vit", "cnn", "mae"):
+        from attnlab.inspect.image_probe import probe_images
+
+        t0 = time.perf_counter()
+        r = probe_images(args.run_dir, opts)
+        print(f"frozen {args.run_dir} ({r['family']}): {r['features']}-d features; logistic probe on {r['n_train']} "
+              f"labelled images, {r['n_test']} test images ({time.perf_counter() - t0:.1f} s)")
+        print(f"test accuracy {r['accuracy']:.4f}  macro-F1 {r['macro_f1']:.4f}  (train {r['train_accuracy']:.4f}, "
+              f"majority-class baseline {r['majority_baseline']:.4f}, {len(r['classes'])} classes)")
+        return 0
+    if opts.n_labels is not None:
+        from attnlab.core.errors import ConfigError
+
+        raise ConfigError("n_labels applies to image runs (vit, cnn, mae); a text probe uses test_fraction")
     model, tokenizer = _load_encoder(args.run_dir)
     data = read_labelled(opts.data)
     t0 = time.perf_counter()

@@ -41,6 +41,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     m = cfg.model
     if m.family in ("vit", "cnn"):
         shape = f"{m.n_classes} classes, {m.in_channels}x{m.image_size}x{m.image_size} images"
+    elif m.family == "mae":
+        shape = f"{m.in_channels}x{m.image_size}x{m.image_size} images, {m.mask_ratio:.0%} of the patches masked"
     elif m.family == "encoder":  # continuous inputs: no vocabulary
         shape = (f"{m.n_features} features per step, up to {m.block_size} steps" if m.inputs == "features"
                  else f"sets of up to {m.block_size} of {m.n_elements} element types")
@@ -89,9 +91,12 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 
     trainer = finetune_trainer(args.run_dir, args.overrides)
     task, cfg = trainer.task, trainer.cfg
-    n_train, n_val = len(task.rows["train"]), len(task.rows["val"])
+    if cfg.task == "image-classification":
+        n_train, n_val, unit = len(task.data["train"]), len(task.data["test"]), "test images"
+    else:
+        n_train, n_val, unit = len(task.rows["train"]), len(task.rows["val"]), "held-out rows"
     print(f"run: {trainer.run_dir}  fine-tuning {args.run_dir} ({trainer.model.num_parameters() / 1e6:.2f}M "
-          f"parameters) on {cfg.data}: {len(task.classes)} classes, {n_train} train / {n_val} held-out rows")
+          f"parameters) on {cfg.data}: {len(task.classes)} classes, {n_train} train / {n_val} {unit}")
     try:
         result = trainer.train()
     except TrainingInterrupted as e:
@@ -99,6 +104,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         return 130
     r = finetune_report(trainer, args.run_dir, result.step, result.wall_time_s)
     print(f"done: step {result.step}, {result.wall_time_s:.1f} s; held-out accuracy {r['accuracy']:.4f}, "
-          f"macro-F1 {r['macro_f1']:.4f} on {r['n']} rows (majority-class baseline {r['majority_baseline']:.4f}); "
+          f"macro-F1 {r['macro_f1']:.4f} on {r['n']} {unit.split()[-1]} "
+          f"(majority-class baseline {r['majority_baseline']:.4f}); "
           f"model in {trainer.run_dir}")
     return 0

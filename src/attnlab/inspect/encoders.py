@@ -131,30 +131,39 @@ class ProbeResult:
 
 def linear_probe(features: Tensor, labels: Sequence[str], test_fraction: float = 0.2, seed: int = 0,
                  numeric: Sequence[float] | None = None) -> ProbeResult:
-    """Fit a linear probe on frozen features (N, C) and score it on a held-out split.
+    """Fit a linear probe on frozen features (N, C) and score it on a seeded held-out split.
 
     Class labels: multinomial logistic regression (accuracy, macro-F1, majority baseline); numeric
     labels (``numeric``): ridge regression (R^2).
     """
+    from attnlab.data.labelled import split_indices
+
+    train, test = split_indices(len(features), test_fraction, seed)
+    y = list(numeric) if numeric is not None else list(labels)
+    return fit_linear_probe(features[train], [y[i] for i in train], features[test], [y[i] for i in test],
+                            numeric=numeric is not None)
+
+
+def fit_linear_probe(x_train: Tensor, y_train: Sequence, x_test: Tensor, y_test: Sequence,
+                     numeric: bool = False) -> ProbeResult:
+    """A linear probe fit on (x_train, y_train) and scored on (x_test, y_test): logistic regression on class
+    labels, ridge regression (alpha chosen by leave-one-out CV) on numbers."""
     import numpy as np
 
     require("sklearn", "linear probes")
     from sklearn.linear_model import LogisticRegression, RidgeCV
     from sklearn.metrics import f1_score
 
-    from attnlab.data.labelled import split_indices
-
-    X = features.numpy().astype(np.float64)
-    train, test = split_indices(len(X), test_fraction, seed)
-    if numeric is not None:
-        y = np.asarray(numeric, dtype=np.float64)
-        reg = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(X[train], y[train])
-        return ProbeResult("ridge", "r2", float(reg.score(X[test], y[test])), float(reg.score(X[train], y[train])),
-                           len(train), len(test))
-    y = np.asarray(labels)
-    clf = LogisticRegression(max_iter=2000, C=1.0).fit(X[train], y[train])
-    values, counts = np.unique(y[train], return_counts=True)
-    majority = float(np.mean(y[test] == values[counts.argmax()]))
-    pred = clf.predict(X[test])
-    return ProbeResult("logistic", "accuracy", float(np.mean(pred == y[test])), float(clf.score(X[train], y[train])),
-                       len(train), len(test), majority, float(f1_score(y[test], pred, average="macro")))
+    X_train, X_test = (x.numpy().astype(np.float64) for x in (x_train, x_test))
+    if numeric:
+        yt, ye = np.asarray(y_train, dtype=np.float64), np.asarray(y_test, dtype=np.float64)
+        reg = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(X_train, yt)
+        return ProbeResult("ridge", "r2", float(reg.score(X_test, ye)), float(reg.score(X_train, yt)),
+                           len(yt), len(ye))
+    yt, ye = np.asarray(y_train), np.asarray(y_test)
+    clf = LogisticRegression(max_iter=2000, C=1.0).fit(X_train, yt)
+    values, counts = np.unique(yt, return_counts=True)
+    majority = float(np.mean(ye == values[counts.argmax()]))
+    pred = clf.predict(X_test)
+    return ProbeResult("logistic", "accuracy", float(np.mean(pred == ye)), float(clf.score(X_train, yt)),
+                       len(yt), len(ye), majority, float(f1_score(ye, pred, average="macro")))

@@ -18,6 +18,7 @@ MODEL_FAMILIES: dict[str, str] = {
     "bert": "attnlab.models.bert:Bert",
     "seq2seq": "attnlab.models.seq2seq:Seq2Seq",
     "encoder": "attnlab.models.encoder:Encoder",
+    "mae": "attnlab.models.mae:MAE",
 }
 
 

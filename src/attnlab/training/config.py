@@ -43,12 +43,13 @@ class ImageOptions:
 class ProbeOptions:
     """``attnlab probe RUN_DIR key=value...``: a linear probe on frozen encoder features."""
 
-    data: str = ""  # .csv / .tsv (text,label header) or .jsonl ({"text", "label"} per line)
+    data: str = ""  # text: .csv / .tsv (text,label) or .jsonl; image runs: any image source (data/images.py)
     pooling: Literal["mean", "cls"] = "mean"
     test_fraction: float = 0.2
     seed: int = 0
     max_len: int = 128
     kind: Literal["auto", "logistic", "ridge"] = "auto"  # auto: ridge when every label is a number
+    n_labels: int | None = None  # image runs: train the probe on this many labelled images (class-balanced)
 
     def validate(self) -> None:
         """Range checks of the probe options; ConfigError naming the option."""
@@ -58,6 +59,8 @@ class ProbeOptions:
             raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
         if self.max_len < 3:
             raise ConfigError(f"max_len must be >= 3, got {self.max_len}")
+        if self.n_labels is not None and self.n_labels < 2:
+            raise ConfigError(f"n_labels must be >= 2, got {self.n_labels}")
 
 
 @dataclass

@@ -3,7 +3,8 @@
 ``init_weights`` copies every tensor of the pre-trained model whose name and shape fit the new one; a head of
 another size (10 classes after 2, a classifier after a masked-LM) starts fresh, and the log says what was loaded
 and what is fresh. A folder that is not a model, a model of another family, or one that shares no tensor with
-the new model (another architecture) is refused in one line, the first two before any data is read.
+the new model (another architecture) is refused in one line, the first two before any data is read. A ViT
+may also start from a masked autoencoder (family mae), whose encoder carries the ViT's tensor names.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnlab.core.errors import ConfigError
+
+PRETRAINS = {"vit": ("mae",)}  # family -> the other families whose weights can start it (an MAE's ViT encoder)
 
 
 def check_init_from(folder: str | Path, family: str) -> None:
@@ -21,7 +24,7 @@ def check_init_from(folder: str | Path, family: str) -> None:
     if not (folder / "config.json").is_file():
         raise ConfigError(f"init_from={folder} is not a run or model folder (no config.json)")
     pretrained = read_config(folder).family
-    if pretrained != family:
+    if pretrained != family and pretrained not in PRETRAINS.get(family, ()):
         raise ConfigError(f"init_from={folder} holds a {pretrained} model; this run trains a {family}")
 
 

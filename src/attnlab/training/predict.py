@@ -242,6 +242,9 @@ def predict(run: str | Path, data: str | Path, batch_size: int = 64, resize: boo
     run, data = Path(run), Path(data)
     cfg = load_run_config(run)
     task = task_name(cfg.task, cfg.model.family)
+    if task == "mae":
+        raise DataError(f"{run} is a masked autoencoder: it predicts no labels; give it a classifier head with "
+                        "attnlab finetune RUN data=IMAGES, or probe its features with attnlab probe RUN data=IMAGES")
     if not data.exists():
         raise DataError(f"input not found: {data}")
     texts = read_texts(data) if task in ("classify", "regress", "lm", "mlm", "seq2seq") else None

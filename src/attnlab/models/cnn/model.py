@@ -75,15 +75,18 @@ class CNN(PretrainedModel):
         for block in blocks:  # zero-init the last norm of each residual branch: blocks start as identities
             nn.init.zeros_(block.norm2.weight)
 
+    def features(self, images: Tensor) -> Tensor:
+        """(B, C_last): the globally average-pooled last feature maps (what the head and a linear probe read)."""
+        if images.dim() != 4 or not images.is_floating_point() or images.size(1) != self.config.in_channels:
+            raise DataError(f"images must be float (batch, {self.config.in_channels}, height, width), "
+                            f"got {images.dtype} of shape {tuple(images.shape)}")
+        return self.blocks(self.stem(images)).mean(dim=(2, 3))  # (B, C_last, H', W') -> (B, C_last)
+
     def forward(
         self, images: Tensor, labels: Tensor | None = None
     ) -> ImageClassifierOutput:
         """images (B, C, H, W) float -> logits (B, n_classes); with labels (B,) also the loss."""
-        if images.dim() != 4 or not images.is_floating_point() or images.size(1) != self.config.in_channels:
-            raise DataError(f"images must be float (batch, {self.config.in_channels}, height, width), "
-                            f"got {images.dtype} of shape {tuple(images.shape)}")
-        h = self.blocks(self.stem(images))  # (B, C_last, H', W')
-        logits = self.head(h.mean(dim=(2, 3)))  # global average pool (B, C_last) -> (B, n_classes)
+        logits = self.head(self.features(images))  # (B, n_classes)
         return ImageClassifierOutput(logits=logits, loss=classification_loss(logits, labels))
 
 

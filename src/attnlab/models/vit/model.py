@@ -79,22 +79,23 @@ class ViT(PretrainedModel):
         cls_pos, patch_pos = self.pos_emb[:1], self.pos_emb[1:]  # (1, D), (N, D)
         return torch.cat([cls_pos, interpolate_grid(patch_pos, self.grid_size, grid)], dim=0)  # (1 + N', D)
 
-    def forward(
-        self, images: Tensor, labels: Tensor | None = None
-    ) -> ImageClassifierOutput:
-        """images (B, C, H, W) float -> logits (B, n_classes); with labels (B,) also the loss."""
-        grid = self.patch_emb.grid(images)  # raises DataError for a wrong shape / channels / dtype
+    def features(self, images: Tensor) -> Tensor:
+        """(B, D): the pooled representation the head reads (what a linear probe reads)."""
+        grid = self.patch_emb.grid(images)
         x = self.patch_emb(images)  # (B, N, D)
-        B = x.size(0)
-        x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, 1 + N, D)
+        x = torch.cat([self.cls_token.expand(x.size(0), -1, -1), x], dim=1)  # (B, 1 + N, D)
         pos = self.position_embeddings(grid)
-        if pos is not None:
-            x = x + pos  # (1 + N, D) broadcasts over the batch
+        x = x if pos is None else x + pos
         if self.config.dropout > 0:
             x = F.dropout(x, self.config.dropout, self.training)
         for block in self.blocks:
             x = block(x, BlockContext())  # (B, 1 + N, D)
         x = self.norm_f(x)
-        pooled = x[:, 0] if self.config.pooling == "cls" else x[:, 1:].mean(dim=1)  # (B, D)
-        logits = self.head(pooled)  # (B, n_classes)
+        return x[:, 0] if self.config.pooling == "cls" else x[:, 1:].mean(dim=1)  # (B, D)
+
+    def forward(
+        self, images: Tensor, labels: Tensor | None = None
+    ) -> ImageClassifierOutput:
+        """images (B, C, H, W) float -> logits (B, n_classes); with labels (B,) also the loss."""
+        logits = self.head(self.features(images))  # (B, n_classes)
         return ImageClassifierOutput(logits=logits, loss=classification_loss(logits, labels))

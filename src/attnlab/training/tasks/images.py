@@ -67,7 +67,8 @@ class ImageClassificationTask(Task):
         if len(self.data["train"]) < world_size:
             raise DataError(f"the training split has {len(self.data['train'])} images, fewer than {world_size} "
                             "processes")
-        cfg.model.n_classes = len(self.classes)
+        if hasattr(cfg.model, "n_classes"):  # a classifier; a masked autoencoder has no head to size
+            cfg.model.n_classes = len(self.classes)
 
     def _inputs(self, images: Tensor, labels: Tensor) -> Batch:
         from attnlab.data.images import normalize

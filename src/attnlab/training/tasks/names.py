@@ -17,6 +17,7 @@ TASKS: dict[str, str] = {
     "regress": "attnlab.training.tasks.regress:RegressTask",
     "seq2seq": "attnlab.training.tasks.seq2seq:Seq2SeqTask",
     "continuous": "attnlab.training.tasks.continuous:ContinuousTask",
+    "mae": "attnlab.training.tasks.mae:MaskedImageTask",
 }
 
 # the task a family trains on when the config names none
@@ -27,6 +28,7 @@ DEFAULT_TASK: dict[str, str] = {
     "bert": "mlm",
     "seq2seq": "seq2seq",
     "encoder": "continuous",
+    "mae": "mae",
 }
 
 
