@@ -67,9 +67,9 @@ def render_gradcam(image: Tensor, cam: GradCAM, out_path, title: str = ""):
     import matplotlib
 
     matplotlib.use("Agg")
-    from pathlib import Path
-
     import matplotlib.pyplot as plt
+
+    from attnlab.inspect.saliency import finish_figure
 
     C, H, W = image.shape
     shown = image[0].tolist() if C == 1 else image.permute(1, 2, 0).tolist()
@@ -82,11 +82,4 @@ def render_gradcam(image: Tensor, cam: GradCAM, out_path, title: str = ""):
     shade = axes[1].imshow(cam.upsampled((H, W)).tolist(), cmap="jet", alpha=0.5)
     axes[1].set_title("Grad-CAM (last block)", fontsize=8)
     fig.colorbar(shade, ax=axes[1], fraction=0.046, pad=0.04)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path)
-    plt.close(fig)
-    return out_path
+    return finish_figure(fig, out_path, title)

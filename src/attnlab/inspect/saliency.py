@@ -82,6 +82,13 @@ def render(image: Tensor, maps: SaliencyMaps, out_path: str | Path, title: str =
             ax.imshow(shown, cmap=cmap_img)
             ax.imshow(up(maps.per_head[layer, head]), cmap="jet", alpha=0.5)
             ax.set_title(f"layer {layer} head {head}", fontsize=7)  # from 0, as everywhere in attnlab
+    return finish_figure(fig, out_path, title)
+
+
+def finish_figure(fig, out_path: str | Path, title: str = "") -> Path:
+    """Title, tight layout, write ``out_path`` (creating its folder) and release the figure."""
+    import matplotlib.pyplot as plt
+
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
