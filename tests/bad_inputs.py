@@ -183,6 +183,24 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
         ("probe latin1", ["probe", "RUN", "--data", str(f["latin1"])]))]
     cases += [(f"heads data {name}", ["heads", "RUN", "--data", str(f[name])]) for name in ("binary", "empty",
                                                                                            "latin1")]
+    out = str(root / "predictions.csv")  # never created: every case below fails before writing
+    cases += [(f"predict data {name}", ["predict", "RUN", "--data", str(f[name]), "--out", out])
+              for name in ("binary", "latin1", "empty", "fifo", "broken_png", "bad_jsonl")]
+    (root / "exists.csv").write_text("keep")
+    cases += [("predict out exists", ["predict", "RUN", "--data", str(f["corpus"]), "--out", str(root / "exists.csv")]),
+              ("predict out suffix", ["predict", "RUN", "--data", str(f["corpus"]), "--out", str(root / "p.txt")]),
+              ("predict out folder missing", ["predict", "RUN", "--data", str(f["corpus"]), "--out",
+                                              str(root / "nope" / "p.csv")]),
+              ("predict batch 0", ["predict", "RUN", "--data", str(f["corpus"]), "--out", out, "--batch-size", "0"]),
+              ("predict missing data", ["predict", "RUN", "--data", str(root / "nope.txt"), "--out", out]),
+              ("predict missing run", ["predict", str(root / "nope"), "--data", str(f["corpus"]), "--out", out])]
+    cases += [(f"data micrographs {' '.join(extra)}", ["data", "micrographs", "--out", str(root / "mg"), *extra])
+              for extra in (["--size", "0"], ["--size", "4096"], ["--n", "1"], ["--n", "x"],
+                            ["--test-fraction", "nan"], ["--test-fraction", "2"], ["--task", "types"],
+                            ["--seed", str(2**70)], ["--seed", "-1"])]
+    cases.append(("train micrographs data_seed -1", ["train", "vit-micrographs", "images.data_seed=-1",
+                                                     f"out_dir={root / 'runs'}"]))
+    cases.append(("data micrographs out not empty", ["data", "micrographs", "--out", str(root), "--n", "4"]))
     cases += [(f"{cmd} missing run", [cmd, str(root / "nope"), *extra]) for cmd, extra in (
         ("embed", ["--text", "hi"]), ("probe", [f"data={f['bad_jsonl']}"]), ("finetune", [f"data={f['bad_jsonl']}"]),
         ("translate", ["--text", "hi"]), ("inspect", ["--text", "hi"]), ("heads", ["--data", str(f["corpus"])]))]

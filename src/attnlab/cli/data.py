@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.errors import at_least, seed
+from attnlab.cli.errors import at_least
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="classes: defect / none (default), crack / inclusion / pore, or 0..3 defects")
     m.add_argument("--n", type=at_least(2), default=1000, help="images in all (default 1000)")
     m.add_argument("--size", type=at_least(1), default=64, help="width and height in pixels, 32..512 (default 64)")
-    m.add_argument("--seed", type=seed, default=0, help="the generator's seed (default 0)")
+    m.add_argument("--seed", type=at_least(0), default=0, help="the generator's seed, >= 0 (default 0)")
     m.add_argument("--test-fraction", type=float, default=0.2, help="share written to test/ (default 0.2)")
     m.set_defaults(func=_cmd_micrographs)
 

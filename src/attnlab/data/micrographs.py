@@ -220,6 +220,8 @@ def micrograph(size: int, kinds: list[str], seed: int, index: int) -> Micrograph
     """Image ``index`` of data seed ``seed``: a size x size micrograph holding defects of ``kinds``."""
     if not MIN_SIZE <= size <= MAX_SIZE:
         raise DataError(f"micrographs are {MIN_SIZE} to {MAX_SIZE} px wide, not {size} (set model.image_size)")
+    if seed < 0 or index < 0:
+        raise DataError(f"a micrograph's seed and index are >= 0, got seed {seed}, index {index}")
     rng = np.random.default_rng([seed, index])
     grey = grains(size, rng)
     mask = np.zeros((size, size), dtype=np.uint8)

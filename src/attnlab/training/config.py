@@ -32,6 +32,8 @@ class ImageOptions:
             raise ConfigError(f"'images.shift' must be >= 0, got {self.shift}")
         if not 20 <= self.n_generated <= 1_000_000:
             raise ConfigError(f"'images.n_generated' must be in [20, 1000000], got {self.n_generated}")
+        if not 0 <= self.data_seed < 2**63:
+            raise ConfigError(f"'images.data_seed' must be >= 0, got {self.data_seed}")
         for key in ("test_fraction", "train_fraction"):
             value = getattr(self, key)
             if not 0.0 < value <= (1.0 if key == "train_fraction" else 0.9):
