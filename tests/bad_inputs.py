@@ -201,6 +201,18 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
     cases.append(("train micrographs data_seed -1", ["train", "vit-micrographs", "images.data_seed=-1",
                                                      f"out_dir={root / 'runs'}"]))
     cases.append(("data micrographs out not empty", ["data", "micrographs", "--out", str(root), "--n", "4"]))
+    cases += [(f"data spoken-words {' '.join(extra)}", ["data", "spoken-words", "--out", str(root / "sw"), *extra])
+              for extra in (["--n", "5"], ["--n", "x"], ["--seed", "-1"])]
+    cases.append(("data spoken-words out not empty", ["data", "spoken-words", "--out", str(root), "--n", "20"]))
+    runs = f"out_dir={root / 'runs'}"
+    cases += [("train speech-words n_mels 4", ["train", "speech-words", "continuous.n_mels=4", runs]),
+              ("train speech-words audio_seconds 0", ["train", "speech-words", "continuous.audio_seconds=0", runs]),
+              ("train lstm-words cell", ["train", "lstm-words", "model.cell=transformer", runs]),
+              ("train lstm-words pooling cls", ["train", "lstm-words", "model.pooling=cls", runs]),
+              ("train recurrent on sets", ["train", "lstm-words", "data=generated:set-interaction",
+                                           "model.head=regression", runs]),
+              ("inspect audio on a gpt run", ["inspect", "RUN", "--audio", str(f["corpus"])]),
+              ("inspect audio and text", ["inspect", "RUN", "--audio", str(f["corpus"]), "--text", "hi"])]
     cases += [(f"{cmd} missing run", [cmd, str(root / "nope"), *extra]) for cmd, extra in (
         ("embed", ["--text", "hi"]), ("probe", [f"data={f['bad_jsonl']}"]), ("finetune", [f"data={f['bad_jsonl']}"]),
         ("translate", ["--text", "hi"]), ("inspect", ["--text", "hi"]), ("heads", ["--data", str(f["corpus"])]))]

@@ -17,6 +17,7 @@ from attnlab.models import (
     GPTConfig,
     MAEConfig,
     ModelConfig,
+    RecurrentConfig,
     Seq2SeqConfig,
     ViTConfig,
 )
@@ -36,7 +37,9 @@ def fields(cls) -> set[str]:
 
 
 def test_each_family_has_its_own_options_and_the_flat_schema_is_their_union():
-    assert ModelConfig.families == FAMILIES
+    # families added after the flat schema (no version-1 file holds them) own their defaults
+    assert ModelConfig.families == {**FAMILIES, "recurrent": RecurrentConfig}
+    assert fields(RecurrentConfig) - set(LEGACY_DEFAULTS) == {"cell", "bidirectional"}
     # nothing lost; added since: only the options listed (a version-1 file never holds them: their defaults)
     assert set().union(*map(fields, FAMILIES.values())) == set(LEGACY_DEFAULTS) | ADDED_SINCE_THE_FLAT_SCHEMA
     assert not fields(CNNConfig) & {"mixer", "moe_experts", "residual", "n_head", "d_model", "vocab_size"}

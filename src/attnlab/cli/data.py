@@ -21,6 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--seed", type=at_least(0), default=0, help="the generator's seed, >= 0 (default 0)")
     m.add_argument("--test-fraction", type=float, default=0.2, help="share written to test/ (default 0.2)")
     m.set_defaults(func=_cmd_micrographs)
+    w = gens.add_parser("spoken-words", help="ten keywords synthesised with eSpeak NG (voices, rates, pitches, "
+                        "noise) as 1 s 16 kHz WAV files in train/<word>/ and test/<word>/ (test: unseen voices), "
+                        "and clips.jsonl")
+    w.add_argument("--out", required=True, help="a new or empty folder")
+    w.add_argument("--n", type=at_least(20), default=1000, help="clips in all, >= 20 (default 1000)")
+    w.add_argument("--seed", type=at_least(0), default=0, help="the generator's seed, >= 0 (default 0)")
+    w.set_defaults(func=_cmd_spoken_words)
 
 
 def _cmd_micrographs(args: argparse.Namespace) -> int:
@@ -34,4 +41,22 @@ def _cmd_micrographs(args: argparse.Namespace) -> int:
     n = write_folder(args.out, args.task, args.n, args.size, args.seed, args.test_fraction)
     print(f"wrote {n} {args.size}x{args.size} micrographs ({args.task}) to {args.out}: train/, test/, masks/, "
           f"defects.jsonl; train on them with data={args.out}")
+    return 0
+
+
+def _cmd_spoken_words(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from attnlab.core.errors import DataError
+    from attnlab.core.extras import require
+    from attnlab.data.spoken import write_folder
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(f"{out} exists and is not an empty folder; choose a new --out")
+    for module in ("librosa", "soundfile", "espeakng_loader"):
+        require(module, "attnlab data spoken-words")
+    counts = write_folder(out, args.n, args.seed)
+    print(f"wrote {counts['train']} training and {counts['test']} test clips of {counts['words']} words to {out}: "
+          f"train/, test/ (voices not heard in train/), clips.jsonl; train on them with data={out}")
     return 0

@@ -9,17 +9,19 @@ from attnlab.cli.errors import at_least, seed
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the inspect, heads commands to the parser."""
-    p = sub.add_parser("inspect", help="attention figures for one input: --text (any family) or --image "
-                       "(ViT attention, CNN Grad-CAM)")
+    p = sub.add_parser("inspect", help="attention figures for one input: --text (any family), --image "
+                       "(ViT attention, CNN Grad-CAM) or --audio (an encoder's attention over time)")
     p.add_argument("run_dir")
     p.add_argument("--text", default=None, help="the text to run through the model")
     p.add_argument("--image", default=None, help="an image file (png, jpg, ...) for a vit run (attention and "
                    "rollout) or a cnn run (Grad-CAM)")
+    p.add_argument("--audio", default=None, help="a sound file (wav, flac, ogg) for an encoder run trained on audio: "
+                   "waveform, log-mel frames and the [CLS] attention over time")
     p.add_argument("--resize", action="store_true", help="resize an image of another size to the model's")
     p.add_argument("--layer", type=at_least(0), default=None, help="layer of the single-head figure (default: last)")
     p.add_argument("--head", type=at_least(0), default=None, help="head of the single-head figure (default: 0)")
     p.add_argument("--out", default=None, help="output: a folder for --text (default ./inspect), a PNG for "
-                   "--image (default saliency.png)")
+                   "--image or --audio (default saliency.png / attention-over-time.png)")
     p.add_argument("--faithfulness", default=None, metavar="JSON",
                    help="instead: score attention, rollout, gradient x input, integrated gradients, occlusion, LIME, "
                    "KernelSHAP and a random order by deletion/insertion AUC on this input; write them to JSON")
@@ -44,8 +46,17 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     probabilities) or --image (a ViT's [CLS] attention per layer/head and rollout, or a CNN's Grad-CAM, as a PNG)."""
     from attnlab.core.errors import ConfigError
 
-    if (args.text is None) == (args.image is None):
-        raise ConfigError("give one input to inspect: --text \"...\" or --image path.png")
+    if sum(x is not None for x in (args.text, args.image, args.audio)) != 1:
+        raise ConfigError("give one input to inspect: --text \"...\", --image path.png or --audio clip.wav")
+    if args.audio is not None:
+        if args.faithfulness is not None:
+            raise ConfigError("--faithfulness scores --text or --image inputs, not --audio")
+        from attnlab.inspect.audio import inspect_audio
+
+        r = inspect_audio(args.run_dir, args.audio, args.out or "attention-over-time.png")
+        print(f"{args.audio}: {r['class']} ({r['probability']:.1%}); rollout peaks at {r['rollout_peak_s']:.2f} s; "
+              f"wrote {r['out']}")
+        return 0
     if args.faithfulness is not None:
         return _faithfulness(args)
     if args.image is not None:

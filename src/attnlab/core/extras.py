@@ -8,6 +8,7 @@ line instead of an ImportError traceback.
     inspect        captum, scikit-learn         attributions, linear probes, data=digits
     experiments    scipy, scikit-learn, sacrebleu, captum   experiments' fits, BLEU of seq2seq runs
     tensorboard    tensorboard                  logger=tensorboard
+    audio          librosa, soundfile, espeakng-loader   WAV data, log-mel frames, spoken-word synthesis
     all            every one of them
 """
 
@@ -23,6 +24,8 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "fastapi": ("fastapi", "web"), "uvicorn": ("uvicorn", "web"), "captum": ("captum", "inspect"),
     "sklearn": ("scikit-learn", "inspect"), "scipy": ("scipy", "experiments"),
     "sacrebleu": ("sacrebleu", "experiments"), "tensorboard": ("tensorboard", "tensorboard"),
+    "librosa": ("librosa", "audio"), "soundfile": ("soundfile", "audio"),
+    "espeakng_loader": ("espeakng-loader", "audio"),
 }
 
 

@@ -10,7 +10,10 @@ Every loader returns a ``ContinuousData``: either ``features`` (N, T, F) or ``el
   and the target column. Element names become ids in order of first appearance (saved with the model).
 * NPY: a folder holding ``X.npy`` (N, T, F) (or (N, T): F = 1) and ``y.npy`` (N,) / (N, k); or an
   ``.npz`` with ``X`` and ``y``, or ``elements`` (N, S) int, ``values`` (N, S) [, ``mask`` (N, S)] and ``y``.
-* ``generated:set-interaction`` and ``generated:peaks``: the benchmarks below (seeded, no files).
+* Audio: a folder ``ROOT/<class>/*.wav`` (or ``ROOT/train|test/<class>/*.wav``) -> log-mel frames
+  (N, T, n_mels), one per 10 ms (``data/audio.py``).
+* ``generated:set-interaction``, ``generated:peaks``: the benchmarks below (seeded, no files);
+  ``generated:spoken-words``: keywords synthesised with eSpeak NG (``data/spoken.py``).
 
 Generated set interaction (a property of a composition that depends on pairs of elements):
 
@@ -30,13 +33,14 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from attnlab.core.errors import DataError
 from attnlab.core.fileio import check_regular_file
 
-GENERATED = ("generated:set-interaction", "generated:peaks")
+GENERATED = ("generated:set-interaction", "generated:peaks", "generated:spoken-words")
 
 
 @dataclass
@@ -49,6 +53,8 @@ class ContinuousData:
     values: np.ndarray | None = None  # (N, S) float32, padding slots 0
     mask: np.ndarray | None = None  # (N, S) bool, True at real elements
     element_names: list[str] = field(default_factory=list)  # id -> name (sets)
+    held_out: np.ndarray | None = None  # (N,) bool: the data's own test split (audio folders), else None
+    front: Any = None  # audio.FrontEnd that made the features from audio, else None
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -109,12 +115,20 @@ def peaks(n: int, length: int = 64, seed: int = 0) -> ContinuousData:
     return ContinuousData(targets=targets, features=x[:, :, None].astype(np.float32))
 
 
-def generated(name: str, n: int, seed: int) -> ContinuousData:
-    """A built-in generated data set by name (``generated:set-interaction``, ``generated:peaks``), ``n`` rows."""
+def generated(name: str, n: int, seed: int, front=None) -> ContinuousData:
+    """A built-in generated data set by name (``generated:set-interaction``, ``generated:peaks``,
+    ``generated:spoken-words``: log-mel frames, its test split spoken by unseen voices), ``n`` rows."""
     if name == "generated:set-interaction":
         return set_interaction(n, seed=seed)
     if name == "generated:peaks":
         return peaks(n, seed=seed)
+    if name == "generated:spoken-words":
+        from attnlab.data import spoken
+        from attnlab.data.audio import FrontEnd
+
+        front = front or FrontEnd()
+        x, words, held = spoken.features(n, seed, front)
+        return ContinuousData(targets=words, features=x, held_out=held, front=front)
     raise DataError(f"unknown generated data '{name}'; choose one of {GENERATED}")
 
 
@@ -249,11 +263,19 @@ def read_npy(path: Path, require_target: bool = True) -> ContinuousData:
 
 
 def read_continuous(source: str, target: str = "target", n_generated: int = 4000, seed: int = 0,
-                    element_names: list[str] | None = None) -> ContinuousData:
-    """Dispatch on ``source``: a generated benchmark, a .csv file, an .npz file or a folder of .npy files."""
+                    element_names: list[str] | None = None, front=None) -> ContinuousData:
+    """Dispatch on ``source``: a generated benchmark, a .csv file, an .npz file, a folder of .npy files,
+    or a folder of audio clips in class folders (log-mel frames through ``front``, an ``audio.FrontEnd``)."""
     if source.startswith("generated:"):
-        return generated(source, n_generated, seed)
+        return generated(source, n_generated, seed, front)
     path = Path(source)
+    if path.is_dir() and not (path / "X.npy").exists():
+        from attnlab.data.audio import FrontEnd, is_audio_folder, read_audio_folder
+
+        if is_audio_folder(path):
+            front = front or FrontEnd()
+            x, names, held = read_audio_folder(path, front)
+            return ContinuousData(targets=names, features=x, held_out=held, front=front)
     if path.is_dir() or path.suffix.lower() == ".npz":
         if not path.exists():
             raise DataError(f"data not found: {path}")

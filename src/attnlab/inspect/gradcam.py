@@ -69,7 +69,7 @@ def render_gradcam(image: Tensor, cam: GradCAM, out_path, title: str = ""):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnlab.inspect.saliency import finish_figure
+    from attnlab.inspect.plots import finish_figure
 
     C, H, W = image.shape
     shown = image[0].tolist() if C == 1 else image.permute(1, 2, 0).tolist()

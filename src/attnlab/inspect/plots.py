@@ -56,6 +56,20 @@ def save(fig: Figure, stem: Path, formats: Sequence[str] = FORMATS) -> list[Path
     return paths
 
 
+def finish_figure(fig, out_path: str | Path, title: str = "") -> Path:
+    """Title, tight layout, write ``out_path`` (creating its folder) and release the figure."""
+    import matplotlib.pyplot as plt
+
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path)
+    plt.close(fig)
+    return out_path
+
+
 def _lists(t: Tensor) -> list:
     return t.detach().float().cpu().tolist()  # plain lists: matplotlib + numpy 2 prefer them to tensors
 

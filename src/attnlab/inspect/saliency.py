@@ -82,21 +82,9 @@ def render(image: Tensor, maps: SaliencyMaps, out_path: str | Path, title: str =
             ax.imshow(shown, cmap=cmap_img)
             ax.imshow(up(maps.per_head[layer, head]), cmap="jet", alpha=0.5)
             ax.set_title(f"layer {layer} head {head}", fontsize=7)  # from 0, as everywhere in attnlab
+    from attnlab.inspect.plots import finish_figure
+
     return finish_figure(fig, out_path, title)
-
-
-def finish_figure(fig, out_path: str | Path, title: str = "") -> Path:
-    """Title, tight layout, write ``out_path`` (creating its folder) and release the figure."""
-    import matplotlib.pyplot as plt
-
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path)
-    plt.close(fig)
-    return out_path
 
 
 def inspect_image(run_dir: str | Path, image_path: str | Path, out_path: str | Path, head_fusion: str = "mean",

@@ -10,9 +10,10 @@ from attnlab.models.config import ModelConfig
 from attnlab.models.encoder import EncoderConfig
 from attnlab.models.gpt import GPTConfig
 from attnlab.models.mae import MAEConfig
+from attnlab.models.recurrent import RecurrentConfig
 from attnlab.models.registry import build_model, from_pretrained
 from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.models.vit import ViTConfig
 
-__all__ = ["BertConfig", "CNNConfig", "EncoderConfig", "GPTConfig", "MAEConfig", "ModelConfig", "Seq2SeqConfig",
-           "ViTConfig", "build_model", "from_pretrained"]
+__all__ = ["BertConfig", "CNNConfig", "EncoderConfig", "GPTConfig", "MAEConfig", "ModelConfig", "RecurrentConfig",
+           "Seq2SeqConfig", "ViTConfig", "build_model", "from_pretrained"]

@@ -19,6 +19,7 @@ MODEL_FAMILIES: dict[str, str] = {
     "seq2seq": "attnlab.models.seq2seq:Seq2Seq",
     "encoder": "attnlab.models.encoder:Encoder",
     "mae": "attnlab.models.mae:MAE",
+    "recurrent": "attnlab.models.recurrent:RecurrentEncoder",
 }
 
 

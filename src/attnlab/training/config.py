@@ -111,6 +111,8 @@ class ContinuousOptions:
     split_seed: int = 0  # the held-out rows depend on this seed only
     n_generated: int = 4000  # data=generated:...: examples generated
     data_seed: int = 0  # data=generated:...: the generator's seed (fixes the interaction matrix too)
+    audio_seconds: float = 1.0  # audio: clips centre-cropped or padded to this length
+    n_mels: int = 40  # audio: mel bands per 10 ms frame
 
     def validate(self) -> None:
         """Range checks of the feature/set options; ConfigError naming the option."""
@@ -118,6 +120,12 @@ class ContinuousOptions:
             raise ConfigError(f"continuous.test_fraction must be in (0, 1), got {self.test_fraction}")
         if self.n_generated < 10:
             raise ConfigError(f"continuous.n_generated must be >= 10, got {self.n_generated}")
+        if self.data_seed < 0:
+            raise ConfigError(f"continuous.data_seed must be >= 0, got {self.data_seed}")
+        if not 0.1 <= self.audio_seconds <= 30:
+            raise ConfigError(f"continuous.audio_seconds must be in [0.1, 30], got {self.audio_seconds}")
+        if not 8 <= self.n_mels <= 128:
+            raise ConfigError(f"continuous.n_mels must be in [8, 128], got {self.n_mels}")
 
 
 # the spellings of TrainConfig.device (and of ``attnlab sample --device``)

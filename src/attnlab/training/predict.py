@@ -4,6 +4,7 @@
     classify               texts: .txt (a line each), .csv/.tsv ("text" column), .jsonl  class, p(class | x)
     regress                texts, as classify                                          value(s), targets. units
     continuous             rows: .csv (features or a "set" column), .npz, folder X.npy  value(s), or class and p
+                           audio runs: a sound file, or a folder of them (recursively)  class, p(class | clip)
     lm                     texts                                                       the next token, p(token | x)
     mlm                    texts with [MASK]                                           the text filled in, prod p(token)
     seq2seq                texts                                                       the greedy output, p(output | x)
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -143,13 +145,34 @@ def predict_text_rows(model, run: Path, texts: list[str], task: str, batch_size:
     return rows
 
 
+def audio_inputs(path: Path, front: dict) -> tuple[list[str], torch.Tensor]:
+    """A sound file or a folder of them (searched recursively) -> (names, log-mel frames (N, T, n_mels)) made
+    as the run's training data was (``front``: its saved seconds and n_mels)."""
+    from attnlab.data.audio import AUDIO_SUFFIXES, FrontEnd, log_mel, read_audio
+
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES) \
+        if path.is_dir() else [path]
+    if not files:
+        raise DataError(f"{path} holds no audio files ({', '.join(AUDIO_SUFFIXES)})")
+    if path.is_file() and path.suffix.lower() not in AUDIO_SUFFIXES:
+        raise DataError(f"{path}: this run was trained on audio; give it a sound file ({', '.join(AUDIO_SUFFIXES)}) "
+                        "or a folder of them")
+    frames = [log_mel(*read_audio(f), FrontEnd(**front)) for f in files]  # every file decoded before the model runs
+    names = [str(f.relative_to(path)) if path.is_dir() else f.name for f in files]
+    return names, torch.from_numpy(np.stack(frames))
+
+
 @torch.no_grad()
 def predict_continuous(model, run: Path, path: Path, batch_size: int) -> list[dict[str, Any]]:
-    """The encoder's value(s) (regression, original units) or class and probability, per row."""
+    """The encoder's value(s) (regression, original units) or class and probability, per row (or clip)."""
     from attnlab.data.continuous import read_csv, read_npy
     from attnlab.training.tasks.continuous import ContinuousTask
 
     saved = ContinuousTask._load_inputs(run)
+    takes = getattr(model.config, "inputs", "features")
+    if saved.get("audio"):
+        names, frames = audio_inputs(path, saved["audio"])
+        return _continuous_rows(model, saved, names, {"features": frames}, batch_size)
     if path.is_dir() or path.suffix.lower() == ".npz":
         if not path.exists():
             raise DataError(f"input not found: {path}")
@@ -159,20 +182,26 @@ def predict_continuous(model, run: Path, path: Path, batch_size: int) -> list[di
     else:
         raise DataError(f"{path}: rows are read from a .csv file, an .npz file or a folder with X.npy")
     if data.features is not None:
-        if model.config.inputs != "features" or data.features.shape[-1] != model.config.n_features:
+        if takes != "features" or data.features.shape[-1] != model.config.n_features:
             raise DataError(f"{path}: rows of {data.features.shape[-1]} features per step, the model takes "
-                            f"{model.config.n_features if model.config.inputs == 'features' else 'sets'}")
+                            f"{model.config.n_features if takes == 'features' else 'sets'}")
         inputs = {"features": torch.from_numpy(data.features)}
     else:
-        if model.config.inputs != "set":
+        if takes != "set":
             raise DataError(f"{path} holds sets but the model takes feature sequences")
         inputs = {"elements": torch.from_numpy(data.elements), "values": torch.from_numpy(data.values),
                   "mask": torch.from_numpy(data.mask)}
     n = len(next(iter(inputs.values())))
+    return _continuous_rows(model, saved, [f"row {i + 1}" for i in range(n)], inputs, batch_size)
+
+
+@torch.no_grad()
+def _continuous_rows(model, saved: dict, names: list[str], inputs: dict[str, torch.Tensor],
+                     batch_size: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for s in _batches(n, batch_size):
+    for s in _batches(len(names), batch_size):
         out = model(**{k: v[s] for k, v in inputs.items()}).predictions
-        ids = [f"row {i + 1}" for i in range(s.start, s.stop)]
+        ids = names[s]
         if model.config.head == "regression":
             values = out.double() * torch.tensor(saved["target_std"]) + torch.tensor(saved["target_mean"])
             rows += [{"input": i, "prediction": ";".join(f"{v:.6g}" for v in r.tolist())} for i, r in zip(ids, values)]

@@ -47,17 +47,29 @@ class ContinuousTask(RowsTask):
         from attnlab.data.labelled import split_indices
 
         super().__init__(cfg, assets, world_size)
-        if cfg.model.family != "encoder":
-            raise ConfigError(f"task continuous trains the encoder family, not model.family={cfg.model.family}")
+        if cfg.model.family not in ("encoder", "recurrent"):
+            raise ConfigError(f"task continuous trains the encoder or recurrent family, not "
+                              f"model.family={cfg.model.family}")
+        from attnlab.data.audio import FrontEnd
+
         opts = cfg.continuous
         saved = self._load_inputs(assets) if assets is not None else None
+        self.front = FrontEnd(**saved["audio"]) if saved and saved.get("audio") else \
+            FrontEnd(opts.audio_seconds, opts.n_mels)
         data = read_continuous(cfg.data, opts.target, opts.n_generated, opts.data_seed,
-                               element_names=saved["element_names"] if saved and saved["element_names"] else None)
+                               element_names=saved["element_names"] if saved and saved["element_names"] else None,
+                               front=self.front)
+        self.audio = data.front is not None  # the features are log-mel frames of audio clips
         m = cfg.model
-        if data.kind != m.inputs:
+        if data.kind != getattr(m, "inputs", "features"):
+            if m.family == "recurrent":
+                raise ConfigError(f"{cfg.data} holds sets; the recurrent family reads feature sequences only")
             raise ConfigError(f"{cfg.data} holds {data.kind} but model.inputs={m.inputs}; set model.inputs={data.kind}")
         self.regression = m.head == "regression"
-        train, held_out = split_indices(len(data), opts.test_fraction, opts.split_seed)
+        if data.held_out is not None:  # the data's own test split (audio folders, generated speech)
+            train, held_out = np.flatnonzero(~data.held_out).tolist(), np.flatnonzero(data.held_out).tolist()
+        else:
+            train, held_out = split_indices(len(data), opts.test_fraction, opts.split_seed)
         self.rows = {"train": torch.tensor(train), "val": torch.tensor(held_out)}
         self.inputs: dict[str, Tensor] = {}
         if data.features is not None:
@@ -118,7 +130,8 @@ class ContinuousTask(RowsTask):
 
         saved = {"element_names": self.element_names, "classes": self.classes,
                  "target_mean": self.mean.tolist() if self.regression else None,
-                 "target_std": self.std.tolist() if self.regression else None}
+                 "target_std": self.std.tolist() if self.regression else None,
+                 "audio": {"seconds": self.front.seconds, "n_mels": self.front.n_mels} if self.audio else None}
         atomic_write_text(folder / INPUTS_FILE, json.dumps(saved, indent=1) + "\n")
 
     def _gather(self, rows: Tensor) -> Batch:

@@ -29,6 +29,7 @@ DEFAULT_TASK: dict[str, str] = {
     "seq2seq": "seq2seq",
     "encoder": "continuous",
     "mae": "mae",
+    "recurrent": "continuous",
 }
 
 
