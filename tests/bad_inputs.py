@@ -211,6 +211,11 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
               ("train lstm-words pooling cls", ["train", "lstm-words", "model.pooling=cls", runs]),
               ("train recurrent on sets", ["train", "lstm-words", "data=generated:set-interaction",
                                            "model.head=regression", runs]),
+              ("train caption wrong data", ["train", "caption-micrographs", "data=generated:micrographs", runs]),
+              ("train caption short context", ["train", "caption-micrographs", "model.block_size=8",
+                                               "images.n_generated=40", runs]),
+              ("train captioner as classifier", ["train", "caption-micrographs", "task=image-classification",
+                                                 "images.n_generated=40", runs]),
               ("inspect audio on a gpt run", ["inspect", "RUN", "--audio", str(f["corpus"])]),
               ("inspect audio and text", ["inspect", "RUN", "--audio", str(f["corpus"]), "--text", "hi"])]
     cases += [(f"{cmd} missing run", [cmd, str(root / "nope"), *extra]) for cmd, extra in (

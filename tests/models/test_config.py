@@ -12,6 +12,7 @@ from attnlab.cli import main
 from attnlab.core.errors import ConfigError
 from attnlab.models import (
     BertConfig,
+    CaptionerConfig,
     CNNConfig,
     EncoderConfig,
     GPTConfig,
@@ -38,8 +39,9 @@ def fields(cls) -> set[str]:
 
 def test_each_family_has_its_own_options_and_the_flat_schema_is_their_union():
     # families added after the flat schema (no version-1 file holds them) own their defaults
-    assert ModelConfig.families == {**FAMILIES, "recurrent": RecurrentConfig}
+    assert ModelConfig.families == {**FAMILIES, "recurrent": RecurrentConfig, "captioner": CaptionerConfig}
     assert fields(RecurrentConfig) - set(LEGACY_DEFAULTS) == {"cell", "bidirectional"}
+    assert fields(CaptionerConfig) - set(LEGACY_DEFAULTS) == {"qk_norm"}
     # nothing lost; added since: only the options listed (a version-1 file never holds them: their defaults)
     assert set().union(*map(fields, FAMILIES.values())) == set(LEGACY_DEFAULTS) | ADDED_SINCE_THE_FLAT_SCHEMA
     assert not fields(CNNConfig) & {"mixer", "moe_experts", "residual", "n_head", "d_model", "vocab_size"}

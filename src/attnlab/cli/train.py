@@ -43,6 +43,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         shape = f"{m.n_classes} classes, {m.in_channels}x{m.image_size}x{m.image_size} images"
     elif m.family == "mae":
         shape = f"{m.in_channels}x{m.image_size}x{m.image_size} images, {m.mask_ratio:.0%} of the patches masked"
+    elif m.family == "captioner":
+        shape = (f"{m.in_channels}x{m.image_size}x{m.image_size} images -> captions of up to {m.block_size} tokens, "
+                 f"vocab {m.vocab_size}")
     elif m.family == "recurrent":
         shape = f"{m.cell}, {m.n_features} features per step"
     elif m.family == "encoder":  # continuous inputs: no vocabulary

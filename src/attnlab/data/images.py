@@ -42,18 +42,21 @@ FASHION_MNIST_FILES = {"train_images": "train-images-idx3-ubyte", "train_labels"
                        "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 BUILTIN = ("digits", "mnist5k", "fashion-mnist")
-GENERATED = ("generated:micrographs", "generated:micrograph-types", "generated:micrograph-counts")
+GENERATED = ("generated:micrographs", "generated:micrograph-types", "generated:micrograph-counts",
+             "generated:micrograph-captions")
 
 
 @dataclass
 class ImageSet:
     """uint8 images (N, C, H, W), int64 labels (N,), and the class names (label i is classes[i]); for generated
-    data, ``masks`` (N, H, W) uint8: the pixels that decide the label (non-zero), for scoring saliency."""
+    data, ``masks`` (N, H, W) uint8: the pixels that decide the label (non-zero), for scoring saliency, and
+    ``origin`` (N,) int64: each image's row in the generated set (its defects, its caption)."""
 
     images: Tensor
     labels: Tensor
     classes: list[str]
     masks: Tensor | None = None
+    origin: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -61,7 +64,8 @@ class ImageSet:
     def subset(self, index: Tensor) -> ImageSet:
         """The images and labels at ``index`` (the class names unchanged)."""
         return ImageSet(self.images[index], self.labels[index], self.classes,
-                        None if self.masks is None else self.masks[index])
+                        None if self.masks is None else self.masks[index],
+                        None if self.origin is None else self.origin[index])
 
 
 # ------------------------------------------------------------------------------------ sources
@@ -220,7 +224,7 @@ def load_micrographs(source: str, channels: int, size: int, n: int, seed: int) -
     images, labels, masks, _ = generate(task, n, size, seed)
     images = torch.from_numpy(images.copy())  # (N, 1, H, W)
     return ImageSet(images.expand(-1, channels, -1, -1).contiguous(), torch.from_numpy(labels.copy()),
-                    list(TASKS[task]), torch.from_numpy(masks.copy()))
+                    list(TASKS[task]), torch.from_numpy(masks.copy()), torch.arange(n))
 
 
 def load_splits(source: str, channels: int, size: int, val_fraction: float, test_fraction: float,

@@ -39,7 +39,7 @@ from attnlab.core.errors import DataError
 KINDS = ("pore", "crack", "inclusion")  # mask codes 1, 2, 3
 TASKS = {"defect": ["defect", "none"], "type": ["crack", "inclusion", "pore"], "count": ["0", "1", "2", "3"]}
 SOURCES = {"generated:micrographs": "defect", "generated:micrograph-types": "type",
-           "generated:micrograph-counts": "count"}
+           "generated:micrograph-counts": "count", "generated:micrograph-captions": "count"}
 MIN_SIZE, MAX_SIZE = 32, 512
 
 

@@ -5,6 +5,7 @@ Importing this package defines every family's config (``models/<family>/config.p
 """
 
 from attnlab.models.bert import BertConfig
+from attnlab.models.captioner import CaptionerConfig
 from attnlab.models.cnn import CNNConfig
 from attnlab.models.config import ModelConfig
 from attnlab.models.encoder import EncoderConfig
@@ -15,5 +16,5 @@ from attnlab.models.registry import build_model, from_pretrained
 from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.models.vit import ViTConfig
 
-__all__ = ["BertConfig", "CNNConfig", "EncoderConfig", "GPTConfig", "MAEConfig", "ModelConfig", "RecurrentConfig",
-           "Seq2SeqConfig", "ViTConfig", "build_model", "from_pretrained"]
+__all__ = ["BertConfig", "CNNConfig", "CaptionerConfig", "EncoderConfig", "GPTConfig", "MAEConfig", "ModelConfig",
+           "RecurrentConfig", "Seq2SeqConfig", "ViTConfig", "build_model", "from_pretrained"]

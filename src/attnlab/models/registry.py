@@ -20,6 +20,7 @@ MODEL_FAMILIES: dict[str, str] = {
     "encoder": "attnlab.models.encoder:Encoder",
     "mae": "attnlab.models.mae:MAE",
     "recurrent": "attnlab.models.recurrent:RecurrentEncoder",
+    "captioner": "attnlab.models.captioner:Captioner",
 }
 
 

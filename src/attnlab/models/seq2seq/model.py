@@ -16,15 +16,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.models.base import PretrainedModel
 from attnlab.models.layers import transformer_blocks
 from attnlab.models.seq2seq.config import Seq2SeqConfig
+from attnlab.models.seq2seq.decoding import TextDecoding
 from attnlab.nn import roles
-from attnlab.nn.attention import KVCache, padding_mask
+from attnlab.nn.attention import padding_mask
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.norms import build_norm
 from attnlab.nn.positions import build_positions
@@ -41,35 +41,7 @@ class Seq2SeqOutput:
     loss: Tensor | None = None
 
 
-@dataclass
-class DecoderState:
-    """What incremental decoding carries from step to step, for N rows (sources x beams).
-
-    ``self_caches``: one growing KVCache per decoder layer; ``cross_caches``: one static KVCache
-    per layer holding that layer's projection of the encoder output (filled on the first step);
-    ``memory`` (N, S, C) the encoder output, ``memory_mask`` (N, S) True at real source tokens.
-    """
-
-    memory: Tensor
-    memory_mask: Tensor | None
-    self_caches: list[KVCache]
-    cross_caches: list[KVCache]
-
-    @property
-    def length(self) -> int:
-        """Target positions decoded so far."""
-        return self.self_caches[0].length
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep rows ``index`` (N',) of everything, in that order (beam search's survivors)."""
-        self.memory = self.memory.index_select(0, index)
-        if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, index)
-        for cache in (*self.self_caches, *self.cross_caches):
-            cache.reorder(index)
-
-
-class Seq2Seq(PretrainedModel):
+class Seq2Seq(TextDecoding, PretrainedModel):
     """Encoder-decoder transformer with a shared source/target vocabulary (one tokenizer)."""
 
     def __init__(self, config: Seq2SeqConfig) -> None:
@@ -97,22 +69,7 @@ class Seq2Seq(PretrainedModel):
         for _, p in roles.with_role(self, roles.RESIDUAL_OUT):
             nn.init.normal_(p, mean=0.0, std=c.init_std / math.sqrt(n_sublayers))
 
-
-    # -- the two stacks --------------------------------------------------------------------------
-
-    def _embed(self, table: nn.Embedding, positions, ids: Tensor, start: int = 0) -> tuple[Tensor, object]:
-        """E[ids] * sqrt(d) + P[pos] (the 2017 scaling keeps the embedding above the positions)."""
-        T = ids.size(1)
-        if self.config.positions == "learned" and start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens exceeds the context of {self.config.block_size}")
-        pos = torch.arange(start, start + T, device=ids.device)  # (T,)
-        x = table(ids) * math.sqrt(self.config.d_model)  # (B, T, C)
-        pe = positions.embed(pos)
-        if pe is not None:
-            x = x + pe  # (T, C) broadcasts over the batch
-        if self.config.dropout > 0:
-            x = F.dropout(x, self.config.dropout, self.training)
-        return x, positions.rotary(pos)
+    # -- the encoder (the decoder's passes: decoding.py) ----------------------------------------------
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """src_ids (B, S), src_mask (B, S) True at real tokens -> memory (B, S, C)."""
@@ -121,29 +78,6 @@ class Seq2Seq(PretrainedModel):
         for block in self.encoder:
             x = block(x, BlockContext(mask=mask, rotary=rotary))  # (B, S, C)
         return self.enc_norm(x)
-
-    def decode(
-        self,
-        tgt_in: Tensor,
-        memory: Tensor,
-        memory_mask: Tensor | None = None,
-        state: DecoderState | None = None,
-    ) -> Tensor:
-        """tgt_in (B, T) -> logits (B, T, V), attending causally to itself and fully to memory (B, S, C).
-
-        With ``state`` the T new tokens sit at positions state.length.. and use/extend its caches.
-        """
-        start = state.length if state is not None else 0
-        x, rotary = self._embed(self.tgt_emb, self.dec_positions, tgt_in, start)
-        mem_mask = padding_mask(memory_mask) if memory_mask is not None else None  # (B, 1, 1, S)
-        for i, block in enumerate(self.decoder):
-            ctx = BlockContext(
-                rotary=rotary, is_causal=True, memory=memory, memory_mask=mem_mask,
-                cache=state.self_caches[i] if state is not None else None,
-                cross_cache=state.cross_caches[i] if state is not None else None,
-            )
-            x = block(x, ctx)  # (B, T, C)
-        return self.lm_head(self.dec_norm(x))  # (B, T, V)
 
     def forward(
         self,
@@ -158,20 +92,3 @@ class Seq2Seq(PretrainedModel):
         if labels is not None:
             out.loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100)
         return out
-
-    # -- incremental decoding ----------------------------------------------------------------------
-
-    def start_decoding(self, memory: Tensor, memory_mask: Tensor | None, max_len: int) -> DecoderState:
-        """Empty caches for decoding up to ``max_len`` target tokens from ``memory`` (N, S, C)."""
-        N, dtype, device = memory.size(0), memory.dtype, memory.device
-        self_caches, cross_caches = [], []
-        for block in self.decoder:
-            self_caches.append(block.mixer.new_cache(N, max_len, dtype, device))
-            # empty; the first step stores this layer's keys/values of the memory (KVCache.set_static)
-            cross_caches.append(block.cross_attn.new_cache(N, 0, dtype, device))
-        return DecoderState(memory, memory_mask, self_caches, cross_caches)
-
-    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """Feed one token per row, tokens (N, 1), through the caches; return next-token logits (N, V)."""
-        logits = self.decode(tokens, state.memory, state.memory_mask, state=state)
-        return logits[:, -1]  # (N, V)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlab.core.errors import CheckpointError, DataError
+from attnlab.core.errors import CheckpointError, ConfigError, DataError
 from attnlab.core.fileio import atomic_write_text
 from attnlab.training.tasks.base import Batch, Task, sample_rows
 
@@ -51,6 +51,8 @@ class ImageClassificationTask(Task):
 
         super().__init__(cfg, assets, world_size)
         m, opts = cfg.model, cfg.images
+        if type(self) is ImageClassificationTask and m.family not in ("vit", "cnn"):
+            raise ConfigError(f"task image-classification trains the vit or cnn family, not model.family={m.family}")
         saved = load_labels(assets) if assets is not None else None
         self.data = load_splits(cfg.data, m.in_channels, m.image_size, cfg.val_fraction, opts.test_fraction,
                                 opts.train_fraction, opts.split_seed, opts.resize,

@@ -18,6 +18,7 @@ TASKS: dict[str, str] = {
     "seq2seq": "attnlab.training.tasks.seq2seq:Seq2SeqTask",
     "continuous": "attnlab.training.tasks.continuous:ContinuousTask",
     "mae": "attnlab.training.tasks.mae:MaskedImageTask",
+    "caption": "attnlab.training.tasks.caption:CaptionTask",
 }
 
 # the task a family trains on when the config names none
@@ -30,6 +31,7 @@ DEFAULT_TASK: dict[str, str] = {
     "encoder": "continuous",
     "mae": "mae",
     "recurrent": "continuous",
+    "captioner": "caption",
 }
 
 
