@@ -22,6 +22,7 @@ def test_a_captioner_trains_and_its_evaluation_scores_the_held_out_images(tmp_pa
     assert main(["eval", str(run)]) == 0
     report = json.loads((run / "caption_eval.json").read_text())
     assert report["n"] == 12 and set(report["greedy"]) >= {"exact_match", "bleu"}
+    assert 0 <= report["most_common_caption"]["exact_match"] <= 1
     assert set(report["pointing"]) >= {"accuracy", "chance", "n", "hallucinated", "rule"}
     assert (run / "cross_attention.png").stat().st_size > 5_000
     lines = (run / "captions_test.txt").read_text().splitlines()

@@ -128,8 +128,9 @@ class CaptionTask(ImageClassificationTask):
         return out
 
     def eval_report(self, model: torch.nn.Module, run_dir: Path) -> list[Path]:
-        """Greedy captions of the test images: exact match and BLEU (caption_eval.json, captions_test.txt),
-        and the per-word cross-attention figure with its pointing game."""
+        """Greedy captions of the test images: exact match (beside the baseline that always writes the most common
+        training caption) and BLEU (caption_eval.json, captions_test.txt), and the per-word cross-attention figure
+        with its pointing game."""
         from attnlab.core.fileio import atomic_write_text
         from attnlab.training.tasks.caption_attention import pointing_game, render_word_attention
 
@@ -139,9 +140,12 @@ class CaptionTask(ImageClassificationTask):
         part = self.data["test"]
         batch = self._batch("test", torch.arange(min(len(part), 200)))
         pointing = pointing_game(model, self.encoder, batch["images"], part.masks[: len(batch["images"])])
-        report = {"data": self.cfg.data, "n": len(refs), "greedy": scores, "pointing": pointing}
-        print(f" test greedy: exact match {scores['exact_match']:.4f}  BLEU {scores['bleu']:.2f}  "
-              f"({len(refs)} images); pointing game {pointing['accuracy']:.3f} (chance {pointing['chance']:.3f}, "
+        common = max(set(self.captions["train"]), key=self.captions["train"].count)
+        baseline = {"caption": common, "exact_match": sum(r == common for r in refs) / len(refs)}
+        report = {"data": self.cfg.data, "n": len(refs), "greedy": scores, "most_common_caption": baseline,
+                  "pointing": pointing}
+        print(f" test greedy: exact match {scores['exact_match']:.4f} (always '{common}': "
+              f"{baseline['exact_match']:.4f})  BLEU {scores['bleu']:.2f}  ({len(refs)} images); pointing game {pointing['accuracy']:.3f} (chance {pointing['chance']:.3f}, "
               f"{pointing['n']} words, {pointing['hallucinated']} defect words of absent kinds)")
         paths = [run_dir / "caption_eval.json", run_dir / "captions_test.txt"]
         atomic_write_text(paths[0], json.dumps(report, indent=2) + "\n")

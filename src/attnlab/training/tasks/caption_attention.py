@@ -14,6 +14,7 @@ image are counted as ``hallucinated`` and not scored.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -97,14 +98,15 @@ def render_word_attention(model: torch.nn.Module, encoder, images: Tensor, shown
 
     rows = [caption_attention(model, encoder, image) for image in images]
     cols = 1 + min(max_words, max(len(w) for w, _ in rows))
-    fig, axes = plt.subplots(len(rows), cols, figsize=(1.25 * cols, 1.45 * len(rows)), dpi=110, squeeze=False)
+    fig, axes = plt.subplots(len(rows), cols, figsize=(1.25 * cols, 1.6 * len(rows)), dpi=110, squeeze=False)
     H, W = shown.shape[-2:]
     for r, ((words, maps), pixels) in enumerate(zip(rows, shown)):
         grey = pixels[0].float().tolist()
         for ax in axes[r]:
             ax.axis("off")
         axes[r, 0].imshow(grey, cmap="gray")
-        axes[r, 0].set_title(" ".join(w for w, _ in words)[:48], fontsize=5, loc="left")
+        text = textwrap.wrap(" ".join(w for w, _ in words), 26)
+        axes[r, 0].set_title("\n".join(text[:3] + (["..."] if len(text) > 3 else [])), fontsize=5, loc="left")
         for c, (word, t) in enumerate(words[: cols - 1], start=1):
             up = torch.nn.functional.interpolate(maps[t][None, None], size=(H, W), mode="nearest")[0, 0]
             axes[r, c].imshow(grey, cmap="gray")
