@@ -14,6 +14,7 @@ from attnlab.models import (
     BertConfig,
     CaptionerConfig,
     CNNConfig,
+    DINOConfig,
     EncoderConfig,
     GPTConfig,
     MAEConfig,
@@ -39,9 +40,11 @@ def fields(cls) -> set[str]:
 
 def test_each_family_has_its_own_options_and_the_flat_schema_is_their_union():
     # families added after the flat schema (no version-1 file holds them) own their defaults
-    assert ModelConfig.families == {**FAMILIES, "recurrent": RecurrentConfig, "captioner": CaptionerConfig}
+    assert ModelConfig.families == {**FAMILIES, "recurrent": RecurrentConfig, "captioner": CaptionerConfig,
+                                    "dino": DINOConfig}
     assert fields(RecurrentConfig) - set(LEGACY_DEFAULTS) == {"cell", "bidirectional"}
     assert fields(CaptionerConfig) - set(LEGACY_DEFAULTS) == {"qk_norm"}
+    assert fields(DINOConfig) - set(LEGACY_DEFAULTS) >= {"out_dim", "teacher_temp", "local_size", "teacher_momentum"}
     # nothing lost; added since: only the options listed (a version-1 file never holds them: their defaults)
     assert set().union(*map(fields, FAMILIES.values())) == set(LEGACY_DEFAULTS) | ADDED_SINCE_THE_FLAT_SCHEMA
     assert not fields(CNNConfig) & {"mixer", "moe_experts", "residual", "n_head", "d_model", "vocab_size"}

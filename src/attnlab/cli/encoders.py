@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_embed)
 
     p = sub.add_parser("probe", help="linear probe on a frozen encoder: a bert run with data=file.csv|jsonl "
-                       "(text,label), or a vit/cnn/mae run with data=IMAGES (any image source)")
+                       "(text,label), or a vit/cnn/mae/dino run with data=IMAGES (any image source)")
     p.add_argument("run_dir")
     p.add_argument("overrides", nargs="*", help="data=FILE|IMAGES (required), pooling=mean|cls, test_fraction=0.2, "
                    "seed=0, max_len=128, kind=auto|logistic|ridge; images: n_labels=N (labelled training images)")
@@ -81,7 +81,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
     require("sklearn", "linear probes")  # before the encoder is loaded and the texts embedded
     opts = from_dict(ProbeOptions, apply_overrides(ProbeOptions, {}, list(args.overrides)))  # validated
-    if _family(args.run_dir) in ("vit", "cnn", "mae"):
+    if _family(args.run_dir) in ("vit", "cnn", "mae", "dino"):
         from attnlab.inspect.image_probe import probe_images
 
         t0 = time.perf_counter()
@@ -94,7 +94,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     if opts.n_labels is not None:
         from attnlab.core.errors import ConfigError
 
-        raise ConfigError("n_labels applies to image runs (vit, cnn, mae); a text probe uses test_fraction")
+        raise ConfigError("n_labels applies to image runs (vit, cnn, mae, dino); a text probe uses test_fraction")
     model, tokenizer = _load_encoder(args.run_dir)
     data = read_labelled(opts.data)
     t0 = time.perf_counter()

@@ -41,6 +41,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     m = cfg.model
     if m.family in ("vit", "cnn"):
         shape = f"{m.n_classes} classes, {m.in_channels}x{m.image_size}x{m.image_size} images"
+    elif m.family == "dino":
+        shape = (f"{m.in_channels}x{m.image_size}x{m.image_size} images, 2 global + local {m.local_size}px views, "
+                 f"{m.out_dim} prototypes")
     elif m.family == "mae":
         shape = f"{m.in_channels}x{m.image_size}x{m.image_size} images, {m.mask_ratio:.0%} of the patches masked"
     elif m.family == "captioner":

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from attnlab.core.errors import ConfigError
 
-IMAGE_FAMILIES = ("vit", "cnn", "mae")
+IMAGE_FAMILIES = ("vit", "cnn", "mae", "dino")
 
 
 @torch.no_grad()
@@ -63,7 +63,7 @@ def probe_images(run_dir: str | Path, opts) -> dict[str, Any]:
     model = from_pretrained(run_dir)
     c = model.config
     if c.family not in IMAGE_FAMILIES:
-        raise ConfigError(f"{run_dir} holds a {c.family} model; an image probe needs a vit, cnn or mae run")
+        raise ConfigError(f"{run_dir} holds a {c.family} model; an image probe needs a vit, cnn, mae or dino run")
     saved = load_labels(run_dir)
     splits = load_splits(opts.data, c.in_channels, c.image_size, 0.1, opts.test_fraction, seed=opts.seed)
     train, test = splits["train"], splits["test"]

@@ -8,6 +8,7 @@ from attnlab.models.bert import BertConfig
 from attnlab.models.captioner import CaptionerConfig
 from attnlab.models.cnn import CNNConfig
 from attnlab.models.config import ModelConfig
+from attnlab.models.dino import DINOConfig
 from attnlab.models.encoder import EncoderConfig
 from attnlab.models.gpt import GPTConfig
 from attnlab.models.mae import MAEConfig
@@ -16,5 +17,5 @@ from attnlab.models.registry import build_model, from_pretrained
 from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.models.vit import ViTConfig
 
-__all__ = ["BertConfig", "CNNConfig", "CaptionerConfig", "EncoderConfig", "GPTConfig", "MAEConfig", "ModelConfig",
-           "RecurrentConfig", "Seq2SeqConfig", "ViTConfig", "build_model", "from_pretrained"]
+__all__ = ["BertConfig", "CNNConfig", "CaptionerConfig", "DINOConfig", "EncoderConfig", "GPTConfig", "MAEConfig",
+           "ModelConfig", "RecurrentConfig", "Seq2SeqConfig", "ViTConfig", "build_model", "from_pretrained"]

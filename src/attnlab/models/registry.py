@@ -21,6 +21,7 @@ MODEL_FAMILIES: dict[str, str] = {
     "mae": "attnlab.models.mae:MAE",
     "recurrent": "attnlab.models.recurrent:RecurrentEncoder",
     "captioner": "attnlab.models.captioner:Captioner",
+    "dino": "attnlab.models.dino:DINO",
 }
 
 

@@ -25,6 +25,7 @@ class ImageOptions:
     resize: bool = False  # folder data: resize images of another size (else they are refused)
     n_generated: int = 6000  # data=generated:micrograph...: images drawn (then split train/val/test)
     data_seed: int = 0  # data=generated:micrograph...: the generator's seed (the split has its own)
+    n_local_crops: int = 4  # task dino: local views per image (besides the two global ones)
 
     def validate(self) -> None:
         """Range checks of the image options; ConfigError naming the option."""
@@ -34,6 +35,8 @@ class ImageOptions:
             raise ConfigError(f"'images.n_generated' must be in [20, 1000000], got {self.n_generated}")
         if not 0 <= self.data_seed < 2**63:
             raise ConfigError(f"'images.data_seed' must be >= 0, got {self.data_seed}")
+        if not 0 <= self.n_local_crops <= 16:
+            raise ConfigError(f"'images.n_local_crops' must be in [0, 16], got {self.n_local_crops}")
         for key in ("test_fraction", "train_fraction"):
             value = getattr(self, key)
             if not 0.0 < value <= (1.0 if key == "train_fraction" else 0.9):

@@ -32,7 +32,7 @@ def image_finetune_config(pretrained: Path, model_cfg, overrides: list[str]):
     options the two share) or a cnn of the same shape, init_from the run (its head fresh when the classes differ)."""
     from attnlab.models import ViTConfig
 
-    family = "vit" if model_cfg.family == "mae" else model_cfg.family
+    family = "vit" if model_cfg.family in ("mae", "dino") else model_cfg.family
     keep = {f.name for f in dataclasses.fields(ViTConfig)} if family == "vit" else set(dataclasses.asdict(model_cfg))
     model_keys = [f"model.{k}={v}" for k, v in dataclasses.asdict(model_cfg).items()
                   if k in keep and k not in ("family", "n_classes") and v is not None]
@@ -47,12 +47,13 @@ def finetune_trainer(pretrained: str | Path, overrides: list[str]) -> Trainer:
     mae run (``image_finetune_config``). ``overrides``: key=value, data=FILE first."""
     pretrained = Path(pretrained)
     model_cfg = read_config(pretrained)
-    if model_cfg.family in ("vit", "cnn", "mae"):
+    if model_cfg.family in ("vit", "cnn", "mae", "dino"):
         cfg = image_finetune_config(pretrained, model_cfg, overrides)
         cfg.name = cfg.name or default_run_name(f"finetune-{pretrained.name}")
         return Trainer(cfg, preset=f"finetune-{pretrained.name}")
     if model_cfg.family != "bert":
-        raise ConfigError(f"{pretrained} holds a {model_cfg.family} model; finetune needs a bert, vit, cnn or mae run")
+        raise ConfigError(f"{pretrained} holds a {model_cfg.family} model; finetune needs a bert, vit, cnn, mae or "
+                          "dino run")
     base = [f"{k}={v}" for k, v in FINETUNE_DEFAULTS.items()]
     model_keys = [f"model.{k}={json.dumps(v) if v is None else v}" for k, v in dataclasses.asdict(model_cfg).items()
                   if k != "n_classes" and v is not None]

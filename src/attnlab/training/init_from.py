@@ -4,7 +4,8 @@
 another size (10 classes after 2, a classifier after a masked-LM) starts fresh, and the log says what was loaded
 and what is fresh. A folder that is not a model, a model of another family, or one that shares no tensor with
 the new model (another architecture) is refused in one line, the first two before any data is read. A ViT
-may also start from a masked autoencoder (family mae), whose encoder carries the ViT's tensor names.
+may also start from a masked autoencoder (family mae) or a DINO student (family dino), whose encoders carry the ViT's
+tensor names, and a captioner from any of the three.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 
 from attnlab.core.errors import ConfigError
 
-PRETRAINS = {"vit": ("mae",)}  # family -> the other families whose weights can start it (an MAE's ViT encoder)
+# family -> the other families whose weights can start it (their encoders carry the ViT's names)
+PRETRAINS = {"vit": ("mae", "dino"), "captioner": ("vit", "mae", "dino")}
 
 
 def check_init_from(folder: str | Path, family: str) -> None:

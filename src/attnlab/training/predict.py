@@ -1,6 +1,7 @@
 """Score new inputs with a trained run: one prediction (and its probability) per input, for every task.
 
     image-classification   an image file, or a folder of them (searched recursively)   class, p(class | x)
+    caption                images, as above                                            greedy caption, p(caption | x)
     classify               texts: .txt (a line each), .csv/.tsv ("text" column), .jsonl  class, p(class | x)
     regress                texts, as classify                                          value(s), targets. units
     continuous             rows: .csv (features or a "set" column), .npz, folder X.npy  value(s), or class and p
@@ -112,6 +113,31 @@ def predict_images(model, run: Path, path: Path, batch_size: int, resize: bool) 
     probs = torch.cat([F.softmax(model(normalize(images[s], labels["mean"], labels["std"])).logits.float(), -1)
                        for s in _batches(len(files), batch_size)])
     return _label_rows(names, probs, labels["classes"])
+
+
+@torch.no_grad()
+def predict_captions(model, run: Path, path: Path, batch_size: int, resize: bool) -> list[dict[str, Any]]:
+    """The greedy caption of each image and its probability p(caption | image) (EOS included)."""
+    import math
+
+    from attnlab.data.images import normalize, read_image
+    from attnlab.data.pairs import PairEncoder
+    from attnlab.generation import greedy_decode
+    from attnlab.tokenizers import load_tokenizer
+    from attnlab.training.tasks.images import load_labels
+
+    labels, c = load_labels(run), model.config
+    encoder = PairEncoder(load_tokenizer(run), c.block_size)
+    files = image_files(path)
+    images = torch.stack([read_image(f, c.in_channels, c.image_size, resize) for f in files])
+    names = [str(f.relative_to(path)) if path.is_dir() else f.name for f in files]
+    rows: list[dict[str, Any]] = []
+    for s in _batches(len(files), batch_size):
+        out = greedy_decode(model, normalize(images[s], labels["mean"], labels["std"]), None, encoder.bos_id,
+                            encoder.eos_id, c.block_size - 1)
+        rows += [{"input": n, "prediction": encoder.text(ids), "probability": significant(math.exp(lp))}
+                 for n, ids, lp in zip(names[s], out.tokens, out.log_probs)]
+    return rows
 
 
 @torch.no_grad()
@@ -271,8 +297,9 @@ def predict(run: str | Path, data: str | Path, batch_size: int = 64, resize: boo
     run, data = Path(run), Path(data)
     cfg = load_run_config(run)
     task = task_name(cfg.task, cfg.model.family)
-    if task == "mae":
-        raise DataError(f"{run} is a masked autoencoder: it predicts no labels; give it a classifier head with "
+    if task in ("mae", "dino"):
+        kind = "a masked autoencoder" if task == "mae" else "a self-distilled (DINO) encoder"
+        raise DataError(f"{run} is {kind}: it predicts no labels; give it a classifier head with "
                         "attnlab finetune RUN data=IMAGES, or probe its features with attnlab probe RUN data=IMAGES")
     if not data.exists():
         raise DataError(f"input not found: {data}")
@@ -280,6 +307,8 @@ def predict(run: str | Path, data: str | Path, batch_size: int = 64, resize: boo
     model = from_pretrained(run).eval()
     if task == "image-classification":
         return predict_images(model, run, data, batch_size, resize)
+    if task == "caption":
+        return predict_captions(model, run, data, batch_size, resize)
     if task == "continuous":
         return predict_continuous(model, run, data, batch_size)
     assert texts is not None

@@ -145,7 +145,8 @@ class CaptionTask(ImageClassificationTask):
         report = {"data": self.cfg.data, "n": len(refs), "greedy": scores, "most_common_caption": baseline,
                   "pointing": pointing}
         print(f" test greedy: exact match {scores['exact_match']:.4f} (always '{common}': "
-              f"{baseline['exact_match']:.4f})  BLEU {scores['bleu']:.2f}  ({len(refs)} images); pointing game {pointing['accuracy']:.3f} (chance {pointing['chance']:.3f}, "
+              f"{baseline['exact_match']:.4f})  BLEU {scores['bleu']:.2f}  ({len(refs)} images); "
+              f"pointing game {pointing['accuracy']:.3f} (chance {pointing['chance']:.3f}, "
               f"{pointing['n']} words, {pointing['hallucinated']} defect words of absent kinds)")
         paths = [run_dir / "caption_eval.json", run_dir / "captions_test.txt"]
         atomic_write_text(paths[0], json.dumps(report, indent=2) + "\n")

@@ -19,6 +19,7 @@ TASKS: dict[str, str] = {
     "continuous": "attnlab.training.tasks.continuous:ContinuousTask",
     "mae": "attnlab.training.tasks.mae:MaskedImageTask",
     "caption": "attnlab.training.tasks.caption:CaptionTask",
+    "dino": "attnlab.training.tasks.dino:SelfDistillationTask",
 }
 
 # the task a family trains on when the config names none
@@ -32,6 +33,7 @@ DEFAULT_TASK: dict[str, str] = {
     "mae": "mae",
     "recurrent": "continuous",
     "captioner": "caption",
+    "dino": "dino",
 }
 
 
