@@ -25,8 +25,8 @@ from attnlab.models.base import PretrainedModel
 from attnlab.models.captioner.config import CaptionerConfig
 from attnlab.models.layers import transformer_blocks
 from attnlab.models.seq2seq.decoding import TextDecoding
+from attnlab.models.vit.encoder_parts import add_vit_encoder, init_vit_encoder
 from attnlab.nn import roles
-from attnlab.nn.embeddings import PatchEmbedding
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.norms import build_norm
 from attnlab.nn.positions import build_positions
@@ -48,13 +48,7 @@ class Captioner(TextDecoding, PretrainedModel):
         if config.vocab_size is None:
             raise ConfigError("model.vocab_size must be set before building a captioner (a run fills it)")
         self.config = c = config
-        self.grid_size = (c.image_size // c.patch_size,) * 2
-        n_patches = self.grid_size[0] * self.grid_size[1]
-        self.patch_emb = PatchEmbedding(c.patch_size, c.in_channels, c.d_model, bias=True)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))
-        self.pos_emb = nn.Parameter(torch.zeros(1 + n_patches, c.d_model))
-        self.blocks = transformer_blocks(c)
-        self.norm_f = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.norm_position == "pre" else nn.Identity()
+        add_vit_encoder(self, c)
         n_dec = c.n_decoder_layer or c.n_layer
         self.tgt_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.dec_positions = build_positions(c.positions, c.d_model, c.n_head, c.block_size)
@@ -64,9 +58,7 @@ class Captioner(TextDecoding, PretrainedModel):
         self.apply(self._init_weights)
         if c.tie_embeddings:
             self.lm_head.weight = self.tgt_emb.weight
-        nn.init.trunc_normal_(self.cls_token, std=c.init_std)
-        nn.init.trunc_normal_(self.pos_emb, std=c.init_std)
-        nn.init.trunc_normal_(self.patch_emb.proj.weight, std=(c.in_channels * c.patch_size**2) ** -0.5)
+        init_vit_encoder(self, c)
         n_sublayers = 2 * c.n_layer + 3 * n_dec
         for _, p in roles.with_role(self, roles.RESIDUAL_OUT):
             nn.init.normal_(p, mean=0.0, std=c.init_std / math.sqrt(n_sublayers))

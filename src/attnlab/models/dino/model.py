@@ -27,10 +27,9 @@ from torch import Tensor, nn
 
 from attnlab.models.base import PretrainedModel
 from attnlab.models.dino.config import DINOConfig
-from attnlab.models.layers import transformer_blocks
-from attnlab.nn.embeddings import PatchEmbedding, interpolate_grid
+from attnlab.models.vit.encoder_parts import add_vit_encoder, init_vit_encoder
+from attnlab.nn.embeddings import interpolate_grid
 from attnlab.nn.mixing import BlockContext
-from attnlab.nn.norms import build_norm
 
 
 @dataclass
@@ -61,12 +60,7 @@ class _Network(nn.Module):
 
     def __init__(self, c: DINOConfig) -> None:
         super().__init__()
-        self.grid_size = (c.image_size // c.patch_size,) * 2
-        self.patch_emb = PatchEmbedding(c.patch_size, c.in_channels, c.d_model, bias=True)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))
-        self.pos_emb = nn.Parameter(torch.zeros(1 + self.grid_size[0] * self.grid_size[1], c.d_model))
-        self.blocks = transformer_blocks(c)
-        self.norm_f = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.norm_position == "pre" else nn.Identity()
+        add_vit_encoder(self, c)
         self.head = DINOHead(c.d_model, c.head_hidden, c.head_bottleneck, c.out_dim)
 
 
@@ -90,9 +84,7 @@ class DINO(PretrainedModel):
         self.config = c = config
         student = _Network(c)
         student.apply(self._init_weights)
-        for p in (student.cls_token, student.pos_emb):
-            nn.init.trunc_normal_(p, std=c.init_std)
-        nn.init.trunc_normal_(student.patch_emb.proj.weight, std=(c.in_channels * c.patch_size**2) ** -0.5)
+        init_vit_encoder(student, c)
         self.teacher = copy.deepcopy(student).requires_grad_(False)
         self.grid_size = student.grid_size
         for name, child in student.named_children():

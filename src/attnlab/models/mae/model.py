@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from attnlab.models.base import PretrainedModel
 from attnlab.models.layers import transformer_blocks
 from attnlab.models.mae.config import MAEConfig
-from attnlab.nn.embeddings import PatchEmbedding
+from attnlab.models.vit.encoder_parts import add_vit_encoder
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.norms import build_norm
 
@@ -59,13 +59,8 @@ class MAE(PretrainedModel):
     def __init__(self, config: MAEConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.grid_size = (c.image_size // c.patch_size,) * 2
+        add_vit_encoder(self, c)
         n = self.grid_size[0] * self.grid_size[1]
-        self.patch_emb = PatchEmbedding(c.patch_size, c.in_channels, c.d_model, bias=True)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))
-        self.pos_emb = nn.Parameter(torch.zeros(1 + n, c.d_model))
-        self.blocks = transformer_blocks(c)
-        self.norm_f = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.norm_position == "pre" else nn.Identity()
         d = dataclasses.replace(c, d_model=c.decoder_d_model, n_head=c.decoder_n_head, d_ff=None, n_kv_head=None)
         self.decoder_embed = nn.Linear(c.d_model, c.decoder_d_model)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, c.decoder_d_model))
