@@ -18,6 +18,7 @@ from attnlab.models import (
     EncoderConfig,
     GPTConfig,
     MAEConfig,
+    MLPConfig,
     ModelConfig,
     RecurrentConfig,
     Seq2SeqConfig,
@@ -41,7 +42,7 @@ def fields(cls) -> set[str]:
 def test_each_family_has_its_own_options_and_the_flat_schema_is_their_union():
     # families added after the flat schema (no version-1 file holds them) own their defaults
     assert ModelConfig.families == {**FAMILIES, "recurrent": RecurrentConfig, "captioner": CaptionerConfig,
-                                    "dino": DINOConfig}
+                                    "dino": DINOConfig, "mlp": MLPConfig}
     assert fields(RecurrentConfig) - set(LEGACY_DEFAULTS) == {"cell", "bidirectional"}
     assert fields(CaptionerConfig) - set(LEGACY_DEFAULTS) == {"qk_norm"}
     assert fields(DINOConfig) - set(LEGACY_DEFAULTS) >= {"out_dim", "teacher_temp", "local_size", "teacher_momentum"}

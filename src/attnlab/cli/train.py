@@ -49,6 +49,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     elif m.family == "captioner":
         shape = (f"{m.in_channels}x{m.image_size}x{m.image_size} images -> captions of up to {m.block_size} tokens, "
                  f"vocab {m.vocab_size}")
+    elif m.family == "mlp":
+        shape = f"{m.n_steps} x {m.n_features} inputs"
     elif m.family == "recurrent":
         shape = f"{m.cell}, {m.n_features} features per step"
     elif m.family == "encoder":  # continuous inputs: no vocabulary

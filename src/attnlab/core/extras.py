@@ -9,6 +9,7 @@ line instead of an ImportError traceback.
     experiments    scipy, scikit-learn, sacrebleu, captum   experiments' fits, BLEU of seq2seq runs
     tensorboard    tensorboard                  logger=tensorboard
     audio          librosa, soundfile, espeakng-loader   WAV data, log-mel frames, spoken-word synthesis
+    materials      pyxtal (with pymatgen)       XRD patterns of generated crystals
     all            every one of them
 """
 
@@ -25,7 +26,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "sklearn": ("scikit-learn", "inspect"), "scipy": ("scipy", "experiments"),
     "sacrebleu": ("sacrebleu", "experiments"), "tensorboard": ("tensorboard", "tensorboard"),
     "librosa": ("librosa", "audio"), "soundfile": ("soundfile", "audio"),
-    "espeakng_loader": ("espeakng-loader", "audio"),
+    "espeakng_loader": ("espeakng-loader", "audio"), "pyxtal": ("pyxtal", "materials"),
 }
 
 

@@ -13,7 +13,9 @@ Every loader returns a ``ContinuousData``: either ``features`` (N, T, F) or ``el
 * Audio: a folder ``ROOT/<class>/*.wav`` (or ``ROOT/train|test/<class>/*.wav``) -> log-mel frames
   (N, T, n_mels), one per 10 ms (``data/audio.py``).
 * ``generated:set-interaction``, ``generated:peaks``: the benchmarks below (seeded, no files);
-  ``generated:spoken-words``: keywords synthesised with eSpeak NG (``data/spoken.py``).
+  ``generated:spoken-words``: keywords synthesised with eSpeak NG (``data/spoken.py``); ``generated:xrd``: the
+  peak sets of powder XRD patterns of generated crystals, labelled by crystal system, and
+  ``generated:xrd-binned`` the same patterns on a 0.1 degree grid (``data/xrd.py``).
 
 Generated set interaction (a property of a composition that depends on pairs of elements):
 
@@ -40,7 +42,8 @@ import numpy as np
 from attnlab.core.errors import DataError
 from attnlab.core.fileio import check_regular_file
 
-GENERATED = ("generated:set-interaction", "generated:peaks", "generated:spoken-words")
+GENERATED = ("generated:set-interaction", "generated:peaks", "generated:spoken-words", "generated:xrd",
+             "generated:xrd-binned")
 
 
 @dataclass
@@ -122,6 +125,11 @@ def generated(name: str, n: int, seed: int, front=None) -> ContinuousData:
         return set_interaction(n, seed=seed)
     if name == "generated:peaks":
         return peaks(n, seed=seed)
+    if name in ("generated:xrd", "generated:xrd-binned"):
+        from attnlab.data import xrd
+
+        peak_sets, bins, systems = xrd.generate(n, seed)
+        return ContinuousData(targets=systems, features=peak_sets if name == "generated:xrd" else bins[:, :, None])
     if name == "generated:spoken-words":
         from attnlab.data import spoken
         from attnlab.data.audio import FrontEnd

@@ -12,10 +12,12 @@ from attnlab.models.dino import DINOConfig
 from attnlab.models.encoder import EncoderConfig
 from attnlab.models.gpt import GPTConfig
 from attnlab.models.mae import MAEConfig
+from attnlab.models.mlp import MLPConfig
 from attnlab.models.recurrent import RecurrentConfig
 from attnlab.models.registry import build_model, from_pretrained
 from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.models.vit import ViTConfig
 
 __all__ = ["BertConfig", "CNNConfig", "CaptionerConfig", "DINOConfig", "EncoderConfig", "GPTConfig", "MAEConfig",
-           "ModelConfig", "RecurrentConfig", "Seq2SeqConfig", "ViTConfig", "build_model", "from_pretrained"]
+           "MLPConfig", "ModelConfig", "RecurrentConfig", "Seq2SeqConfig", "ViTConfig", "build_model",
+           "from_pretrained"]

@@ -22,6 +22,7 @@ MODEL_FAMILIES: dict[str, str] = {
     "recurrent": "attnlab.models.recurrent:RecurrentEncoder",
     "captioner": "attnlab.models.captioner:Captioner",
     "dino": "attnlab.models.dino:DINO",
+    "mlp": "attnlab.models.mlp:MLP",
 }
 
 

@@ -47,8 +47,8 @@ class ContinuousTask(RowsTask):
         from attnlab.data.labelled import split_indices
 
         super().__init__(cfg, assets, world_size)
-        if cfg.model.family not in ("encoder", "recurrent"):
-            raise ConfigError(f"task continuous trains the encoder or recurrent family, not "
+        if cfg.model.family not in ("encoder", "recurrent", "mlp"):
+            raise ConfigError(f"task continuous trains the encoder, recurrent or mlp family, not "
                               f"model.family={cfg.model.family}")
         from attnlab.data.audio import FrontEnd
 
@@ -62,8 +62,8 @@ class ContinuousTask(RowsTask):
         self.audio = data.front is not None  # the features are log-mel frames of audio clips
         m = cfg.model
         if data.kind != getattr(m, "inputs", "features"):
-            if m.family == "recurrent":
-                raise ConfigError(f"{cfg.data} holds sets; the recurrent family reads feature sequences only")
+            if m.family in ("recurrent", "mlp"):
+                raise ConfigError(f"{cfg.data} holds sets; the {m.family} family reads feature sequences only")
             raise ConfigError(f"{cfg.data} holds {data.kind} but model.inputs={m.inputs}; set model.inputs={data.kind}")
         self.regression = m.head == "regression"
         if data.held_out is not None:  # the data's own test split (audio folders, generated speech)
@@ -75,6 +75,11 @@ class ContinuousTask(RowsTask):
         if data.features is not None:
             self.inputs["features"] = torch.from_numpy(data.features)  # (N, T, F)
             m.n_features = int(data.features.shape[-1])
+            if m.family == "mlp":  # a fixed input length: T as well
+                if m.n_steps not in (None, data.features.shape[1]):
+                    raise DataError(f"{cfg.data} has {data.features.shape[1]} steps per row; this mlp takes "
+                                    f"{m.n_steps}")
+                m.n_steps = int(data.features.shape[1])
         else:
             self.inputs["elements"] = torch.from_numpy(data.elements)  # (N, S)
             self.inputs["values"] = torch.from_numpy(data.values)  # (N, S)

@@ -34,6 +34,7 @@ DEFAULT_TASK: dict[str, str] = {
     "recurrent": "continuous",
     "captioner": "caption",
     "dino": "dino",
+    "mlp": "continuous",
 }
 
 
