@@ -3,7 +3,8 @@ spoken by many voices at many speeds and pitches, shifted in time and buried in 
 
 Clip i (1 s at 16 kHz) of ``generate(n, seed)``:
 
-    word   w_i ~ uniform over WORDS
+    word   w_i ~ uniform over WORDS (the first ten clips of each split take the ten words in turn, so
+           every word is in both splits)
     voice  an accent (6 English dialects) + a speaker variant; the held-out split uses speaker
            variants never heard in training (TEST_VARIANTS), so test accuracy measures new speakers
     speech s = eSpeak(w_i, voice, rate ~ U[120, 240] words/min, pitch ~ U[20, 80]), resampled to 16 kHz,
