@@ -355,3 +355,17 @@ def unused_rope_theta(config: Any) -> list[tuple[str, str]]:
     """rope_theta is read by RoPE positions (and by latent attention's decoupled RoPE) only."""
     used = config.positions == "rope" or getattr(config, "mixer", None) in ("latent",)
     return config._unless(used, f"RoPE's base, and positions={config.positions}", "rope_theta")
+
+
+def check_head(config: Any) -> None:
+    """A classification head needs >= 2 classes (when the data has filled them in)."""
+    if config.head == "classification" and config.n_classes is not None and config.n_classes < 2:
+        raise ConfigError(f"model.n_classes must be >= 2 for classification, got {config.n_classes}")
+
+
+def unused_head_options(config: Any) -> list[tuple[str, str]]:
+    """n_classes is read by a classification head only, n_outputs by a regression head only."""
+    return [
+        *config._unless(config.head == "classification", f"classification only, and head={config.head}", "n_classes"),
+        *config._unless(config.head == "regression", f"regression only, and head={config.head}", "n_outputs"),
+    ]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from attnlab.core.errors import ConfigError
-from attnlab.models.config import ModelConfig, at_least
+from attnlab.models.config import ModelConfig, at_least, check_head, unused_head_options
 
 
 @dataclass
@@ -27,12 +27,8 @@ class MLPConfig(ModelConfig, family="mlp"):
         at_least(self, 1, "n_layer", "d_model", "n_features", "n_steps", "n_outputs")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
-        if self.head == "classification" and self.n_classes is not None and self.n_classes < 2:
-            raise ConfigError(f"model.n_classes must be >= 2 for classification, got {self.n_classes}")
+        check_head(self)
         super().validate()
 
     def unused_options(self) -> list[tuple[str, str]]:
-        return [
-            *self._unless(self.head == "classification", f"classification only, and head={self.head}", "n_classes"),
-            *self._unless(self.head == "regression", f"regression only, and head={self.head}", "n_outputs"),
-        ]
+        return unused_head_options(self)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from attnlab.core.errors import ConfigError
-from attnlab.models.config import ModelConfig, at_least
+from attnlab.models.config import ModelConfig, at_least, check_head, unused_head_options
 
 
 @dataclass
@@ -33,12 +33,8 @@ class RecurrentConfig(ModelConfig, family="recurrent"):
             raise ConfigError(f"model.pooling must be last or mean for the recurrent family, got {self.pooling!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
-        if self.head == "classification" and self.n_classes is not None and self.n_classes < 2:
-            raise ConfigError(f"model.n_classes must be >= 2 for classification, got {self.n_classes}")
+        check_head(self)
         super().validate()
 
     def unused_options(self) -> list[tuple[str, str]]:
-        return [
-            *self._unless(self.head == "classification", f"classification only, and head={self.head}", "n_classes"),
-            *self._unless(self.head == "regression", f"regression only, and head={self.head}", "n_outputs"),
-        ]
+        return unused_head_options(self)
