@@ -13,6 +13,8 @@ from attnlab.models.config import (
     SequenceOptions,
     TransformerOptions,
     at_least,
+    check_head,
+    unused_head_options,
     unused_rope_theta,
 )
 
@@ -35,8 +37,7 @@ class EncoderConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOp
         self.check_positions()
         if self.inputs == "set" and self.positions != "none":
             raise ConfigError(f"a set has no order: inputs=set needs positions=none, got positions={self.positions}")
-        if self.head == "classification" and self.n_classes is not None and self.n_classes < 2:
-            raise ConfigError(f"model.n_classes must be >= 2 for classification, got {self.n_classes}")
+        check_head(self)
         super().validate()
 
     def unused_options(self) -> list[tuple[str, str]]:
@@ -44,6 +45,5 @@ class EncoderConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOp
             *unused_rope_theta(self),
             *self._unless(self.inputs == "features", f"features only, and inputs={self.inputs}", "n_features"),
             *self._unless(self.inputs == "set", f"sets only, and inputs={self.inputs}", "n_elements"),
-            *self._unless(self.head == "classification", f"classification only, and head={self.head}", "n_classes"),
-            *self._unless(self.head == "regression", f"regression only, and head={self.head}", "n_outputs"),
+            *unused_head_options(self),
         ]

@@ -45,15 +45,13 @@ def captions_of(origin: Tensor, n: int, size: int, seed: int) -> list[str]:
 class CaptionTask(ImageClassificationTask):
     """Generated micrographs and their captions; the tokenizer and the normalisation are saved with the model."""
 
-    unit = "images"
-    splits = ("train", "val", "test")
+    task = "caption"
+    families = ("captioner",)
 
     def __init__(self, cfg: TrainConfig, assets: Path | None = None, world_size: int = 1) -> None:
         from attnlab.data.captions import SOURCE
         from attnlab.tokenizers import load_tokenizer
 
-        if cfg.model.family != "captioner":
-            raise ConfigError(f"task caption trains the captioner family, not model.family={cfg.model.family}")
         if cfg.data != SOURCE:
             raise ConfigError(f"task caption reads data={SOURCE} (captions written from each image's defects), "
                               f"not {cfg.data}")

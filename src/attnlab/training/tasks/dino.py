@@ -19,21 +19,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlab.core.errors import ConfigError
 from attnlab.training.tasks.base import Batch, sample_rows
 from attnlab.training.tasks.images import ImageClassificationTask
 
 if TYPE_CHECKING:
-    from attnlab.training.config import TrainConfig
+    pass
 
 
 class SelfDistillationTask(ImageClassificationTask):
     """Images (labels ignored) as multi-crop views for a DINO student and teacher."""
 
-    def __init__(self, cfg: TrainConfig, assets: Path | None = None, world_size: int = 1) -> None:
-        if cfg.model.family != "dino":
-            raise ConfigError(f"task dino trains the dino family, not model.family={cfg.model.family}")
-        super().__init__(cfg, assets, world_size)
+    task = "dino"
+    families = ("dino",)
 
     def _views(self, images: Tensor, generator: torch.Generator) -> Batch:
         from attnlab.data.images import normalize

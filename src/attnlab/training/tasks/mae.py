@@ -17,21 +17,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlab.core.errors import ConfigError
 from attnlab.training.tasks.base import Batch
 from attnlab.training.tasks.images import ImageClassificationTask
 
 if TYPE_CHECKING:
-    from attnlab.training.config import TrainConfig
+    pass
 
 
 class MaskedImageTask(ImageClassificationTask):
     """Images (labels ignored) for a masked autoencoder; the reported loss is the reconstruction MSE."""
 
-    def __init__(self, cfg: TrainConfig, assets: Path | None = None, world_size: int = 1) -> None:
-        if cfg.model.family != "mae":
-            raise ConfigError(f"task mae trains the mae family, not model.family={cfg.model.family}")
-        super().__init__(cfg, assets, world_size)
+    task = "mae"
+    families = ("mae",)
 
     def _inputs(self, images: Tensor, labels: Tensor) -> Batch:
         from attnlab.data.images import normalize

@@ -10,6 +10,7 @@ token per character, case kept: SMILES, formulas, codes).
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,9 +68,9 @@ class TextRowsTask(RowsTask):
         self.rows = {"train": torch.tensor(train), "val": torch.tensor(held_out)}
         cfg.model.vocab_size = self.tokenizer.vocab_size
 
+    @abstractmethod
     def _targets(self, data: LabelledText, assets: Path | None) -> None:
         """Set ``self.targets`` (N, ...) from the labels, and the model's head size; check them against ``assets``."""
-        raise NotImplementedError
 
     def _gather(self, rows: Tensor) -> Batch:
         batch = {k: v[rows] for k, v in self.inputs.items()}
