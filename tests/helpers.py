@@ -77,3 +77,14 @@ def train_tiny_run(tmp: Path, name: str = "r", **extra) -> Path:
     argv = ["train", "configs/shakespeare-char.yaml", *tiny_overrides(corpus, tmp / "runs", name=name, **extra)]
     assert main(argv) == 0
     return tmp / "runs" / name
+
+
+def verdicts_follow_their_intervals(record: dict, r: dict) -> None:
+    """Every rule outcome of a study agrees with its own interval, and the experiment's verdict with its outcomes."""
+    from attnlab.experiments.study import verdict_of
+
+    for o in r["outcomes"]:
+        low, high = o["interval"]
+        assert low <= o.get("mean", o.get("difference")) <= high
+    assert record["verdict"] == verdict_of(r["outcomes"])
+    assert len(record["protocol"]["seeds"]) >= 3 and record["protocol"]["verdict_rule"]

@@ -90,3 +90,38 @@ def test_outcome_lines_show_the_statistic_its_interval_and_the_verdict():
     assert text == ["- a beats b: difference 0.250, 95% interval [0.100, 0.400]: **held**",
                     "- x below 1 (k = 32): mean 0.900, 95% interval [0.700, 1.100]: **not decidable**",
                     "- combined: **not held**"]
+
+
+def test_parallel_runs_give_the_same_summaries_and_records_as_runs_one_by_one():
+    """Forked workers run closures (no pickling of the arm functions), return every run's whole result
+    (curves and other non-numeric values included) into ``record``, and the summaries equal the serial ones."""
+    import os
+
+    import torch
+
+    from attnlab.experiments.study import parallel_runs
+
+    def arm(seed, lr):  # a small torch computation, seeded by the run itself, plus a non-numeric value
+        torch.manual_seed(seed)
+        w = torch.randn(8, 8) * lr
+        return {"val": float(w.sum()), "test": float(w.abs().sum()), "curve": [seed, lr], "pid": os.getpid()}
+
+    protocol = Protocol(seeds=[0, 1, 2], budget={}, lr_sweep={"a": [0.1, 1.0], "b": [0.5]}, verdict_rule=["-"],
+                        confirm_seeds=[5])
+    serial: dict = {}
+    parallel: dict = {}
+    one = run_arms({"a": arm, "b": arm}, protocol, log=lambda _: None, record=serial)
+    with parallel_runs(2):
+        two = run_arms({"a": arm, "b": arm}, protocol, log=lambda _: None, record=parallel)
+    for out in (one, two):
+        for arm_summary in out.values():
+            arm_summary.pop("seconds"), arm_summary.pop("pid")
+            for s in (*arm_summary["by_lr"].values(), arm_summary["confirmation"]):
+                s.pop("seconds"), s.pop("pid")
+    assert one == two
+    assert set(serial) == set(parallel) and len(parallel) == 3 * 3 + 2
+    assert parallel[("a", 1.0, 2)]["curve"] == [2, 1.0] and parallel[("b", 0.5, 5)]["curve"] == [5, 0.5]
+    assert {r["pid"] for r in serial.values()} == {os.getpid()}
+    assert os.getpid() not in {r["pid"] for r in parallel.values()}  # they ran in other processes
+    with pytest.raises(ValueError, match="at least 1"), parallel_runs(0):
+        pass

@@ -17,6 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output folder (default runs/experiments/NAME)")
     p.add_argument("--resume", action="store_true", help="keep the finished runs in OUT/results.json and "
                    "run only what is missing (chomsky)")
+    p.add_argument("--workers", type=int, default=1, help="train this many runs (seeds, rates, arms) at a time, "
+                   "each in its own process with one torch thread (results as with 1; default 1)")
     p.set_defaults(func=_cmd_experiment)
 
 
@@ -29,6 +31,10 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         return 0
     if args.name not in EXPERIMENTS:
         raise unknown_name("experiment", args.name, list(EXPERIMENTS))
+    if args.workers < 1:
+        from attnlab.core.errors import ConfigError
+
+        raise ConfigError(f"--workers must be at least 1, got {args.workers}")
     out = Path(args.out) if args.out else Path("runs") / "experiments" / args.name
     module = load(args.name)
     if args.resume:
@@ -38,9 +44,10 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 
         if "resume" not in inspect.signature(module.run).parameters:
             raise ConfigError(f"experiment {args.name!r} cannot resume; run it again without --resume")
-        record = module.run(out, quick=args.quick, resume=True)
-    else:
-        record = module.run(out, quick=args.quick)
+    from attnlab.experiments.study import parallel_runs
+
+    with parallel_runs(args.workers):
+        record = module.run(out, quick=args.quick, resume=True) if args.resume else module.run(out, quick=args.quick)
     verdict = {"held": "the claim held", "not held": "the claim did NOT hold",
                "not decidable": "not decidable at this scale"}[record.get("verdict", "held" if record["claim_held"]
                                                                    else "not held")]

@@ -95,13 +95,13 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     protocol = Protocol(seeds=[0, 1, 2], budget={"vit_steps": s["steps"], "test_images": s["n_test"]},
                         lr_sweep={"vit": [2e-3]}, verdict_rule=[r.describe() for r in RULES],
                         select_on="attention.accuracy")
-    per_seed: dict[int, dict[str, dict[str, float]]] = {}
+    def vit(seed: int, lr: float) -> dict[str, Any]:
+        r = seed_run(seed, s)
+        return {"per_method": r, **{f"{m}.{k}": v for m, d in r.items() for k, v in d.items()}}
 
-    def vit(seed: int, lr: float) -> dict[str, float]:
-        per_seed[seed] = r = seed_run(seed, s)
-        return {f"{m}.{k}": v for m, d in r.items() for k, v in d.items()}
-
-    flat = run_arms({"vit": vit}, protocol, log=lambda line: None)["vit"]
+    record: dict[tuple[str, float, int], dict[str, Any]] = {}
+    flat = run_arms({"vit": vit}, protocol, log=lambda line: None, record=record)["vit"]
+    per_seed = {seed: r["per_method"] for (_, _, seed), r in record.items()}
     arms = {m: {k: flat[f"{m}.{k}"] for k in ("pointing", "auc", "rank_corr_random", "pointing_random", "accuracy")}
             for m in METHODS}
     outcomes = [rule.decide(arms) for rule in RULES]

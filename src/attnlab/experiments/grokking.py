@@ -11,7 +11,9 @@ and generalised by step 3250.
 Model: attnlab's GPT (2 layers, 4 heads, d_model 128, learned positions, untied head, no dropout), trained by
 the pure ``fit`` loop with AdamW (betas 0.9/0.98, 10 warmup steps, then a constant rate), minibatches of 512
 training pairs, with weight decay 1.0 ("wd") or 0 ("no-wd"). Train and validation accuracy are scored every
-``eval_every`` steps: t_train and t_val are the first steps at which they reach 99%.
+``eval_every`` steps: t_train and t_val are the first steps at which they reach 99%. A run stops early once
+both have stayed at 99% or more for ``converged_evals`` evaluations in a row (the budget runs to a plateau:
+nothing is left to see), and its final accuracies are taken there.
 
 Verdict rule, fixed before the run (each part on the three seeds at the arm's tuned rate, with 95% t
 intervals; experiments/study.py):
@@ -27,6 +29,7 @@ and minibatches of 512 where Nanda et al. use the full batch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -44,8 +47,8 @@ from attnlab.training.loop import fit
 NAME = "grokking"
 CLAIM = ("On modular addition (mod 97) a transformer trained with weight decay reaches 100% training accuracy long "
          "before validation accuracy, then generalises; without weight decay validation stays low.")
-FULL = dict(p=97, steps=5000, eval_every=100, batch=512, d_model=128, n_layer=2, lrs=[1e-3, 3e-3])
-QUICK = dict(p=23, steps=400, eval_every=25, batch=128, d_model=64, n_layer=1, lrs=[3e-3])
+FULL = dict(p=97, steps=5000, eval_every=100, batch=512, d_model=128, n_layer=2, lrs=[1e-3, 3e-3], converged_evals=5)
+QUICK = dict(p=23, steps=400, eval_every=25, batch=128, d_model=64, n_layer=1, lrs=[3e-3], converged_evals=4)
 WEIGHT_DECAY = {"wd": 1.0, "no-wd": 0.0}
 RULES = [Threshold("wd", "test_accuracy", 0.95, above=True),
          Threshold("wd", "log10_delay", math.log10(2.0), above=True),
@@ -72,9 +75,14 @@ def accuracy(model: torch.nn.Module, data: tuple[Tensor, Tensor]) -> float:
         return (model(data[0]).logits[:, -1].argmax(-1) == data[1]).float().mean().item()
 
 
+class Converged(Exception):
+    """Raised from the step callback once train and validation accuracy have both stayed at 99% or more for
+    ``converged_evals`` evaluations: nothing is left to see, and the run stops early."""
+
+
 def train_one(settings: dict[str, Any], weight_decay: float, lr: float, seed: int) -> dict[str, Any]:
     """One run: accuracy curves, t_train and t_val (first steps at 99%; the budget + eval_every when never),
-    and the final train / validation / test accuracy."""
+    and the train / validation / test accuracy at the end (the budget, or convergence)."""
     p, steps, every = settings["p"], settings["steps"], settings["eval_every"]
     data = modular_pairs(p)
     torch.manual_seed(seed)
@@ -97,14 +105,19 @@ def train_one(settings: dict[str, Any], weight_decay: float, lr: float, seed: in
             model.eval()
             curve.append((step + 1, accuracy(model, data["train"]), accuracy(model, data["val"])))
             model.train()
+            if len(curve) >= settings["converged_evals"] and all(
+                    tr >= 0.99 and va >= 0.99 for _, tr, va in curve[-settings["converged_evals"]:]):
+                raise Converged
 
-    fit(model, opt, batch, lambda b: F.cross_entropy(model(b[0]).logits[:, -1], b[1]), steps,
-        lr=lambda step: lr * min(1.0, (step + 1) / 10), after_step=after_step)
+    with contextlib.suppress(Converged):
+        fit(model, opt, batch, lambda b: F.cross_entropy(model(b[0]).logits[:, -1], b[1]), steps,
+            lr=lambda step: lr * min(1.0, (step + 1) / 10), after_step=after_step)
     model.eval()
     never = steps + every
     t_train = next((s for s, tr, _ in curve if tr >= 0.99), never)
     t_val = next((s for s, _, va in curve if va >= 0.99), never)
-    return {"curve": curve, "t_train": t_train, "t_val": t_val, "log10_delay": math.log10(t_val / t_train),
+    return {"curve": curve, "steps": curve[-1][0] if curve else 0,
+            "t_train": t_train, "t_val": t_val, "log10_delay": math.log10(t_val / t_train),
             "train_accuracy": accuracy(model, data["train"]), "val_accuracy": accuracy(model, data["val"]),
             "test_accuracy": accuracy(model, data["test"]), "reached_val_99": t_val < never}
 
@@ -113,19 +126,14 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     """Run the experiment (quick: p = 23, one small layer, a short budget); writes results.json, report.md, plots."""
     started = time.perf_counter()
     settings = QUICK if quick else FULL
-    protocol = Protocol(seeds=[0, 1, 2], budget={k: settings[k] for k in ("steps", "batch", "eval_every")},
+    budget = {k: settings[k] for k in ("steps", "batch", "eval_every", "converged_evals")}
+    protocol = Protocol(seeds=[0, 1, 2], budget=budget,
                         lr_sweep={arm: list(settings["lrs"]) for arm in WEIGHT_DECAY},
                         verdict_rule=[r.describe() for r in RULES], select_on="val_accuracy", higher_is_better=True,
                         confirm_seeds=[3])
     runs: dict[tuple[str, float, int], dict[str, Any]] = {}
-
-    def arm(name: str) -> Any:
-        def train(seed: int, lr: float) -> dict[str, float]:
-            r = runs[(name, lr, seed)] = train_one(settings, WEIGHT_DECAY[name], lr, seed)
-            return {k: float(v) for k, v in r.items() if k != "curve"}
-        return train
-
-    arms = run_arms({name: arm(name) for name in WEIGHT_DECAY}, protocol, log=lambda line: None)
+    arms = run_arms({name: (lambda seed, lr, name=name: train_one(settings, WEIGHT_DECAY[name], lr, seed))
+                     for name in WEIGHT_DECAY}, protocol, log=lambda line: None, record=runs)
     outcomes = [rule.decide(arms) for rule in RULES]
     verdict = verdict_of(outcomes)
     curves = {name: [runs[(name, arms[name]["lr"], seed)]["curve"] for seed in protocol.seeds] for name in arms}
@@ -143,8 +151,9 @@ rate (chosen on validation accuracy; test never used to choose), all of which mu
 
 **Setup.** (a + b) mod {settings['p']}: {settings['p'] ** 2} pairs, 30% of them train, the rest split into
 validation and test. attnlab's GPT ({settings['n_layer']} layers, 4 heads, d_model {settings['d_model']}), AdamW
-(betas 0.9/0.98), minibatches of {settings['batch']}, {settings['steps']} steps; weight decay 1.0 vs 0. t_train,
-t_val: first evaluation (every {settings['eval_every']} steps) at 99% accuracy;
+(betas 0.9/0.98), minibatches of {settings['batch']}, at most {settings['steps']} steps (a run stops early once train
+and validation accuracy have both been at 99% or more for {settings['converged_evals']} evaluations in a row); weight
+decay 1.0 vs 0. t_train, t_val: first evaluation (every {settings['eval_every']} steps) at 99% accuracy;
 {settings['steps'] + settings['eval_every']} = never.
 Learning-rate sweep, validation accuracy at the end: {sweep}.
 

@@ -173,13 +173,9 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "eval_every")},
                         lr_sweep={"model": [s["lr"]]}, verdict_rule=[r.describe() for r in RULES],
                         select_on="icl_gain", higher_is_better=True)
-    runs: dict[int, dict[str, Any]] = {}
-
-    def model_arm(seed: int, lr: float) -> dict[str, float]:
-        r = runs[seed] = train_one(s, seed, lr)
-        return {k: float(v) for k, v in r.items() if isinstance(v, int | float)}
-
-    arms = run_arms({"model": model_arm}, protocol, log=lambda line: None)
+    record: dict[tuple[str, float, int], dict[str, Any]] = {}
+    arms = run_arms({"model": lambda seed, lr: train_one(s, seed, lr)}, protocol, log=lambda line: None, record=record)
+    runs = {seed: {k: v for k, v in r.items() if k != "seconds"} for (_, _, seed), r in record.items()}
     outcomes = [rule.decide(arms) for rule in RULES]
     verdict = verdict_of(outcomes)
     _plot(runs, s, out)

@@ -191,16 +191,17 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
         verdict_rule=["part 1: every statistics check below", f"part 2: {SPEED.describe()}",
                       f"part 2: {QUALITY.describe()}"],
         select_on="val_loss", higher_is_better=False, confirm_seeds=[3])
-    runs: dict[tuple[str, float, int], dict[str, Any]] = {}
-
     def arm(label: str) -> Any:
-        def train(seed: int, lr: float) -> dict[str, float]:
-            r = runs[(label, lr, seed)] = train_retrieval(label == "scaled", train_dk, steps, seed, lr)
-            return {**{k: r[k] for k in ("val_loss", "val_accuracy", "test_loss", "test_accuracy", "steps_to_99")},
+        def train(seed: int, lr: float) -> dict[str, Any]:
+            r = train_retrieval(label == "scaled", train_dk, steps, seed, lr)
+            return {"val_curve": r["val_curve"],
+                    **{k: r[k] for k in ("val_loss", "val_accuracy", "test_loss", "test_accuracy", "steps_to_99")},
                     **{f"{when}_{k}": v for when in ("init", "end") for k, v in r[when].items()}}
         return train
 
-    arms = run_arms({"scaled": arm("scaled"), "unscaled": arm("unscaled")}, protocol, log=lambda line: None)
+    runs: dict[tuple[str, float, int], dict[str, Any]] = {}
+    arms = run_arms({"scaled": arm("scaled"), "unscaled": arm("unscaled")}, protocol, log=lambda line: None,
+                    record=runs)
     outcomes = {"speed": SPEED.decide(arms), "quality": QUALITY.decide(arms)}
     part2 = verdict_of(list(outcomes.values()))
     verdict = verdict_of([{"verdict": part1}, {"verdict": part2}])

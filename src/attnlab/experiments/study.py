@@ -25,10 +25,12 @@ the interval is Welch's t interval of the difference of two means (unequal varia
 
 from __future__ import annotations
 
+import contextlib
 import math
+import multiprocessing
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -157,35 +159,90 @@ class Protocol:
 
 
 # an arm: (seed, lr) -> {metric: value} (at least protocol.select_on, usually also "test" metrics)
-ArmFn = Callable[[int, float], Mapping[str, float]]
+ArmFn = Callable[[int, float], Mapping[str, Any]]
 
 
-def run_arms(arms: Mapping[str, ArmFn], protocol: Protocol, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_arms(arms: Mapping[str, ArmFn], protocol: Protocol, log: Callable[[str], None] = print,
+             record: dict[tuple[str, float, int], dict[str, Any]] | None = None,
+             workers: int | None = None) -> dict[str, Any]:
     """Every arm at every rate of its sweep with every seed (interleaved: seed-major, then arm, then rate);
     per arm the rate with the best mean ``select_on``, summaries of every metric at that rate (and per rate),
-    and the confirmation seeds at that rate. Each run's wall seconds are recorded as metric ``seconds``."""
-    runs: dict[str, dict[float, list[dict[str, float]]]] = {a: {lr: [] for lr in protocol.lr_sweep[a]} for a in arms}
-    for seed in protocol.seeds:
-        for arm, fn in arms.items():
-            for lr in protocol.lr_sweep[arm]:
-                runs[arm][lr].append(_timed(fn, seed, lr))
-                log(f"  {arm} lr {lr:g} seed {seed}: " + _brief(runs[arm][lr][-1]))
+    and the confirmation seeds at that rate. Each run's wall seconds are recorded as metric ``seconds``.
+
+    ``record``, when given, receives every run's whole result (non-numeric values such as curves included)
+    under ``(arm, lr, seed)``: an arm function returns what it measured instead of storing it aside, so it
+    can run in another process. ``workers`` (default: the ``parallel_runs`` setting, 1) runs that many
+    runs at a time in forked processes of one torch thread each; results are the same as run one by one
+    (every run seeds itself), but the runs share the machine, so their ``seconds`` are not for comparison."""
+    workers = _WORKERS if workers is None else workers
+    grid = [(arm, lr, seed) for seed in protocol.seeds for arm in arms for lr in protocol.lr_sweep[arm]]
+    runs: dict[str, dict[float, list[dict[str, Any]]]] = {a: {lr: [] for lr in protocol.lr_sweep[a]} for a in arms}
+    for (arm, lr, seed), result in zip(grid, _execute(arms, grid, workers)):
+        runs[arm][lr].append(result)
+        log(f"  {arm} lr {lr:g} seed {seed}: " + _brief(result))
+        if record is not None:
+            record[(arm, lr, seed)] = result
     out: dict[str, Any] = {}
     for arm in arms:
         by_lr = {lr: _summaries(rs) for lr, rs in runs[arm].items()}
         pick = (max if protocol.higher_is_better else min)(by_lr, key=lambda lr: by_lr[lr][protocol.select_on]["mean"])
         out[arm] = {"lr": pick, **by_lr[pick], "by_lr": {f"{lr:g}": s for lr, s in by_lr.items()}}
     if protocol.confirm_seeds:
-        for seed in protocol.confirm_seeds:
-            for arm, fn in arms.items():
-                out[arm].setdefault("_confirm", []).append(_timed(fn, seed, out[arm]["lr"]))
-                log(f"  {arm} lr {out[arm]['lr']:g} held-out seed {seed}: " + _brief(out[arm]["_confirm"][-1]))
+        grid = [(arm, out[arm]["lr"], seed) for seed in protocol.confirm_seeds for arm in arms]
+        confirm: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+        for (arm, lr, seed), result in zip(grid, _execute(arms, grid, workers)):
+            confirm[arm].append(result)
+            log(f"  {arm} lr {lr:g} held-out seed {seed}: " + _brief(result))
+            if record is not None:
+                record[(arm, lr, seed)] = result
         for arm in arms:
-            out[arm]["confirmation"] = _summaries(out[arm].pop("_confirm"))
+            out[arm]["confirmation"] = _summaries(confirm[arm])
     return out
 
 
-def _timed(fn: ArmFn, seed: int, lr: float) -> dict[str, float]:
+_WORKERS = 1
+_JOBS: list[tuple[ArmFn, int, float]] = []  # what forked workers run, by index (closures do not pickle)
+
+
+@contextlib.contextmanager
+def parallel_runs(workers: int) -> Iterator[None]:
+    """Within the block, ``run_arms`` runs ``workers`` runs at a time (``attnlab experiment --workers``)."""
+    global _WORKERS
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    before, _WORKERS = _WORKERS, workers
+    try:
+        yield
+    finally:
+        _WORKERS = before
+
+
+def _execute(arms: Mapping[str, ArmFn], grid: list[tuple[str, float, int]], workers: int) -> Iterator[dict[str, Any]]:
+    """The results of ``grid``'s runs, in its order: here one by one, or in a pool of forked processes."""
+    global _JOBS
+    if workers <= 1 or len(grid) < 2:
+        yield from (_timed(arms[arm], seed, lr) for arm, lr, seed in grid)
+        return
+    _JOBS = [(arms[arm], seed, lr) for arm, lr, seed in grid]
+    try:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(grid)), initializer=_one_thread) as pool:
+            yield from pool.imap(_job, range(len(grid)), chunksize=1)
+    finally:
+        _JOBS = []
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _job(index: int) -> dict[str, Any]:
+    fn, seed, lr = _JOBS[index]
+    return _timed(fn, seed, lr)
+
+
+def _timed(fn: ArmFn, seed: int, lr: float) -> dict[str, Any]:
     started = time.perf_counter()
     result = dict(fn(seed, lr))
     result.setdefault("seconds", time.perf_counter() - started)
