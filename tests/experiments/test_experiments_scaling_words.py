@@ -7,39 +7,51 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_quick_experiment
+from tests.helpers import run_quick_experiment, verdicts_follow_their_intervals
 
 SHAKESPEARE = Path("../shared/data/tinyshakespeare.txt")
 
 
 @pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="needs ../shared/data/tinyshakespeare.txt")
 def test_scaling(tmp_path):
-    from attnlab.experiments.scaling import chinchilla
+    import numpy as np
+
+    from attnlab.experiments.scaling_fit import chinchilla, fit_chinchilla, fit_kaplan
 
     record, r = run_quick_experiment("scaling", tmp_path)
-    sizes, steps = r["sizes"], r["eval_steps"]
-    ns = [s["N"] for s in sizes]
-    assert ns == sorted(ns) and len(set(ns)) == len(ns)
+    verdicts_follow_their_intervals(record, r)
+    cells, s = r["cells"], r["settings"]
+    assert len(cells) == len(s["sizes"]) * len(s["steps"])
+    ns = sorted({c["N"] for c in cells})
     assert abs(r["n_decades"] - math.log10(ns[-1] / ns[0])) < 1e-9
-    for s in sizes:  # 12 L d^2 (+ biases and norms) non-embedding parameters
-        assert 12 * s["n_layer"] * s["d_model"] ** 2 <= s["N"] < 14 * s["n_layer"] * s["d_model"] ** 2
-        losses = [s["val_loss"][str(k)] for k in steps]
-        assert all(0 < x < math.log(r["vocab_size"]) + 0.5 for x in losses)
-    k = r["kaplan_fit"]
-    lo, hi = k["alpha_N_ci95"]
-    assert lo < k["alpha_N"] < hi
-    final = str(max(steps))
-    for s in sizes:  # the fitted law reproduces the measured losses roughly
-        assert abs((k["N_c"] / s["N"]) ** k["alpha_N"] - s["val_loss"][final]) < 0.3
-    c = r["chinchilla_fit"]
-    assert 0 <= c["E"] <= min(s["val_loss"][str(x)] for s in sizes for x in steps)
-    pred = [chinchilla((s["N"], x * r["tokens_per_step"]), c["E"], c["A"], c["alpha"], c["B"], c["beta"])
-            for s in sizes for x in steps]
-    meas = [s["val_loss"][str(x)] for s in sizes for x in steps]
-    assert abs(math.sqrt(sum((p - m) ** 2 for p, m in zip(pred, meas)) / len(meas)) - c["rmse"]) < 1e-6
-    assert r["checks"]["alpha_N_ci_above_0"] == (lo > 0)
-    assert record["claim_held"] == all(r["checks"].values())
-    assert set(r["bf16_timing"]) == {"d_model", "fp32_s_per_step", "bf16_s_per_step"}
+    for c in cells:  # 12 L d^2 (+ biases and norms) non-embedding parameters; one loss per seed
+        assert 12 * c["layers"] * c["d_model"] ** 2 <= c["N"] < 14 * c["layers"] * c["d_model"] ** 2
+        assert c["D"] == c["steps"] * r["tokens_per_step"] and len(c["losses"]) == 3
+        assert all(0 < x < math.log(r["vocab_size"]) + 0.5 for x in c["losses"])
+        arm = r["arms"][c["cell"]]
+        best = min(arm["by_lr"], key=lambda lr: arm["by_lr"][lr]["val_loss"]["mean"])
+        assert float(best) == pytest.approx(arm["lr"])  # chosen on validation
+    fits = r["fits"]
+    # the point estimates are the fits of the seed means (refitted here), inside their bootstrap intervals
+    means = [float(np.mean(c["losses"])) for c in cells]
+    top = [i for i, c in enumerate(cells) if c["D"] == fits["D_max"]]
+    k = fit_kaplan([cells[i]["N"] for i in top], [means[i] for i in top])
+    assert k["alpha_N"] == pytest.approx(fits["kaplan"]["alpha_N"])
+    for key, f in fits["pinned"].items():
+        again = fit_chinchilla([c["N"] for c in cells], [c["D"] for c in cells], means, e=f["E"])
+        assert key == f"E={f['E']:g}" and again["beta"] == pytest.approx(f["beta"], rel=1e-4)
+        pred = [chinchilla((c["N"], c["D"]), f["E"], f["A"], f["alpha"], f["B"], f["beta"]) for c in cells]
+        assert math.sqrt(sum((a - b) ** 2 for a, b in zip(pred, means)) / len(means)) == pytest.approx(f["rmse"])
+    # the three-way reading of "above 0" per pinned E, and the rule's verdict from them
+    from attnlab.experiments.scaling_fit import above_zero
+    from attnlab.experiments.study import verdict_of
+
+    for outcome, p in zip(r["outcomes"][1:], ("alpha", "beta")):
+        assert [x["verdict"] for x in outcome["per_E"]] == [above_zero(f["ci95"][p]) for f in fits["pinned"].values()]
+        assert outcome["verdict"] == verdict_of(outcome["per_E"])
+    assert above_zero([0.1, 0.2]) == "held" and above_zero([-0.2, 0.0]) == "not held"
+    assert above_zero([-0.1, 0.2]) == "not decidable"
+    assert (tmp_path / "scaling.png").stat().st_size > 1000
 
 
 def test_word_vectors(tmp_path):
