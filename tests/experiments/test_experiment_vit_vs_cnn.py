@@ -1,34 +1,48 @@
-"""vit-vs-cnn through the CLI in quick mode (shrunk further here to keep the test fast): results.json
-holds one run per (family, fraction, seed), consistent summaries, matched parameter counts and a plot."""
+"""vit-vs-cnn through the CLI in quick mode: one arm per (family, fraction), each chosen on validation, the gaps
+and the verdict follow their intervals, matched parameter counts, the budget rule and a plot."""
 
 from __future__ import annotations
 
 import json
-import statistics
+
+import pytest
 
 from attnlab.cli import main
 from attnlab.experiments import vit_vs_cnn
+from tests.helpers import verdicts_follow_their_intervals
 
 
-def test_vit_vs_cnn_quick(tmp_path, monkeypatch, capsys):
-    tiny = {**vit_vs_cnn.QUICK, "fractions": [0.2, 1.0], "seeds": [0, 1], "steps": 25}
-    monkeypatch.setattr(vit_vs_cnn, "QUICK", tiny)
+def test_vit_vs_cnn_quick(tmp_path):
     assert main(["experiment", "vit-vs-cnn", "--quick", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "results.json").read_text())
     r = record["results"]
     assert record["quick"] is True and record["experiment"] == "vit-vs-cnn"
-    assert len(r["runs"]) == 2 * 2 * 2
+    verdicts_follow_their_intervals(record, r)
     p = r["parameters"]
     assert abs(p["cnn"] - p["vit"]) / p["vit"] < 0.15  # parameter-matched
-    for family in ("vit", "cnn"):
-        for fraction in ("0.2", "1.0"):
-            row = r["table"][family][fraction]
-            accs = [x["test_accuracy"] for x in r["runs"] if x["family"] == family and str(x["fraction"]) == fraction]
-            assert row["runs"] == accs and abs(row["mean"] - statistics.fmean(accs)) < 1e-12
-            assert 0.0 <= row["mean"] <= 1.0
-    assert r["table"]["cnn"]["0.2"]["n_train"] < r["table"]["cnn"]["1.0"]["n_train"]
-    gap = r["table"]["cnn"]["0.2"]["mean"] - r["table"]["vit"]["0.2"]["mean"]
-    assert abs(r["cnn_lead"]["0.2"] - gap) < 1e-12
-    assert record["claim_held"] == (r["cnn_wins_at_smallest"] and r["gap_shrinks"])
+    s = r["settings"]
+    assert set(r["arms"]) == {f"{f}@{x:g}" for f in ("vit", "cnn") for x in s["fractions"]}
+    for name, arm in r["arms"].items():
+        assert arm["test_accuracy"]["n"] == 3 and 0 <= arm["test_accuracy"]["mean"] <= 1
+        best = max(arm["by_lr"], key=lambda lr: arm["by_lr"][lr]["val_accuracy"]["mean"])
+        assert float(best) == arm["lr"], name  # chosen on validation
+        # a run stops at its budget or at a plateau, and keeps a checkpoint it evaluated
+        assert all(b <= steps <= budget for b, steps, budget in
+                   zip(arm["best_step"]["values"], arm["steps"]["values"], arm["budget"]["values"]))
+        assert arm["budget"]["values"][0] == vit_vs_cnn.budget(s, int(arm["n_train"]["values"][0]))
+    small, large = (f"{x:g}" for x in (s["fractions"][0], s["fractions"][-1]))
+    assert r["arms"][f"cnn@{small}"]["n_train"]["mean"] < r["arms"][f"cnn@{large}"]["n_train"]["mean"]
+    acc = {name: arm["test_accuracy"]["mean"] for name, arm in r["arms"].items()}
+    for fraction, gap in r["gaps"].items():
+        assert gap["difference"] == pytest.approx(acc[f"cnn@{fraction}"] - acc[f"vit@{fraction}"])
+    gaps = {k: g["difference"] for k, g in r["gaps"].items()}
+    assert r["outcomes"][0]["difference"] == pytest.approx(gaps[small])
+    assert r["outcomes"][1]["difference"] == pytest.approx(gaps[small] - gaps[large])
     assert (tmp_path / "accuracy_vs_data.png").stat().st_size > 1000
-    assert "CNN lead" in (tmp_path / "report.md").read_text()
+    assert "CNN - ViT" in (tmp_path / "report.md").read_text()
+
+
+def test_the_budget_is_epochs_of_the_fraction_capped():
+    s = {"epochs": 40, "max_steps": 4000, "batch_size": 64, "eval_every": 200}
+    assert vit_vs_cnn.budget(s, 540) == 338 and vit_vs_cnn.budget(s, 54_000) == 4000
+    assert vit_vs_cnn.budget(s, 10) == 200  # never fewer than one evaluation

@@ -125,3 +125,23 @@ def test_parallel_runs_give_the_same_summaries_and_records_as_runs_one_by_one():
     assert os.getpid() not in {r["pid"] for r in parallel.values()}  # they ran in other processes
     with pytest.raises(ValueError, match="at least 1"), parallel_runs(0):
         pass
+
+
+def test_a_contrast_of_two_arms_is_welchs_interval_and_a_gap_contrast_adds_the_variances():
+    from attnlab.experiments.study import Contrast, contrast_interval
+
+    a, b = summarize([1.0, 1.2, 0.9, 1.1]), summarize([0.5, 0.9, 0.6])
+    assert contrast_interval({"a": a, "b": b}, {"a": 1.0, "b": -1.0}) == pytest.approx(welch_interval(a, b))
+    c, d = summarize([0.2, 0.3, 0.25]), summarize([0.1, 0.3, 0.2])
+    s = {"a": a, "b": b, "c": c, "d": d}
+    gap, low, high = contrast_interval(s, {"a": 1, "b": -1, "c": -1, "d": 1})
+    assert gap == pytest.approx((a["mean"] - b["mean"]) - (c["mean"] - d["mean"]))
+    parts = [x["sd"] ** 2 / x["n"] for x in (a, b, c, d)]
+    df = sum(parts) ** 2 / sum(v**2 / (x["n"] - 1) for v, x in zip(parts, (a, b, c, d)))
+    half = scipy_stats.t.ppf(0.975, df) * math.sqrt(sum(parts))
+    assert (low, high) == pytest.approx((gap - half, gap + half))
+    rule = Contrast((("a", 1.0), ("b", -1.0), ("c", -1.0), ("d", 1.0)), "m", "the gap shrinks")
+    outcome = rule.decide({k: {"m": v} for k, v in s.items()})
+    assert outcome["verdict"] == (HELD if low > 0 else NOT_HELD if high < 0 else UNDECIDED)
+    assert outcome["rule"].startswith("the gap shrinks: the contrast 1 x a - 1 x b - 1 x c + 1 x d")
+    assert contrast_interval({"a": summarize([1.0]), "b": b}, {"a": 1, "b": -1})[1] == -math.inf

@@ -132,6 +132,48 @@ class Threshold:
         return {"rule": self.describe(), "verdict": verdict, "mean": s["mean"], "interval": list(interval)}
 
 
+def contrast_interval(summaries: Mapping[str, Mapping[str, Any]], weights: Mapping[str, float],
+                      level: float = 0.95) -> tuple[float, float, float]:
+    """(c, lower, upper) for the contrast c = sum_i w_i mean_i of independent arms' means, with
+    se^2 = sum_i w_i^2 sd_i^2 / n_i and Welch-Satterthwaite degrees of freedom (two arms with weights +1, -1
+    give ``welch_interval``). Infinite when an arm has a single value."""
+    c = sum(w * summaries[arm]["mean"] for arm, w in weights.items())
+    if any(summaries[arm]["n"] < 2 for arm in weights):
+        return c, -math.inf, math.inf
+    parts = [w**2 * summaries[arm]["sd"] ** 2 / summaries[arm]["n"] for arm, w in weights.items()]
+    se = math.sqrt(sum(parts))
+    if se == 0.0:
+        return c, c, c
+    df = sum(parts) ** 2 / sum(v**2 / (summaries[arm]["n"] - 1) for v, arm in zip(parts, weights) if v)
+    half = _t_quantile((1 + level) / 2, df) * se
+    return c, c - half, c + half
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """Claim: sum_i w_i mean_i(metric) > ``margin`` (e.g. a gap that shrinks: (a1 - b1) - (a2 - b2) > 0);
+    decided on the Welch-Satterthwaite 95% interval of the contrast. ``text`` says what it means."""
+
+    weights: tuple[tuple[str, float], ...]
+    metric: str
+    text: str
+    margin: float = 0.0
+
+    def describe(self) -> str:
+        """The rule in one sentence (recorded as the protocol's verdict_rule)."""
+        terms = " ".join(f"{'+' if w > 0 else '-'} {abs(w):g} x {arm}" for arm, w in self.weights)
+        return (f"{self.text}: the contrast {terms.lstrip('+ ')} of mean {self.metric} exceeds {self.margin:g}: held "
+                f"if its 95% Welch-Satterthwaite interval lies wholly above, not held if wholly below, else not "
+                f"decidable")
+
+    def decide(self, summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        """The outcome on ``summaries[arm][metric]``."""
+        c, low, high = contrast_interval({arm: summaries[arm][self.metric] for arm, _ in self.weights},
+                                         dict(self.weights))
+        verdict = HELD if low > self.margin else NOT_HELD if high < self.margin else UNDECIDED
+        return {"rule": self.describe(), "verdict": verdict, "difference": c, "interval": [low, high]}
+
+
 def verdict_of(outcomes: Sequence[Mapping[str, Any]]) -> str:
     """One verdict from several parts of a claim: not held if any part is not held, held if all are held,
     else not decidable."""
