@@ -123,12 +123,33 @@ def _check_mixers(r):
 
 
 def test_moe_vs_dense(tmp_path):
+    from attnlab.experiments import moe_vs_dense as m
+    from attnlab.models.gpt import GPT
+
     record, r = run_quick_experiment("moe-vs-dense", tmp_path)
-    _check_mixers(r)
-    assert record["claim_held"] == all(r["checks"].values())
-    # 4 experts of the dense FFN's width: more parameters at equal active compute
-    T0 = str(r["probe_lengths"][0])
-    assert r["probes"]["moe-4x-top1"][T0]["params"] > 2 * r["probes"]["dense"][T0]["params"]
+    verdicts_follow_their_intervals(record, r)
+    arms = r["arms"]
+    assert set(arms) == set(m.ARMS) and {o["rule"].split(" ")[0] for o in r["outcomes"]} == {
+        "moe-4-top1", "moe-8-top1", "moe-16-top1"}
+    dense = arms["dense"]
+    for name, arm in arms.items():
+        assert arm["test_loss"]["n"] == 3 and arm["confirmation"]["test_loss"]["n"] == 1
+        if name.endswith("top1"):  # equal compute per token: only the router's d x E weights are added
+            extra = arm["active_params"]["mean"] - dense["active_params"]["mean"]
+            assert extra == r["settings"]["n_layer"] * r["settings"]["d_model"] * m.ARMS[name]["experts"]
+            assert arm["total_params"]["mean"] > 2 * dense["total_params"]["mean"]
+        assert len(r["curves"][name]) == 3 and len(r["step_seconds"][name]) == r["settings"]["time_rounds"]
+    # top-2 uses twice the experts' parameters of top-1; dense-wide holds moe-4-top1's expert parameters, all active
+    top1, top2 = arms["moe-8-top1"]["active_params"]["mean"], arms["moe-8-top2"]["active_params"]["mean"]
+    ffn = r["settings"]["n_layer"] * (2 * 4 * r["settings"]["d_model"] ** 2 + 5 * r["settings"]["d_model"])
+    assert top2 - top1 == ffn
+    wide = GPT(m.config("dense-wide", r["settings"], 65))
+    assert m.active_params("dense-wide", wide) == arms["dense-wide"]["active_params"]["mean"]
+    # C = 6 (N_active + n_layer T d)
+    s = r["settings"]
+    assert dense["flops_per_token"]["mean"] == 6 * (dense["active_params"]["mean"] + s["n_layer"] * s["context"] *
+                                                    s["d_model"])
+    assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
 def test_ssm_vs_attention(tmp_path):

@@ -1,51 +1,208 @@
-"""moe-vs-dense: a mixture of experts at equal active compute, against the dense model it replaces.
+"""moe-vs-dense: at equal compute per token, does a mixture of experts reach a lower loss than a dense model?
 
-The MoE replaces every feed-forward with 4 experts of the dense FFN's width and top-1 routing
-(Switch), so each token pays the dense model's FFN FLOPs (plus a d_model x 4 router) while the
-model holds ~4x the FFN parameters. Both are the shakespeare-char GPT, trained for the same steps
-with the same seed, data order and schedule (``benchmarks/mixers_training.py``) at several context
-lengths; time and memory of one training step are probed at more lengths (``experiments/mixers.py``).
+Model: a char-level GPT on Shakespeare (``n_layer`` layers, d_model ``d``, 4 heads, context ``context``,
+learned positions, the 80/10/10 split of experiments/scaling.py). Arms:
+
+    dense          feed-forward of width 4d                         (the active FLOPs of every top-1 MoE)
+    dense-wide     feed-forward of width 16d                        (the total parameters of moe-4-top1)
+    moe-E-top1     E in {4, 8, 16} experts of width 4d, top-1 routing (Switch), capacity factor 1.25
+    moe-8-top2     8 experts, top-2: twice the expert FLOPs per token of top-1
+
+Every arm sees the same tokens (``steps`` steps of batch x context), with a cosine schedule, its own
+learning-rate sweep (chosen on validation loss), 3 seeds and a held-out seed (experiments/study.py).
+Training FLOPs per token follow Kaplan et al. (2020): C = 6 (N_active + n_layer T d), N_active = the
+non-embedding parameters one token uses (attention, its top-k experts, the router; the dense FFN);
+validation loss every ``eval_every`` steps gives each arm's loss-vs-FLOPs curve. Wall time per training
+step is measured separately, the arms interleaved over ``time_rounds`` rounds (medians; ratios to dense).
+
+Verdict rule, fixed before the run: for every top-1 MoE, Difference(moe, dense, test_loss, lower is better)
+> 0 by its 95% Welch interval (held if all hold, not held if any interval lies wholly short of 0). The
+top-2 arm and dense-wide (equal total parameters, 4x the FFN FLOPs) are reported with their intervals.
 """
 
 from __future__ import annotations
 
+import math
+import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from attnlab.experiments import mixers
-from attnlab.experiments.base import write_outputs
+import torch
+
+from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.scaling import char_data, evaluate, non_embedding_params
+from attnlab.experiments.study import Difference, Protocol, fmt, outcome_lines, run_arms, verdict_of
+from attnlab.models import GPTConfig
+from attnlab.models.gpt import GPT
+from attnlab.training.loop import fit
 
 NAME = "moe-vs-dense"
-CLAIM = ("At equal active compute per token a mixture of experts (4 experts, top-1) reaches a lower loss than "
-         "the dense model at every context length, for a modest time overhead and more memory (the experts' "
-         "parameters).")
-VARIANTS = ["dense", "moe-4x-top1"]
+CLAIM = ("At equal compute per token a mixture of experts (top-1 routing, 4 to 16 experts) reaches a lower test "
+         "loss than the dense model it replaces, after the same tokens.")
+ARMS = {"dense": dict(ffn=4), "dense-wide": dict(ffn=16), "moe-4-top1": dict(ffn=4, experts=4, top_k=1),
+        "moe-8-top1": dict(ffn=4, experts=8, top_k=1), "moe-16-top1": dict(ffn=4, experts=16, top_k=1),
+        "moe-8-top2": dict(ffn=4, experts=8, top_k=2)}
+FULL = dict(n_layer=3, d_model=96, context=64, batch=32, steps=3000, eval_every=250, lrs=[1e-3, 3e-3],
+            time_rounds=7)
+QUICK = dict(n_layer=1, d_model=32, context=32, batch=8, steps=40, eval_every=20, lrs=[3e-3], time_rounds=2)
+RULES = [Difference(arm, "dense", "test_loss", higher_is_better=False)
+         for arm in ARMS if arm.startswith("moe") and arm.endswith("top1")]
+
+
+def config(arm: str, s: dict[str, Any], vocab: int) -> GPTConfig:
+    """The GPT of one arm."""
+    a = ARMS[arm]
+    return GPTConfig(vocab_size=vocab, block_size=s["context"], n_layer=s["n_layer"], n_head=4,
+                     d_model=s["d_model"], d_ff=a["ffn"] * s["d_model"], positions="learned", dropout=0.0,
+                     moe_experts=a.get("experts", 0), moe_top_k=a.get("top_k", 2))
+
+
+def active_params(arm: str, model: GPT) -> int:
+    """Non-embedding parameters one token uses: the whole model for dense arms; for an MoE, its top-k of E
+    experts (the others sit idle) plus everything else."""
+    n = non_embedding_params(model)
+    a = ARMS[arm]
+    if not a.get("experts"):
+        return n
+    # the experts' stacked weights (E, ...): blocks.{i}.ffn.{w_in, b_in, w_out, b_out}; the router is always used
+    expert = sum(p.numel() for name, p in model.named_parameters() if ".ffn." in name and ".router." not in name)
+    return n - expert + expert * a["top_k"] // a["experts"]
+
+
+def flops_per_token(arm: str, model: GPT, s: dict[str, Any]) -> float:
+    """Training FLOPs per token, C = 6 (N_active + n_layer T d) (Kaplan et al. 2020, Table 1)."""
+    return 6.0 * (active_params(arm, model) + s["n_layer"] * s["context"] * s["d_model"])
+
+
+def train_arm(arm: str, s: dict[str, Any], data: dict[str, torch.Tensor], vocab: int, seed: int,
+              lr: float) -> dict[str, Any]:
+    """One run: validation curve against training FLOPs, final validation and test loss, the expert load."""
+    torch.manual_seed(seed)
+    model = GPT(config(arm, s, vocab))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(seed + 1)
+    T, B, steps = s["context"], s["batch"], s["steps"]
+    train = data["train"]
+    c = flops_per_token(arm, model, s)
+    curve: list[tuple[float, float]] = []
+
+    def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.randint(len(train) - T - 1, (B,), generator=g)
+        return torch.stack([train[i:i + T] for i in starts]), torch.stack([train[i + 1:i + T + 1] for i in starts])
+
+    def schedule(step: int) -> float:
+        return lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(1, steps - 1))))
+
+    def after(step: int, _r: Any) -> None:
+        if (step + 1) % s["eval_every"] == 0:
+            curve.append(((step + 1) * B * T * c, evaluate(model, data["val"], data["val_starts"], T, B)))
+
+    fit(model, opt, draw, lambda b: model(b[0], targets=b[1]), steps, lr=schedule, grad_clip=1.0, after_step=after)
+    return {"val_loss": evaluate(model, data["val"], data["val_starts"], T, B),
+            "test_loss": evaluate(model, data["test"], data["test_starts"], T, B),
+            "total_params": sum(p.numel() for p in model.parameters()), "active_params": active_params(arm, model),
+            "flops_per_token": c, "train_flops": steps * B * T * c, "curve": curve}
+
+
+def step_times(s: dict[str, Any], vocab: int) -> dict[str, list[float]]:
+    """Seconds per training step (forward + backward + AdamW) of every arm, arms interleaved in a shuffled order
+    in each of ``time_rounds`` rounds (3 steps each, after a warm-up)."""
+    models = {arm: GPT(config(arm, s, vocab)) for arm in ARMS}
+    opts = {arm: torch.optim.AdamW(m.parameters(), lr=1e-4) for arm, m in models.items()}
+    x = torch.randint(vocab, (s["batch"], s["context"]), generator=torch.Generator().manual_seed(0))
+
+    def step(arm: str) -> None:
+        opts[arm].zero_grad(set_to_none=True)
+        models[arm](x, targets=x).loss.backward()
+        opts[arm].step()
+
+    for arm in ARMS:
+        step(arm)
+    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    order, rng = list(ARMS), random.Random(0)
+    for _ in range(s["time_rounds"]):
+        rng.shuffle(order)
+        for arm in order:
+            t0 = time.perf_counter()
+            for _ in range(3):
+                step(arm)
+            times[arm].append((time.perf_counter() - t0) / 3)
+    return times
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: one length, fewer steps); writes results.json, report.md and the figures to
-    ``out``."""
+    """Run the experiment (quick: one tiny layer, 40 steps); writes results.json, report.md and curves.png."""
     started = time.perf_counter()
-    r = mixers.compare(VARIANTS, [32] if quick else [32, 64], [32, 128] if quick else [64, 128, 256, 512],
-                       steps=15 if quick else 300, reps=2 if quick else 3)
-    dense, moe = r["trained"]["dense"], r["trained"]["moe-4x-top1"]
-    lower = {T: moe[T]["val_loss"] < dense[T]["val_loss"] for T in dense}
-    overhead = {T: r["probes"]["moe-4x-top1"][T]["step_ms"] / r["probes"]["dense"][T]["step_ms"]
-                for T in r["probes"]["dense"]}
-    memory = {T: r["probes"]["moe-4x-top1"][T]["peak_mib"] / r["probes"]["dense"][T]["peak_mib"]
-              for T in r["probes"]["dense"]}
-    r["checks"] = {"moe_lower_loss_at_every_length": all(lower.values())}
-    r["moe_over_dense_time"], r["moe_over_dense_memory"] = overhead, memory
-    held = all(r["checks"].values())
-    mixers.plot(r, out, "dense FFN vs 4-expert top-1 MoE (equal active FLOPs), shakespeare-char GPT")
-    body = f"""**Setup.** Variants (overrides of configs/shakespeare-char.yaml): {r['variants']}. Data: {r['data']}.
+    s = QUICK if quick else FULL
+    data, vocab = char_data(s["context"])
+    protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "context", "eval_every")},
+                        lr_sweep={arm: list(s["lrs"]) for arm in ARMS}, verdict_rule=[r.describe() for r in RULES],
+                        select_on="val_loss", higher_is_better=False, confirm_seeds=[3])
+    record: dict[tuple[str, float, int], dict[str, Any]] = {}
+    arms = run_arms({arm: (lambda seed, lr, arm=arm: train_arm(arm, s, data, vocab, seed, lr)) for arm in ARMS},
+                    protocol, log=lambda line: None, record=record)
+    outcomes = [r.decide(arms) for r in RULES]
+    verdict = verdict_of(outcomes)
+    others = {arm: Difference(arm, "dense", "test_loss", higher_is_better=False).decide(arms)
+              for arm in ("moe-8-top2", "dense-wide")}
+    times = step_times(s, vocab)
+    curves = {arm: [record[(arm, arms[arm]["lr"], seed)]["curve"] for seed in protocol.seeds] for arm in ARMS}
+    results = {"settings": s, "arms": arms, "outcomes": outcomes, "reported": others, "step_seconds": times,
+               "time_ratio_to_dense": {arm: statistics.median(t) / statistics.median(times["dense"])
+                                       for arm, t in times.items()}, "curves": curves}
+    _plot(curves, arms, out)
+    return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, arms, outcomes, others, results, protocol),
+                         started, quick, protocol=protocol.as_dict())
 
-{mixers.tables(r)}
 
-**Reading.** MoE / dense val loss per T: {', '.join(f"T={T}: {moe[T]['val_loss']:.4f} vs {dense[T]['val_loss']:.4f}"
-for T in dense)}. Time per step MoE / dense: {', '.join(f'{T}: {x:.2f}x' for T, x in overhead.items())}; peak memory
-MoE / dense: {', '.join(f'{T}: {x:.2f}x' for T, x in memory.items())}. The routing (gather/scatter of tokens to
-experts) costs wall time on a CPU even at equal FLOPs, and the extra expert weights and their gradients cost memory.
-Checks: {r['checks']}. Plot: `comparison.png`."""
-    return write_outputs(out, NAME, CLAIM, held, r, body, started, quick)
+def _report(s, arms, outcomes, others, results, protocol) -> str:
+    dense = arms["dense"]["test_loss"]["mean"]
+    rows = "\n".join(
+        f"| {arm} | {int(a['total_params']['mean']):,} | {int(a['active_params']['mean']):,} | "
+        f"{a['flops_per_token']['mean'] / 1e6:.2f} | {a['lr']:g} | {fmt(a['test_loss'], 4)} | "
+        f"{a['test_loss']['mean'] - dense:+.4f} | {a['confirmation']['test_loss']['values'][0]:.4f} | "
+        f"{results['time_ratio_to_dense'][arm]:.2f} |" for arm, a in arms.items())
+    reported = "\n".join(f"- {arm} vs dense: difference {o['difference']:+.4f} in dense's favour if negative, 95% "
+                         f"interval [{o['interval'][0]:+.4f}, {o['interval'][1]:+.4f}] ({o['verdict']} as "
+                         f"'{arm} beats dense')" for arm, o in others.items())
+    return f"""**Verdict rule, fixed before the run.** Every top-1 MoE beats dense on test loss (lower is better) by
+its 95% Welch interval (seeds {protocol.seeds}, each arm at its tuned rate); held if all do, not held if any
+interval lies wholly short of 0, else not decidable.
+
+**Setup.** Char-level Shakespeare, GPT with {s['n_layer']} layers, d_model {s['d_model']}, 4 heads, context
+{s['context']}, batch {s['batch']}; {s['steps']} steps ({s['steps'] * s['batch'] * s['context']:,} characters, the
+same for every arm), AdamW (0.9, 0.95, weight decay 0.1), warmup 50 steps and cosine to 10%, clip 1.0; rates
+{s['lrs']} per arm chosen on validation loss; seed {protocol.confirm_seeds[0]} held out. MoE: experts of width 4d,
+capacity factor 1.25, load-balancing weight 0.01, router z-loss 0.001. FLOPs per token C = 6 (N_active + n_layer T d).
+Step time: one training step at batch {s['batch']}, arms interleaved over {s['time_rounds']} shuffled rounds,
+median ratio to dense (both cores' load lands on every arm alike).
+
+| arm | parameters | active (non-emb.) | MFLOPs/token | lr | test loss | minus dense | held-out seed | time / dense |
+|---|---|---|---|---|---|---|---|---|
+{rows}
+
+{outcome_lines(outcomes)}
+
+Reported beside the rule:
+{reported}
+
+**Regime.** Switch Transformers (Fedus et al. 2022) and Mixtral compare models of 10^8-10^11 parameters trained on
+10^10-10^12 tokens, where each expert sees millions of tokens; here {s['steps'] * s['batch'] * s['context'] / 1e6:.1f}M
+characters are shared by up to 16 experts per layer of a {s['n_layer']}-layer model on one small text, so each
+expert sees a fraction of an epoch's tokens. Plot: `curves.png` (validation loss against training FLOPs, mean of
+the 3 seeds at each arm's rate)."""
+
+
+def _plot(curves: dict[str, list[list[tuple[float, float]]]], arms: dict[str, Any], out: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for arm, runs in curves.items():
+        flops = [f for f, _ in runs[0]]
+        mean = [statistics.fmean(r[i][1] for r in runs) for i in range(len(flops))]
+        ax.plot(flops, mean, "o-", ms=3, label=f"{arm} (lr {arms[arm]['lr']:g})")
+    ax.set_xscale("log")
+    label_axes(ax, "training FLOPs (6 N_active + attention, per token x tokens)", "validation loss (nats/char)",
+               "loss against training compute, mean of 3 seeds", legend=7)
+    save_figure(fig, out / "curves.png")

@@ -118,7 +118,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
         return _run(out, quick)
 
 
-def _data(context: int) -> tuple[dict[str, torch.Tensor], int]:
+def char_data(context: int) -> tuple[dict[str, torch.Tensor], int]:
     """The text as ids split 80/10/10, with fixed evaluation windows of the validation and test splits."""
     text = load_text()
     chars = sorted(set(text))
@@ -134,7 +134,7 @@ def _data(context: int) -> tuple[dict[str, torch.Tensor], int]:
 def _run(out: Path, quick: bool) -> dict[str, Any]:
     started = time.perf_counter()
     s = QUICK if quick else FULL
-    data, vocab = _data(s["context"])
+    data, vocab = char_data(s["context"])
     tokens_per_step = s["batch"] * s["context"]
     cells = {f"{L}x{d}@{steps}": (L, d, steps) for L, d in s["sizes"] for steps in s["steps"]}
     protocol = Protocol(seeds=[0, 1, 2], budget={"steps": list(s["steps"]), "tokens_per_step": tokens_per_step,
