@@ -53,6 +53,10 @@ def run_quick_experiment(name: str, out: Path) -> tuple[dict, dict]:
     assert record["experiment"] == name and record["quick"] is True
     report = (out / "report.md").read_text()
     assert ("The claim held" in report) == record["claim_held"]
+    # it opens with the claim, the verdict and the first figure
+    first = sorted(f.name for f in out.glob("*.png"))[0]
+    assert report.startswith(f"# {name}\n\n**Claim.** {record['claim']}\n\n**Verdict: {record['verdict']}.**")
+    assert report.index(f"![{first}]({first})") < report.index("\n\n", report.index("**Verdict:")) + 4
     assert list(out.glob("*.png")) and all(p.stat().st_size > 1000 for p in out.glob("*.png"))
     return record, record["results"]
 

@@ -36,11 +36,19 @@ def write_outputs(out: Path, name: str, claim: str, held: bool | str, results: d
         "machine": platform.machine(), **({"protocol": protocol} if protocol is not None else {}), "results": results,
     }
     atomic_write_text(out / "results.json", json.dumps(record, indent=2))
-    report = (f"# {name}\n\n**Claim.** {claim}\n\n{report_body.strip()}\n\n{VERDICT_LINES[verdict]}\n\n"
+    report = (f"# {name}\n\n{opening(claim, verdict, out)}\n\n{report_body.strip()}\n\n{VERDICT_LINES[verdict]}\n\n"
               f"_Run {'in quick mode ' if quick else ''}in {record['wall_time_s']} s with attnlab {__version__}, "
               f"torch {torch.__version__}._\n")
     atomic_write_text(out / "report.md", report)
     return record
+
+
+def opening(claim: str, verdict: str, out: Path) -> str:
+    """What a report opens with: the claim, the verdict in one line, and the experiment's first figure (the
+    PNGs in ``out`` by name; the rule follows in the body)."""
+    figures = sorted(p.name for p in out.glob("*.png"))
+    figure = f"\n\n![{figures[0]}]({figures[0]})" if figures else ""
+    return f"**Claim.** {claim}\n\n**Verdict: {verdict}.** (The rule, the numbers and the regime follow.){figure}"
 
 
 def pyplot():
