@@ -99,8 +99,6 @@ def quiet_stderr():
 
 def memory(fn: Attention, q, k, v, grad) -> tuple[float | None, float]:
     """(peak MiB allocated during one forward + backward, MiB saved for backward), in one run."""
-    from torch.profiler import ProfilerActivity, profile
-
     storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -118,28 +116,40 @@ def memory(fn: Attention, q, k, v, grad) -> tuple[float | None, float]:
         _sync(q)
         return (torch.cuda.max_memory_allocated(q.device) - before) / MiB, sum(storages.values()) / MiB
 
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with quiet_stderr():
-        prof.start()
-    try:
+    def step() -> None:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = _forward(fn, q, k, v)
         out.backward(grad)
         del out
+
+    peak = peak_mib(step)
+    return peak, sum(storages.values()) / MiB
+
+
+def peak_mib(step: Callable[[], object]) -> float | None:
+    """Peak MiB that torch allocates on the CPU while ``step()`` runs, above what was live before: the running
+    sum of the profiler's individual allocation / free records in time order (None where this torch's profiler
+    does not expose them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with quiet_stderr():
+        prof.start()
+    try:
+        step()
     finally:
         with quiet_stderr():
             prof.stop()
-    saved = sum(storages.values()) / MiB
     try:  # individual allocation / free records, in time order (not aggregated per op)
         records = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     except AttributeError:
-        return None, saved
+        return None
     records.sort(key=lambda e: e.start_ns())
     live = peak = 0
     for e in records:
         live += e.nbytes()
         peak = max(peak, live)
-    return peak / MiB, saved
+    return peak / MiB
 
 
 def median_ms(run: Callable[[], object], budget_s: float, min_reps: int = 3, max_reps: int = 10,

@@ -89,3 +89,17 @@ def loglog_slope(xs: list[float], ys: list[float]) -> float:
     lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
     mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def slope_interval(times: dict[str, list[float]], n_boot: int = 2000) -> tuple[float, float, float]:
+    """Least-squares slope of log median time against log T, and its bootstrap 95% interval (repeats resampled)."""
+    import random
+    import statistics
+
+    lengths = sorted(times, key=int)
+    slope = loglog_slope([int(T) for T in lengths], [statistics.median(times[T]) for T in lengths])
+    rng = random.Random(1)
+    boots = sorted(loglog_slope([int(T) for T in lengths],
+                                [statistics.median(rng.choices(times[T], k=len(times[T]))) for T in lengths])
+                   for _ in range(n_boot))
+    return slope, boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot) - 1]

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, pyplot, save_figure, slope_interval, write_outputs
 from attnlab.experiments.study import (
     HELD,
     NOT_HELD,
@@ -166,19 +166,6 @@ def forward_times(lengths: tuple[int, ...], repeats: int) -> dict[str, dict[str,
                 last_logits(nets[arm], nets[arm].tok_emb(idx))
                 times[arm][str(T)].append(time.perf_counter() - t0)
     return times
-
-
-def slope_interval(times: dict[str, list[float]], n_boot: int = 2000) -> tuple[float, float, float]:
-    """Least-squares slope of log median time against log T, and its bootstrap 95% interval (repeats resampled)."""
-    from attnlab.experiments.base import loglog_slope
-
-    lengths = sorted(times, key=int)
-    slope = loglog_slope([int(T) for T in lengths], [statistics.median(times[T]) for T in lengths])
-    rng = random.Random(1)
-    boots = sorted(loglog_slope([int(T) for T in lengths],
-                                [statistics.median(rng.choices(times[T], k=len(times[T]))) for T in lengths])
-                   for _ in range(n_boot))
-    return slope, boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot) - 1]
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:

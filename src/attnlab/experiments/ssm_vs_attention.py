@@ -1,55 +1,278 @@
-"""ssm-vs-attention: a selective state-space model (Mamba) and a hybrid against attention, vs context length.
+"""ssm-vs-attention: does a selective SSM's cost grow linearly in the context length where attention's grows
+quadratically, and does it match attention's loss at equal parameters on a long context?
 
-Attention's cost per layer is O(T^2 d) time and (eager) O(T^2) memory; a selective SSM's is O(T d N)
-(a scan over time with an N-dimensional state per channel): linear in T. The variants are the
-shakespeare-char GPT with every mixer attention ("dense"), every mixer an SSM ("ssm") and alternating
-SSM / attention layers ("hybrid"), trained for the same steps (``benchmarks/mixers_training.py``),
-with time and memory of one training step probed at more lengths (``experiments/mixers.py``).
-Compute is not exactly equal: the variants are the presets' (parameters listed in the report).
+Part 1, cost (measured). One forward + backward of a 1-layer GPT (d_model 64, 4 heads, FFN 4d, no positions,
+batch 1) at T = 1k ... 64k, for four token mixers: attention with the eager kernel (materialises the
+(H, T, T) probabilities), with SDPA (the fused CPU kernel), attnlab's exact tiled attention, and the
+selective SSM (Mamba; the chunked scan whose intra-chunk decays are rebuilt in the backward instead of
+stored, nn/selective_scan.py). Per length the mixers run interleaved in a shuffled order, ``reps`` times;
+a mixer stops at the first length where a step takes longer than ``max_step_s`` or where eager's
+probabilities alone would pass ``eager_max_mib``. Peak memory: the profiler's allocation records during
+one step (bench.attention.peak_mib). Slopes of log time and log memory against log T over T >= 2k, with
+bootstrap 95% intervals (repeats resampled).
+
+Part 2, loss (trained). An attention GPT and an SSM GPT of (nearly) equal parameters (the SSM's width is
+chosen to match) on Shakespeare characters at context ``context``, each with its own rate sweep, 3 seeds
+and a held-out seed (experiments/study.py).
+
+Verdict rule, fixed before the run (95% intervals):
+    SSM time linear          slope of the SSM's time below 1.5 (closer to linear than quadratic)
+    attention time quadratic slope of SDPA's time above 1.5
+    SSM memory linear        slope of the SSM's memory below 1.5
+    eager memory quadratic   slope of eager attention's memory above 1.5
+    loss at equal parameters the SSM's test loss is at most 2% above attention's: Difference(ssm, attention,
+                             lower is better) > -0.02 x attention's mean loss
 """
 
 from __future__ import annotations
 
+import math
+import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from attnlab.experiments import mixers
-from attnlab.experiments.base import write_outputs
+import torch
+
+from attnlab.bench.attention import peak_mib
+from attnlab.experiments.base import label_axes, pyplot, save_figure, slope_interval, write_outputs
+from attnlab.experiments.scaling import char_data, evaluate
+from attnlab.experiments.study import (
+    HELD,
+    NOT_HELD,
+    UNDECIDED,
+    Difference,
+    Protocol,
+    fmt,
+    outcome_lines,
+    run_arms,
+    verdict_of,
+)
+from attnlab.models import GPTConfig
+from attnlab.models.gpt import GPT
+from attnlab.training.loop import fit
 
 NAME = "ssm-vs-attention"
-CLAIM = ("A selective SSM's time and memory per step grow linearly in the context length, slower than "
-         "attention's; a hybrid (alternating SSM and attention layers) matches attention's loss within 2%.")
-VARIANTS = ["dense", "ssm", "hybrid"]
+CLAIM = ("A selective SSM's time and memory per training step grow linearly in the context length, while "
+         "attention's time grows quadratically (and, with the eager kernel, its memory too); at equal parameters "
+         "on a long context the SSM's loss is within 2% of attention's.")
+MIXERS = {"eager": dict(mixer="attention", attn_backend="eager"), "sdpa": dict(mixer="attention", attn_backend="sdpa"),
+          "tiled": dict(mixer="attention", attn_backend="tiled"), "ssm": dict(mixer="ssm")}
+FULL = dict(lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536), reps=3, max_step_s=30.0, eager_max_mib=2048,
+            context=512, batch=8, steps=800, n_layer=2, d_model=64, lrs=[1e-3, 3e-3], eval_every=200)
+QUICK = dict(lengths=(256, 512, 1024, 2048), reps=2, max_step_s=5.0, eager_max_mib=256, context=64, batch=4, steps=30,
+             n_layer=1, d_model=32, lrs=[3e-3], eval_every=30)
+SLOPE_FROM = {"full": 2048, "quick": 512}  # lengths below are overhead-bound
+
+
+def probe_model(mixer: str, T: int) -> GPT:
+    """The 1-layer GPT whose training step is timed."""
+    return GPT(GPTConfig(vocab_size=65, block_size=T, n_layer=1, n_head=4, d_model=64, positions="none",
+                         **MIXERS[mixer]))
+
+
+def cost(s: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Seconds per step (``reps`` each, mixers interleaved per length) and peak MiB of every mixer at every length
+    it reaches; the lengths a mixer skipped are recorded with the reason."""
+    rng, out = random.Random(0), {m: {} for m in MIXERS}
+    active = set(MIXERS)
+    for T in s["lengths"]:
+        probabilities_mib = 4 * T * T * 4 / 2**20  # eager's (4 heads, T, T) float32 probabilities
+        if "eager" in active and probabilities_mib > s["eager_max_mib"]:
+            active.discard("eager")
+            out["eager"][str(T)] = {"skipped": f"probabilities alone {probabilities_mib:,.0f} MiB"}
+        models = {m: probe_model(m, T) for m in sorted(active)}
+        x = torch.randint(65, (1, T), generator=torch.Generator().manual_seed(T))
+        out_T = _measure(models, x, s["reps"], rng)
+        for m, v in out_T.items():
+            out[m][str(T)] = v
+            if statistics.median(v["seconds"]) > s["max_step_s"]:
+                active.discard(m)
+        if not active:
+            break
+    return out
+
+
+def _step(model: GPT, x: torch.Tensor) -> None:
+    """One forward + backward (the loss on the input itself; only the cost matters)."""
+    model.zero_grad(set_to_none=True)
+    model(x, targets=x).loss.backward()
+
+
+def _measure(models: dict[str, GPT], x: torch.Tensor, reps: int, rng: random.Random) -> dict[str, dict[str, Any]]:
+    """Warm-up, peak MiB of one step, then ``reps`` timed steps per model, models in a shuffled order each round."""
+    out = {}
+    for m, model in models.items():
+        _step(model, x)
+        out[m] = {"peak_mib": peak_mib(lambda model=model: _step(model, x)), "seconds": []}
+    order = list(models)
+    for _ in range(reps):
+        rng.shuffle(order)
+        for m in order:
+            t0 = time.perf_counter()
+            _step(models[m], x)
+            out[m]["seconds"].append(time.perf_counter() - t0)
+    return out
+
+
+def slopes(measured: dict[str, dict[str, Any]], key: str, start: int) -> dict[str, Any] | None:
+    """Slope of log ``key`` against log T over the lengths >= ``start`` a mixer reached, with its interval."""
+    points = {T: v for T, v in measured.items() if int(T) >= start and key in v and v[key] is not None}
+    if len(points) < 3:
+        return None
+    values = {T: (v[key] if isinstance(v[key], list) else [v[key]]) for T, v in points.items()}
+    slope, low, high = slope_interval(values)
+    return {"slope": slope, "interval": [low, high], "lengths": sorted(map(int, points))}
+
+
+def slope_rule(name: str, mixer: str, key: str, fitted: dict[str, Any] | None, above: bool) -> dict[str, Any]:
+    """"the slope of ``mixer``'s ``key`` is above (or below) 1.5", decided on its interval."""
+    rule = f"{mixer}'s {key} slope against T is {'above' if above else 'below'} 1.5 by its bootstrap 95% interval"
+    if fitted is None:
+        return {"rule": rule, "part": name, "verdict": UNDECIDED, "note": "fewer than 3 lengths measured"}
+    low, high = fitted["interval"]
+    beyond, short = (low > 1.5, high < 1.5) if above else (high < 1.5, low > 1.5)
+    return {"rule": rule, "part": name, "verdict": HELD if beyond else NOT_HELD if short else UNDECIDED,
+            "mean": fitted["slope"], "interval": fitted["interval"]}
+
+
+def matched_ssm_width(s: dict[str, Any]) -> int:
+    """The SSM's d_model (a multiple of 4) whose GPT has the parameter count closest to the attention GPT's."""
+    def params(mixer: str, d: int) -> int:
+        return sum(p.numel() for p in GPT(lm_config(mixer, s, d)).parameters())
+
+    target = params("attention", s["d_model"])
+    return min(range(8, 2 * s["d_model"] + 1, 4), key=lambda d: abs(params("ssm", d) - target))
+
+
+def lm_config(mixer: str, s: dict[str, Any], d_model: int) -> GPTConfig:
+    """The trained GPT: attention (SDPA, learned positions) or SSM (no positions)."""
+    return GPTConfig(vocab_size=65, block_size=s["context"], n_layer=s["n_layer"], n_head=4, d_model=d_model,
+                     d_ff=4 * s["d_model"], mixer=mixer, positions="learned" if mixer == "attention" else "none",
+                     dropout=0.0)
+
+
+def train_lm(mixer: str, s: dict[str, Any], d_model: int, data: dict[str, torch.Tensor], seed: int,
+             lr: float) -> dict[str, Any]:
+    """One language model at context ``context``: validation and test loss (nats/char)."""
+    torch.manual_seed(seed)
+    model = GPT(lm_config(mixer, s, d_model))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(seed + 1)
+    T, B, steps, train = s["context"], s["batch"], s["steps"], data["train"]
+
+    def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.randint(len(train) - T - 1, (B,), generator=g)
+        return torch.stack([train[i:i + T] for i in starts]), torch.stack([train[i + 1:i + T + 1] for i in starts])
+
+    fit(model, opt, draw, lambda b: model(b[0], targets=b[1]), steps, grad_clip=1.0,
+        lr=lambda step: lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))))
+    return {"val_loss": evaluate(model, data["val"], data["val_starts"], T, B),
+            "test_loss": evaluate(model, data["test"], data["test_starts"], T, B),
+            "params": sum(p.numel() for p in model.parameters())}
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: short lengths, few steps); writes results.json, report.md and the figures to
-    ``out``."""
+    """Run both parts (quick: short lengths, a tiny model, 30 steps); writes results.json, report.md, cost.png."""
     started = time.perf_counter()
-    r = mixers.compare(VARIANTS, [32] if quick else [32, 64], [32, 128] if quick else [64, 128, 256, 512],
-                       steps=15 if quick else 300, reps=2 if quick else 3)
-    s = r["loglog_slopes"]
-    tr = r["trained"]
-    hybrid_gap = {T: tr["hybrid"][T]["val_loss"] / tr["dense"][T]["val_loss"] - 1 for T in tr["dense"]}
-    r["checks"] = {
-        "ssm_time_grows_slower": s["ssm"]["step_ms"] < s["dense"]["step_ms"],
-        "ssm_memory_grows_slower": s["ssm"]["peak_mib"] < s["dense"]["peak_mib"],
-        "ssm_memory_linear": 0.7 <= s["ssm"]["peak_mib"] <= 1.3,
-        "hybrid_within_2pct_of_attention": all(g < 0.02 for g in hybrid_gap.values()),
-    }
-    r["hybrid_loss_gap_vs_attention"] = hybrid_gap
-    held = all(r["checks"].values())
-    mixers.plot(r, out, "attention vs selective SSM vs hybrid, shakespeare-char GPT")
-    body = f"""**Setup.** Variants (overrides of configs/shakespeare-char.yaml): {r['variants']}. Data: {r['data']}.
-"dense" is the attention model (sdpa backend).
+    s = QUICK if quick else FULL
+    start = SLOPE_FROM["quick" if quick else "full"]
+    measured = cost(s)
+    fitted = {m: {k: slopes(measured[m], k, start) for k in ("seconds", "peak_mib")} for m in MIXERS}
+    data, _ = char_data(s["context"])
+    widths = {"attention": s["d_model"], "ssm": matched_ssm_width(s)}
+    protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "context")},
+                        lr_sweep={m: list(s["lrs"]) for m in widths}, verdict_rule=_rules_text(),
+                        select_on="val_loss", higher_is_better=False, confirm_seeds=[3])
+    arms = run_arms({m: (lambda seed, lr, m=m: train_lm(m, s, widths[m], data, seed, lr)) for m in widths},
+                    protocol, log=lambda line: None)
+    loss_rule = Difference("ssm", "attention", "test_loss", higher_is_better=False,
+                           margin=-0.02 * arms["attention"]["test_loss"]["mean"])
+    outcomes = [slope_rule("SSM time linear", "ssm", "seconds", fitted["ssm"]["seconds"], above=False),
+                slope_rule("attention time quadratic", "sdpa", "seconds", fitted["sdpa"]["seconds"], above=True),
+                slope_rule("SSM memory linear", "ssm", "peak_mib", fitted["ssm"]["peak_mib"], above=False),
+                slope_rule("eager memory quadratic", "eager", "peak_mib", fitted["eager"]["peak_mib"], above=True),
+                {**loss_rule.decide(arms), "part": "loss within 2% at equal parameters"}]
+    verdict = verdict_of(outcomes)
+    results = {"settings": s, "slope_from": start, "cost": measured, "slopes": fitted, "widths": widths,
+               "arms": arms, "outcomes": outcomes}
+    _plot(measured, out)
+    return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, start, measured, fitted, widths, arms,
+                                                                     outcomes, protocol), started, quick,
+                         protocol=protocol.as_dict())
 
-{mixers.tables(r)}
 
-**Reading.** Log-log slopes of time per step against T: attention {s['dense']['step_ms']:.2f}, SSM
-{s['ssm']['step_ms']:.2f}, hybrid {s['hybrid']['step_ms']:.2f}; of peak memory: attention {s['dense']['peak_mib']:.2f},
-SSM {s['ssm']['peak_mib']:.2f}, hybrid {s['hybrid']['peak_mib']:.2f}. Over these lengths the per-token parts
-(projections, FFN, the SSM's scan) dominate, so all slopes sit near 1; attention's T^2 term shows as its slope
-rising above the SSM's. Hybrid val loss relative to attention: {', '.join(f'T={T}: {100 * g:+.1f}%'
-for T, g in hybrid_gap.items())}. Checks: {r['checks']}. Plot: `comparison.png`."""
-    return write_outputs(out, NAME, CLAIM, held, r, body, started, quick)
+def _rules_text() -> list[str]:
+    return ["the SSM's time slope against T below 1.5", "SDPA attention's time slope above 1.5",
+            "the SSM's memory slope below 1.5", "eager attention's memory slope above 1.5 (each by its bootstrap 95% "
+            "interval, over T >= 2k)", "the SSM's test loss at most 2% above attention's at equal parameters "
+            "(Welch 95% interval)"]
+
+
+def _report(s, start, measured, fitted, widths, arms, outcomes, protocol) -> str:
+    lengths = [T for T in s["lengths"] if any(str(T) in measured[m] for m in MIXERS)]
+
+    def cell(m: str, T: int) -> str:
+        v = measured[m].get(str(T))
+        if v is None:
+            return "-"
+        if "skipped" in v:
+            return "skipped"
+        mib = f"{v['peak_mib']:,.0f} MiB" if v.get("peak_mib") is not None else "? MiB"
+        return f"{statistics.median(v['seconds']):.3f} s, {mib}"
+
+    rows = "\n".join(f"| {T:,} | " + " | ".join(cell(m, T) for m in MIXERS) + " |" for T in lengths)
+
+    def sl(f: dict[str, Any] | None) -> str:
+        return "-" if f is None else f"{f['slope']:.2f} [{f['interval'][0]:.2f}, {f['interval'][1]:.2f}]"
+
+    slope_rows = "\n".join(f"| {m} | {sl(fitted[m]['seconds'])} | {sl(fitted[m]['peak_mib'])} |" for m in MIXERS)
+    a, ss = arms["attention"], arms["ssm"]
+    return f"""**Verdict rule, fixed before the run.** {'; '.join(_rules_text())}. All five parts must hold.
+
+**Part 1, cost.** One forward + backward of a 1-layer GPT (d_model 64, 4 heads, FFN 4d, no positions, batch 1, one
+thread), median of {s['reps']} interleaved repeats; peak MiB allocated by torch during one step. A mixer stops after a
+step over {s['max_step_s']:g} s; eager stops where its probabilities alone pass {s['eager_max_mib']:,} MiB.
+
+| T | {' | '.join(MIXERS)} |
+|---|{'---|' * len(MIXERS)}
+{rows}
+
+Log-log slopes over T >= {start:,} (bootstrap 95% intervals):
+
+| mixer | time | memory |
+|---|---|---|
+{slope_rows}
+
+**Part 2, loss at equal parameters.** Shakespeare characters at context {s['context']}, {s['n_layer']} layers,
+batch {s['batch']}, {s['steps']} steps, AdamW with warmup and cosine; attention (SDPA, learned positions, d_model
+{widths['attention']}, {int(a['params']['mean']):,} parameters) against the SSM (no positions, d_model
+{widths['ssm']}, {int(ss['params']['mean']):,} parameters); rates {s['lrs']} per arm on validation; held-out seed
+{protocol.confirm_seeds[0]}. Test loss: attention {fmt(a['test_loss'], 4)} (lr {a['lr']:g}; held-out
+{a['confirmation']['test_loss']['values'][0]:.4f}), SSM {fmt(ss['test_loss'], 4)} (lr {ss['lr']:g}; held-out
+{ss['confirmation']['test_loss']['values'][0]:.4f}).
+
+{outcome_lines(outcomes)}
+
+**Regime.** The lecture's claim is about contexts beyond 16k tokens on accelerators, where Mamba's fused scan
+keeps its state in SRAM (Gu & Dao 2023); here one CPU thread, a Python loop over chunks, and attention through
+PyTorch's CPU kernels. The loss comparison is one small character-level model at T = {s['context']}, not
+the paper's language-modelling sweep. Plot: `cost.png`."""
+
+
+def _plot(measured: dict[str, dict[str, Any]], out: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for m, cells in measured.items():
+        pts = sorted((int(T), v) for T, v in cells.items() if "seconds" in v)
+        if not pts:
+            continue
+        axes[0].plot([T for T, _ in pts], [statistics.median(v["seconds"]) for _, v in pts], "o-", label=m)
+        mem = [(T, v["peak_mib"]) for T, v in pts if v.get("peak_mib")]
+        axes[1].plot([T for T, _ in mem], [v for _, v in mem], "o-", label=m)
+    for ax, ylabel in zip(axes, ("seconds per forward + backward", "peak MiB allocated")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        label_axes(ax, "context length T", ylabel, legend=8)
+    save_figure(fig, out / "cost.png")
