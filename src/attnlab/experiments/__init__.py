@@ -28,6 +28,7 @@ EXPERIMENTS: dict[str, str] = {
     "induction-heads": "attnlab.experiments.induction_heads",
     "attention-saliency": "attnlab.experiments.attention_saliency",
     "micrograph-saliency": "attnlab.experiments.micrograph_saliency",
+    "ssl-recipe": "attnlab.experiments.ssl_recipe",
 }
 
 

@@ -77,9 +77,11 @@ def budget(settings: dict[str, Any], n_train: int) -> int:
 
 
 def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: float, seed: int,
-                   lr: float) -> dict[str, Any]:
+                   lr: float, init: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Train one model on ``fraction`` of the training split to a plateau; validation and test accuracy of
-    the best validation checkpoint, steps used and the validation curve."""
+    the best validation checkpoint, steps used and the validation curve. ``init``: tensors to start from (those
+    whose names and shapes fit, e.g. a masked autoencoder's encoder; the rest start fresh). ``settings``: data,
+    batch_size, epochs, max_steps, eval_every, patience, and for generated data n_generated."""
     from attnlab.models.registry import build_model
     from attnlab.training.config import ImageOptions, TrainConfig
     from attnlab.training.optim import make_optimizer
@@ -88,11 +90,17 @@ def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: f
 
     cfg = TrainConfig(data=settings["data"], batch_size=settings["batch_size"], lr=lr, weight_decay=0.05,
                       model=dataclasses.replace(model_cfg),
-                      images=ImageOptions(shift=2 if model_cfg.image_size >= 16 else 1, train_fraction=fraction))
+                      images=ImageOptions(shift=2 if model_cfg.image_size >= 16 else 1, train_fraction=fraction,
+                                          n_generated=settings.get("n_generated", ImageOptions.n_generated)))
     task = ImageClassificationTask(cfg)
     steps = budget(settings, len(task.data["train"]))
     torch.manual_seed(seed)
     model = build_model(cfg.model)
+    loaded = {}
+    if init is not None:
+        own = model.state_dict()
+        loaded = {k: v for k, v in init.items() if k in own and own[k].shape == v.shape}
+        model.load_state_dict(loaded, strict=False)
     optimizer = make_optimizer(model, cfg)
     gen = torch.Generator().manual_seed(seed)
     curve: list[tuple[int, float]] = []
@@ -120,7 +128,8 @@ def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: f
     model.load_state_dict(best["state"])
     return {"val_accuracy": best["accuracy"], "test_accuracy": accuracy("test"), "best_step": best["step"],
             "steps": curve[-1][0], "budget": steps, "n_train": len(task.data["train"]),
-            "n_test": len(task.data["test"]), "train_s": time.perf_counter() - started, "curve": curve}
+            "n_test": len(task.data["test"]), "init_tensors": len(loaded), "train_s": time.perf_counter() - started,
+            "curve": curve}
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:

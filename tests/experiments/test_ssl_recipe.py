@@ -1,0 +1,30 @@
+"""ssl-recipe in quick mode (scikit-learn digits): every method at every label budget, chosen on validation, the
+fine-tuned ViT starts from every encoder tensor of the masked autoencoder, and the verdict follows its intervals."""
+
+from __future__ import annotations
+
+from tests.helpers import run_quick_experiment, verdicts_follow_their_intervals
+
+
+def test_ssl_recipe_quick(tmp_path):
+    from attnlab.experiments import ssl_recipe
+    from attnlab.models import build_model
+
+    record, r = run_quick_experiment("ssl-recipe", tmp_path)
+    verdicts_follow_their_intervals(record, r)
+    t = r["datasets"]["digits"]
+    assert t["budgets"][0] == 60 and t["budgets"][-1] > 1000  # 60 labels, then all of the training split
+    assert set(t["arms"]) == {f"{m}@{n}" for m in ssl_recipe.METHODS for n in t["budgets"]}
+    for name, arm in t["arms"].items():
+        assert arm["test_accuracy"]["n"] == 3 and 0 <= arm["test_accuracy"]["mean"] <= 1, name
+        best = max(arm["by_lr"], key=lambda lr: arm["by_lr"][lr]["val_accuracy"]["mean"])
+        assert float(best) == arm["lr"], name
+        n = int(name.split("@")[1])
+        assert abs(arm["n_train"]["mean"] - n) <= t["n_classes"], name  # class-balanced subsets of n images
+    # the fine-tuned ViT loads every tensor but the classifier head from the MAE's encoder; scratch loads none
+    vit = build_model(ssl_recipe.vit_config(r["settings"], ssl_recipe.QUICK_DATASETS["digits"], t["n_classes"]))
+    head = [k for k in vit.state_dict() if k.startswith("head")]
+    assert head and t["arms"]["finetune@60"]["init_tensors"]["mean"] == len(vit.state_dict()) - len(head)
+    assert t["arms"]["scratch@60"]["init_tensors"]["mean"] == 0
+    assert {o["dataset"] for o in r["outcomes"]} == {"digits"} and len(r["outcomes"]) == 2
+    assert len(t["pretrain_final_loss"]) == 3
