@@ -180,6 +180,17 @@ def _decide(fits: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _edge_note(arms: dict[str, Any]) -> str:
+    """A sentence naming the cells whose chosen rate is the top of their sweep (their optimum may lie above it)."""
+    edge = [name for name, a in arms.items()
+            if math.isclose(a["lr"], max(float(lr) for lr in a["by_lr"]), rel_tol=1e-3)]
+    if not edge:
+        return ""
+    shown = ", ".join(edge[:4]) + (" ..." if len(edge) > 4 else "")
+    return (f"In {len(edge)} of {len(arms)} cells ({shown}) the higher of the two rates won, so their best rate may "
+            "lie above the sweep and their losses are upper bounds. ")
+
+
 def _report(s, points, arms, fits, outcomes, ns) -> str:
     steps = list(s["steps"])
     by_size: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
@@ -225,10 +236,10 @@ chosen per cell on validation from two rates (3e-3 x min(1, 48/d) and 3x that). 
 **Regime.** N from {ns[0]:,} to {ns[-1]:,} non-embedding parameters and D up to {steps[-1] * tps:,} characters of
 one 1.1M-character text (a run at the largest D sees the training text {steps[-1] * tps / (0.8 * 1115394):.1f}
 times): Kaplan et al. fit alpha_N over six decades of N up to 1.5e9 on web text with models trained near
-convergence, Hoffmann et al. over 400 models up to 16B parameters and 500B tokens. Exponents measured on a
-decade or two of tiny models at a fraction of an epoch are not estimates of theirs; agreement or disagreement
-with 0.076 / 0.34 / 0.28 is reported, not decided. The exponents depend on the pinned E (table), which is why
-the rule asks for every E of the grid. Plot: `scaling.png`."""
+convergence, Hoffmann et al. over 400 models up to 16B parameters and 500B tokens. Exponents measured on two
+decades of tiny models and one small text are not estimates of theirs; agreement or disagreement with
+0.076 / 0.34 / 0.28 is reported, not decided. The exponents depend on the pinned E (table), which is why the rule
+asks for every E of the grid. {_edge_note(arms)}Plot: `scaling.png`."""
 
 
 def _encode(text: str, chars: list[str]) -> list[int]:
@@ -263,6 +274,13 @@ def _plot(points: list[dict[str, Any]], fits: dict[str, Any], out: Path) -> None
                                    f["beta"]), "-", color=colour, lw=1)
     ax2.set_xscale("log")
     ax2.set_yscale("log")
+    from matplotlib.ticker import MaxNLocator, NullFormatter, ScalarFormatter
+
+    for ax in (ax1, ax2):  # plain numbers on the loss axis (it spans less than a decade), no minor labels
+        ax.yaxis.set_major_locator(MaxNLocator(6))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
     label_axes(ax2, "training characters D", "test loss (nats/char)",
                f"free fit: E = {f['E']:.2f}, alpha = {f['alpha']:.2f}, beta = {f['beta']:.2f}", legend=7)
     save_figure(fig, out / "scaling.png")
