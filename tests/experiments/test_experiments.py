@@ -181,6 +181,12 @@ def test_ssm_vs_attention(tmp_path):
 
     assert record["verdict"] == verdict_of(r["outcomes"])
     assert sva.matched_ssm_width(s) == r["widths"]["ssm"]
+    # the memory guard: a log-log line through the last two lengths (slope kept in [1, 2]); quadratic from one
+    p = sva.predicted_peak_mib
+    assert p({}, 1024) == 0.0 and p({"1024": {"peak_mib": 100.0}}, 2048) == pytest.approx(400.0)
+    assert p({"1024": {"peak_mib": 100.0}, "2048": {"peak_mib": 200.0}}, 8192) == pytest.approx(800.0)
+    assert p({"1024": {"peak_mib": 100.0}, "2048": {"peak_mib": 900.0}, "4096": {"skipped": "x"}}, 4096) == \
+        pytest.approx(3600.0)
 
 
 def test_faithfulness(tmp_path):

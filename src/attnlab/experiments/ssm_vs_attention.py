@@ -6,10 +6,11 @@ batch 1) at T = 1k ... 64k, for four token mixers: attention with the eager kern
 (H, T, T) probabilities), with SDPA (the fused CPU kernel), attnlab's exact tiled attention, and the
 selective SSM (Mamba; the chunked scan whose intra-chunk decays are rebuilt in the backward instead of
 stored, nn/selective_scan.py). Per length the mixers run interleaved in a shuffled order, ``reps`` times;
-a mixer stops at the first length where a step takes longer than ``max_step_s`` or where eager's
-probabilities alone would pass ``eager_max_mib``. Peak memory: the profiler's allocation records during
-one step (bench.attention.peak_mib). Slopes of log time and log memory against log T over T >= 2k, with
-bootstrap 95% intervals (repeats resampled).
+a mixer stops at the first length where a step takes longer than ``max_step_s``, where eager's
+probabilities alone would pass ``eager_max_mib``, or where its peak memory, extrapolated from the two lengths
+before, would pass ``max_mib`` (a first full run without that cap was killed for memory at 24 GB). Peak
+memory: the profiler's allocation records during one step (bench.attention.peak_mib). Slopes of log time and
+log memory against log T over T >= 2k, with bootstrap 95% intervals (repeats resampled).
 
 Part 2, loss (trained). An attention GPT and an SSM GPT of (nearly) equal parameters (the SSM's width is
 chosen to match) on Shakespeare characters at context ``context``, each with its own rate sweep, 3 seeds
@@ -60,9 +61,10 @@ CLAIM = ("A selective SSM's time and memory per training step grow linearly in t
 MIXERS = {"eager": dict(mixer="attention", attn_backend="eager"), "sdpa": dict(mixer="attention", attn_backend="sdpa"),
           "tiled": dict(mixer="attention", attn_backend="tiled"), "ssm": dict(mixer="ssm")}
 FULL = dict(lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536), reps=3, max_step_s=30.0, eager_max_mib=2048,
+            max_mib=8192,
             context=512, batch=8, steps=800, n_layer=2, d_model=64, lrs=[1e-3, 3e-3], eval_every=200)
-QUICK = dict(lengths=(256, 512, 1024, 2048), reps=2, max_step_s=5.0, eager_max_mib=256, context=64, batch=4, steps=30,
-             n_layer=1, d_model=32, lrs=[3e-3], eval_every=30)
+QUICK = dict(lengths=(256, 512, 1024, 2048), reps=2, max_step_s=5.0, eager_max_mib=256, max_mib=2048, context=64,
+             batch=4, steps=30, n_layer=1, d_model=32, lrs=[3e-3], eval_every=30)
 SLOPE_FROM = {"full": 2048, "quick": 512}  # lengths below are overhead-bound
 
 
@@ -82,6 +84,13 @@ def cost(s: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         if "eager" in active and probabilities_mib > s["eager_max_mib"]:
             active.discard("eager")
             out["eager"][str(T)] = {"skipped": f"probabilities alone {probabilities_mib:,.0f} MiB"}
+        for m in sorted(active):  # a step whose memory would pass the cap is never started
+            predicted = predicted_peak_mib(out[m], T)
+            if predicted > s["max_mib"]:
+                active.discard(m)
+                out[m][str(T)] = {"skipped": f"predicted peak {predicted:,.0f} MiB over the {s['max_mib']:,} MiB cap"}
+        if not active:
+            break
         models = {m: probe_model(m, T) for m in sorted(active)}
         x = torch.randint(65, (1, T), generator=torch.Generator().manual_seed(T))
         out_T = _measure(models, x, s["reps"], rng)
@@ -92,6 +101,20 @@ def cost(s: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         if not active:
             break
     return out
+
+
+def predicted_peak_mib(measured: dict[str, dict[str, Any]], T: int) -> float:
+    """The peak at length T extrapolated from the last two measured lengths on a log-log line (slope at least 1,
+    at most 2); from one length, quadratic growth is assumed (the worst case of attention); 0 with none."""
+    import math
+
+    points = sorted((int(n), v["peak_mib"]) for n, v in measured.items() if v.get("peak_mib"))
+    if not points:
+        return 0.0
+    (t1, m1), (t2, m2) = (points[-2], points[-1]) if len(points) > 1 else ((points[-1][0] / 2, points[-1][1] / 4),
+                                                                            points[-1])
+    slope = min(2.0, max(1.0, math.log(m2 / m1) / math.log(t2 / t1))) if m1 > 0 and m2 > 0 else 2.0
+    return m2 * (T / t2) ** slope
 
 
 def _step(model: GPT, x: torch.Tensor) -> None:
@@ -233,7 +256,8 @@ def _report(s, start, measured, fitted, widths, arms, outcomes, protocol) -> str
 
 **Part 1, cost.** One forward + backward of a 1-layer GPT (d_model 64, 4 heads, FFN 4d, no positions, batch 1, one
 thread), median of {s['reps']} interleaved repeats; peak MiB allocated by torch during one step. A mixer stops after a
-step over {s['max_step_s']:g} s; eager stops where its probabilities alone pass {s['eager_max_mib']:,} MiB.
+step over {s['max_step_s']:g} s; eager stops where its probabilities alone pass {s['eager_max_mib']:,} MiB, and any
+mixer where its peak, extrapolated from the two lengths before, would pass {s['max_mib']:,} MiB.
 
 | T | {' | '.join(MIXERS)} |
 |---|{'---|' * len(MIXERS)}
