@@ -14,7 +14,9 @@ log memory against log T over T >= 2k, with bootstrap 95% intervals (repeats res
 
 Part 2, loss (trained). An attention GPT and an SSM GPT of (nearly) equal parameters (the SSM's width is
 chosen to match) on Shakespeare characters at context ``context``, each with its own rate sweep, 3 seeds
-and a held-out seed (experiments/study.py).
+and a held-out seed (experiments/study.py). Budget: on the 2-core CPU the SSM's chunked scan costs ~0.3 ms per
+token and layer (forward + backward, one thread), so part 2 is sized to ~30 minutes with ``--workers 2``
+(context 256, 600 steps of 8 sequences); part 1 takes ~10 minutes.
 
 Verdict rule, fixed before the run (95% intervals):
     SSM time linear          slope of the SSM's time below 1.5 (closer to linear than quadratic)
@@ -62,7 +64,7 @@ MIXERS = {"eager": dict(mixer="attention", attn_backend="eager"), "sdpa": dict(m
           "tiled": dict(mixer="attention", attn_backend="tiled"), "ssm": dict(mixer="ssm")}
 FULL = dict(lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536), reps=3, max_step_s=30.0, eager_max_mib=2048,
             max_mib=8192,
-            context=512, batch=8, steps=800, n_layer=2, d_model=64, lrs=[1e-3, 3e-3], eval_every=200)
+            context=256, batch=8, steps=600, n_layer=2, d_model=64, lrs=[1e-3, 3e-3], eval_every=200)
 QUICK = dict(lengths=(256, 512, 1024, 2048), reps=2, max_step_s=5.0, eager_max_mib=256, max_mib=2048, context=64,
              batch=4, steps=30, n_layer=1, d_model=32, lrs=[3e-3], eval_every=30)
 SLOPE_FROM = {"full": 2048, "quick": 512}  # lengths below are overhead-bound
