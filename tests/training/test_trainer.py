@@ -263,3 +263,18 @@ def test_deterministic_run_saves_every_random_state(corpus, tmp_path):
     state = load_trainer_state(latest_checkpoint(tmp_path / "runs" / "det"))
     assert len(state["cuda_rng_per_rank"]) == 1
     assert (state["cuda_rng_per_rank"][0] is None) == (trainer.device.type == "cpu")
+
+
+def test_fit_stops_where_the_step_callback_returns_true():
+    from attnlab.training.loop import fit
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+
+    def after(step, _result):
+        seen.append(step)
+        return True if step == 3 else None  # anything but True (None, a value) goes on
+
+    result = fit(model, opt, lambda step: torch.ones(4, 2), lambda x: model(x).pow(2).mean(), 10, after_step=after)
+    assert seen == [0, 1, 2, 3] and len(result.losses) == 4

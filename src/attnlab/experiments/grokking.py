@@ -29,7 +29,6 @@ and minibatches of 512 where Nanda et al. use the full batch.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from pathlib import Path
@@ -75,11 +74,6 @@ def accuracy(model: torch.nn.Module, data: tuple[Tensor, Tensor]) -> float:
         return (model(data[0]).logits[:, -1].argmax(-1) == data[1]).float().mean().item()
 
 
-class Converged(Exception):
-    """Raised from the step callback once train and validation accuracy have both stayed at 99% or more for
-    ``converged_evals`` evaluations: nothing is left to see, and the run stops early."""
-
-
 def train_one(settings: dict[str, Any], weight_decay: float, lr: float, seed: int) -> dict[str, Any]:
     """One run: accuracy curves, t_train and t_val (first steps at 99%; the budget + eval_every when never),
     and the train / validation / test accuracy at the end (the budget, or convergence)."""
@@ -100,18 +94,18 @@ def train_one(settings: dict[str, Any], weight_decay: float, lr: float, seed: in
         idx = torch.randint(len(x_train), (settings["batch"],), generator=g)
         return x_train[idx], y_train[idx]
 
-    def after_step(step: int, _result: Any) -> None:
-        if (step + 1) % every == 0:
-            model.eval()
-            curve.append((step + 1, accuracy(model, data["train"]), accuracy(model, data["val"])))
-            model.train()
-            if len(curve) >= settings["converged_evals"] and all(
-                    tr >= 0.99 and va >= 0.99 for _, tr, va in curve[-settings["converged_evals"]:]):
-                raise Converged
+    def after_step(step: int, _result: Any) -> bool:
+        if (step + 1) % every:
+            return False
+        model.eval()
+        curve.append((step + 1, accuracy(model, data["train"]), accuracy(model, data["val"])))
+        model.train()
+        # converged: train and validation both at 99% or more for converged_evals evaluations; nothing is left to see
+        last = curve[-settings["converged_evals"]:]
+        return len(last) == settings["converged_evals"] and all(tr >= 0.99 and va >= 0.99 for _, tr, va in last)
 
-    with contextlib.suppress(Converged):
-        fit(model, opt, batch, lambda b: F.cross_entropy(model(b[0]).logits[:, -1], b[1]), steps,
-            lr=lambda step: lr * min(1.0, (step + 1) / 10), after_step=after_step)
+    fit(model, opt, batch, lambda b: F.cross_entropy(model(b[0]).logits[:, -1], b[1]), steps,
+        lr=lambda step: lr * min(1.0, (step + 1) / 10), after_step=after_step)
     model.eval()
     never = steps + every
     t_train = next((s for s, tr, _ in curve if tr >= 0.99), never)

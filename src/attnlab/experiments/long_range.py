@@ -35,7 +35,6 @@ range. The gradient at init is still taken up to k = 512.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import statistics
 import time
@@ -56,6 +55,7 @@ from attnlab.experiments.study import (
     Threshold,
     fmt,
     outcome_lines,
+    plateaued,
     run_arms,
     verdict_of,
 )
@@ -110,10 +110,6 @@ def gradient_to_first_input(arm: str, k: int, seed: int = 0, batch: int = 16) ->
     return x.grad[:, 0].norm(dim=-1).mean().item()
 
 
-class Plateau(Exception):
-    """Raised from the step callback to end a run whose validation accuracy has stopped improving."""
-
-
 def train(arm: str, k: int, seed: int, lr: float, s: dict[str, Any]) -> dict[str, float]:
     """One run to a plateau (or 99%, or max_steps): validation and test accuracy, steps used."""
     torch.manual_seed(seed)
@@ -131,19 +127,15 @@ def train(arm: str, k: int, seed: int, lr: float, s: dict[str, Any]) -> dict[str
             net.train()
         return acc
 
-    def check(step: int, _result: Any) -> None:
+    def check(step: int, _result: Any) -> bool:
         if (step + 1) % s["eval_every"]:
-            return
-        history.append((step + 1, accuracy(val)))
-        best_before = max((a for _, a in history[: -s["patience"]]), default=-1.0)
-        if history[-1][1] >= 0.99 or (len(history) > s["patience"] and
-                                      max(a for _, a in history[-s["patience"]:]) < best_before + 0.01):
-            raise Plateau
+            return False
+        history.append((step + 1, accuracy(val)))  # 99% or a plateau ends the run early
+        return history[-1][1] >= 0.99 or plateaued([a for _, a in history], s["patience"], 0.01)
 
-    with contextlib.suppress(Plateau):  # a plateau ends the run early
-        fit(net, opt, lambda step: recall_batch(s["batch"], k, g),
-            lambda b: F.cross_entropy(last_logits(net, net.tok_emb(b[0])), b[1]), s["max_steps"], grad_clip=1.0,
-            after_step=check)
+    fit(net, opt, lambda step: recall_batch(s["batch"], k, g),
+        lambda b: F.cross_entropy(last_logits(net, net.tok_emb(b[0])), b[1]), s["max_steps"], grad_clip=1.0,
+        after_step=check)
     return {"val_accuracy": accuracy(val), "test_accuracy": accuracy(test),
             "steps": history[-1][0] if history else s["max_steps"]}
 

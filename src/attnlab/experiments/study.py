@@ -174,6 +174,12 @@ class Contrast:
         return {"rule": self.describe(), "verdict": verdict, "difference": c, "interval": [low, high]}
 
 
+def plateaued(scores: Sequence[float], patience: int, min_gain: float) -> bool:
+    """The budget-to-a-plateau rule: True when the last ``patience`` validation scores (higher is better) gain
+    less than ``min_gain`` over the best score before them."""
+    return len(scores) > patience and max(scores[-patience:]) < max(scores[:-patience]) + min_gain
+
+
 def verdict_of(outcomes: Sequence[Mapping[str, Any]]) -> str:
     """One verdict from several parts of a claim: not held if any part is not held, held if all are held,
     else not decidable."""

@@ -18,7 +18,6 @@ on scikit-learn's 8x8 digits in a few minutes.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import time
@@ -29,7 +28,16 @@ import torch
 
 from attnlab.core import runtime
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
-from attnlab.experiments.study import Contrast, Difference, Protocol, fmt, outcome_lines, run_arms, verdict_of
+from attnlab.experiments.study import (
+    Contrast,
+    Difference,
+    Protocol,
+    fmt,
+    outcome_lines,
+    plateaued,
+    run_arms,
+    verdict_of,
+)
 from attnlab.models import ViTConfig
 from attnlab.models.config import ModelConfig
 from attnlab.training.loop import fit
@@ -53,10 +61,6 @@ QUICK: dict[str, Any] = dict(
     cnn=dict(cnn_stages=2, cnn_blocks=1),
 )
 FAMILIES = ("vit", "cnn")
-
-
-class Plateau(Exception):
-    """Raised from the step callback when validation accuracy has stopped improving."""
 
 
 def model_configs(settings: dict[str, Any], n_classes: int) -> tuple[ModelConfig, ModelConfig]:
@@ -110,21 +114,18 @@ def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: f
         pred, true = task.predict(model, split)
         return (pred == true).float().mean().item()
 
-    def check(step: int, _result: Any) -> None:
+    def check(step: int, _result: Any) -> bool:
         if (step + 1) % settings["eval_every"] and step + 1 != steps:
-            return
+            return False
         curve.append((step + 1, accuracy("val")))
         if curve[-1][1] > best["accuracy"]:
             best.update(accuracy=curve[-1][1], state=copy.deepcopy(model.state_dict()), step=step + 1)
-        if len(curve) > settings["patience"] and max(a for _, a in curve[-settings["patience"]:]) < \
-                max(a for _, a in curve[:-settings["patience"]]) + 0.002:
-            raise Plateau
+        return plateaued([a for _, a in curve], settings["patience"], 0.002)
 
     started = time.perf_counter()
-    with contextlib.suppress(Plateau):
-        fit(model, optimizer, lambda step: task.batch("train", cfg.batch_size, gen), lambda batch: model(**batch),
-            steps, lr=lambda step: lr_at(step, lr, lr / 20, max(1, steps // 20), steps), grad_clip=1.0,
-            after_step=check)
+    fit(model, optimizer, lambda step: task.batch("train", cfg.batch_size, gen), lambda batch: model(**batch),
+        steps, lr=lambda step: lr_at(step, lr, lr / 20, max(1, steps // 20), steps), grad_clip=1.0,
+        after_step=check)
     model.load_state_dict(best["state"])
     return {"val_accuracy": best["accuracy"], "test_accuracy": accuracy("test"), "best_step": best["step"],
             "steps": curve[-1][0], "budget": steps, "n_train": len(task.data["train"]),

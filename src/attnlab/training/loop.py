@@ -122,13 +122,14 @@ def fit(
     lr: Callable[[int], float] | None = None,
     grad_clip: float | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-    after_step: Callable[[int, StepResult], None] | None = None,
+    after_step: Callable[[int, StepResult], bool | None] | None = None,
     start: int = 0,
 ) -> FitResult:
     """Steps ``start .. steps-1`` of ``train_step`` with one micro-batch each: ``batch(step)`` draws
     it, ``forward(batch)`` returns the output (or the loss), ``lr(step)`` the learning rate (None:
     leave the optimiser's), ``after_step(step, result)`` runs after each update (a scheduler, an
-    evaluation, a timer). The model is put in training mode first."""
+    evaluation, a timer) and ends the run there by returning True (a plateau, convergence). The model
+    is put in training mode first."""
     model.train()
     result = FitResult([])
     for step in range(start, steps):
@@ -136,8 +137,8 @@ def fit(
                        grad_clip=grad_clip, autocast=autocast)
         result.losses.append(r.loss.item())
         result.skipped += not r.applied
-        if after_step is not None:
-            after_step(step, r)
+        if after_step is not None and after_step(step, r) is True:
+            break
     return result
 
 
