@@ -103,3 +103,19 @@ def slope_interval(times: dict[str, list[float]], n_boot: int = 2000) -> tuple[f
                                 [statistics.median(rng.choices(times[T], k=len(times[T]))) for T in lengths])
                    for _ in range(n_boot))
     return slope, boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot) - 1]
+
+
+def interleaved_seconds(steps: dict[Any, Any], rounds: int, rng: Any, per_round: int = 1) -> dict[Any, list[float]]:
+    """Seconds per call of each of ``steps`` (key -> a callable of no arguments): ``rounds`` rounds, each running
+    every step ``per_round`` times in a freshly shuffled order (``rng.shuffle``), so machine load and drift land
+    on all of them alike. Warm-ups are the caller's."""
+    times: dict[Any, list[float]] = {k: [] for k in steps}
+    order = list(steps)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for k in order:
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                steps[k]()
+            times[k].append((time.perf_counter() - t0) / per_round)
+    return times

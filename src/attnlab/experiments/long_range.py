@@ -45,7 +45,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.experiments.base import label_axes, pyplot, save_figure, slope_interval, write_outputs
+from attnlab.experiments.base import (
+    interleaved_seconds,
+    label_axes,
+    pyplot,
+    save_figure,
+    slope_interval,
+    write_outputs,
+)
 from attnlab.experiments.study import (
     HELD,
     NOT_HELD,
@@ -143,21 +150,14 @@ def train(arm: str, k: int, seed: int, lr: float, s: dict[str, Any]) -> dict[str
 def forward_times(lengths: tuple[int, ...], repeats: int) -> dict[str, dict[str, list[float]]]:
     """Seconds per forward pass of one sequence (batch 1, inference), LSTM and transformer, repeats interleaved."""
     nets = {arm: build(arm, max(lengths)).eval() for arm in ("lstm", "transformer")}
-    times: dict[str, dict[str, list[float]]] = {arm: {str(T): [] for T in lengths} for arm in nets}
-    order = [(arm, T) for arm in nets for T in lengths]
-    rng = random.Random(0)
+    inputs = {T: torch.zeros(1, T, dtype=torch.long) for T in lengths}
+    steps = {(arm, T): (lambda net=net, idx=inputs[T]: last_logits(net, net.tok_emb(idx)))
+             for arm, net in nets.items() for T in lengths}
     with torch.no_grad():
-        for net in nets.values():  # warm up every shape
-            for T in lengths:
-                last_logits(net, net.tok_emb(torch.zeros(1, T, dtype=torch.long)))
-        for _ in range(repeats):
-            rng.shuffle(order)
-            for arm, T in order:
-                idx = torch.zeros(1, T, dtype=torch.long)
-                t0 = time.perf_counter()
-                last_logits(nets[arm], nets[arm].tok_emb(idx))
-                times[arm][str(T)].append(time.perf_counter() - t0)
-    return times
+        for step in steps.values():  # warm up every shape
+            step()
+        seconds = interleaved_seconds(steps, repeats, random.Random(0))
+    return {arm: {str(T): seconds[(arm, T)] for T in lengths} for arm in nets}
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:

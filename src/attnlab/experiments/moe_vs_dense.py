@@ -22,7 +22,6 @@ top-2 arm and dense-wide (equal total parameters, 4x the FFN FLOPs) are reported
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 import time
@@ -31,8 +30,8 @@ from typing import Any
 
 import torch
 
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
-from attnlab.experiments.scaling import char_data, evaluate, non_embedding_params
+from attnlab.experiments.base import interleaved_seconds, label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.scaling import char_data, evaluate, non_embedding_params, warmup_cosine, windows
 from attnlab.experiments.study import Difference, Protocol, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
@@ -88,18 +87,13 @@ def train_arm(arm: str, s: dict[str, Any], data: dict[str, torch.Tensor], vocab:
     c = flops_per_token(arm, model, s)
     curve: list[tuple[float, float]] = []
 
-    def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.randint(len(train) - T - 1, (B,), generator=g)
-        return torch.stack([train[i:i + T] for i in starts]), torch.stack([train[i + 1:i + T + 1] for i in starts])
-
-    def schedule(step: int) -> float:
-        return lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(1, steps - 1))))
-
     def after(step: int, _r: Any) -> None:
         if (step + 1) % s["eval_every"] == 0:
             curve.append(((step + 1) * B * T * c, evaluate(model, data["val"], data["val_starts"], T, B)))
 
-    fit(model, opt, draw, lambda b: model(b[0], targets=b[1]), steps, lr=schedule, grad_clip=1.0, after_step=after)
+    fit(model, opt, lambda step: windows(train, torch.randint(len(train) - T - 1, (B,), generator=g), T),
+        lambda b: model(b[0], targets=b[1]), steps, lr=lambda step: warmup_cosine(lr, step, steps, 50), grad_clip=1.0,
+        after_step=after)
     return {"val_loss": evaluate(model, data["val"], data["val_starts"], T, B),
             "test_loss": evaluate(model, data["test"], data["test_starts"], T, B),
             "total_params": sum(p.numel() for p in model.parameters()), "active_params": active_params(arm, model),
@@ -120,16 +114,8 @@ def step_times(s: dict[str, Any], vocab: int) -> dict[str, list[float]]:
 
     for arm in ARMS:
         step(arm)
-    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    order, rng = list(ARMS), random.Random(0)
-    for _ in range(s["time_rounds"]):
-        rng.shuffle(order)
-        for arm in order:
-            t0 = time.perf_counter()
-            for _ in range(3):
-                step(arm)
-            times[arm].append((time.perf_counter() - t0) / 3)
-    return times
+    return interleaved_seconds({arm: (lambda arm=arm: step(arm)) for arm in ARMS}, s["time_rounds"], random.Random(0),
+                               per_round=3)
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:

@@ -83,18 +83,22 @@ def train_point(data: dict[str, torch.Tensor], vocab: int, n_layer: int, d_model
     g = torch.Generator().manual_seed(seed + 1)
     train = data["train"]
 
-    def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.randint(len(train) - T - 1, (batch,), generator=g)
-        return torch.stack([train[s:s + T] for s in starts]), torch.stack([train[s + 1:s + T + 1] for s in starts])
-
-    def schedule(step: int) -> float:
-        warm = min(1.0, (step + 1) / 20)
-        return lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(1, steps - 1))))
-
-    fit(model, opt, draw, lambda b: model(b[0], targets=b[1]), steps, lr=schedule)
+    fit(model, opt, lambda step: windows(train, torch.randint(len(train) - T - 1, (batch,), generator=g), T),
+        lambda b: model(b[0], targets=b[1]), steps, lr=lambda step: warmup_cosine(lr, step, steps, 20))
     return {"N": non_embedding_params(model),
             **{f"{split}_loss": evaluate(model, data[split], data[f"{split}_starts"], T, batch)
                for split in ("val", "test")}}
+
+
+def windows(text: torch.Tensor, starts: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs (B, T) = text[s : s + T] and next-character targets (B, T) = text[s + 1 : s + T + 1] per start s."""
+    return torch.stack([text[s:s + T] for s in starts]), torch.stack([text[s + 1:s + T + 1] for s in starts])
+
+
+def warmup_cosine(lr: float, step: int, steps: int, warmup: int) -> float:
+    """The rate at ``step``: lr x min(1, (step + 1) / warmup) x (0.1 + 0.9 (1 + cos(pi step / (steps - 1))) / 2),
+    a linear warmup times a cosine that ends at 10% of the peak on the run's last step."""
+    return lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(1, steps - 1))))
 
 
 @torch.no_grad()
@@ -103,9 +107,7 @@ def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, T: int, batch:
     model.eval()
     total = 0.0
     for i in range(0, len(starts), batch):
-        s = starts[i:i + batch]
-        x = torch.stack([val[j:j + T] for j in s])
-        y = torch.stack([val[j + 1:j + T + 1] for j in s])
+        x, y = windows(val, starts[i:i + batch], T)
         total += F.cross_entropy(model(x).logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
     model.train()
     return total / (len(starts) * T)

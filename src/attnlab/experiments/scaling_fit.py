@@ -69,14 +69,13 @@ def bootstrap(cells: Sequence[dict[str, Any]], e_grid: Sequence[float], n_boot: 
     each with its point estimates, ``ci95`` per parameter and ``failed`` replicates."""
     rng = np.random.default_rng(seed)
     d_max = max(c["D"] for c in cells)
-    top = [c for c in cells if c["D"] == d_max]
 
     def means(draw: bool) -> list[float]:
         return [float(np.mean(rng.choice(c["losses"], len(c["losses"])))) if draw else statistics.fmean(c["losses"])
                 for c in cells]
 
     n, d = [c["N"] for c in cells], [c["D"] for c in cells]
-    index_top = [cells.index(c) for c in top]
+    index_top = [i for i, c in enumerate(cells) if c["D"] == d_max]
     fits: dict[str, Any] = {}
     specs: dict[str, Any] = {"kaplan": None, "free": None, **{f"E={e:g}": e for e in e_grid}}
     replicates: dict[str, list[dict[str, float]]] = {k: [] for k in specs}

@@ -39,8 +39,15 @@ from typing import Any
 import torch
 
 from attnlab.bench.attention import peak_mib
-from attnlab.experiments.base import label_axes, pyplot, save_figure, slope_interval, write_outputs
-from attnlab.experiments.scaling import char_data, evaluate
+from attnlab.experiments.base import (
+    interleaved_seconds,
+    label_axes,
+    pyplot,
+    save_figure,
+    slope_interval,
+    write_outputs,
+)
+from attnlab.experiments.scaling import char_data, evaluate, windows
 from attnlab.experiments.study import (
     HELD,
     NOT_HELD,
@@ -108,8 +115,6 @@ def cost(s: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
 def predicted_peak_mib(measured: dict[str, dict[str, Any]], T: int) -> float:
     """The peak at length T extrapolated from the last two measured lengths on a log-log line (slope at least 1,
     at most 2); from one length, quadratic growth is assumed (the worst case of attention); 0 with none."""
-    import math
-
     points = sorted((int(n), v["peak_mib"]) for n, v in measured.items() if v.get("peak_mib"))
     if not points:
         return 0.0
@@ -127,18 +132,12 @@ def _step(model: GPT, x: torch.Tensor) -> None:
 
 def _measure(models: dict[str, GPT], x: torch.Tensor, reps: int, rng: random.Random) -> dict[str, dict[str, Any]]:
     """Warm-up, peak MiB of one step, then ``reps`` timed steps per model, models in a shuffled order each round."""
-    out = {}
+    peaks = {}
     for m, model in models.items():
         _step(model, x)
-        out[m] = {"peak_mib": peak_mib(lambda model=model: _step(model, x)), "seconds": []}
-    order = list(models)
-    for _ in range(reps):
-        rng.shuffle(order)
-        for m in order:
-            t0 = time.perf_counter()
-            _step(models[m], x)
-            out[m]["seconds"].append(time.perf_counter() - t0)
-    return out
+        peaks[m] = peak_mib(lambda model=model: _step(model, x))
+    seconds = interleaved_seconds({m: (lambda model=model: _step(model, x)) for m, model in models.items()}, reps, rng)
+    return {m: {"peak_mib": peaks[m], "seconds": seconds[m]} for m in models}
 
 
 def slopes(measured: dict[str, dict[str, Any]], key: str, start: int) -> dict[str, Any] | None:
@@ -186,12 +185,8 @@ def train_lm(mixer: str, s: dict[str, Any], d_model: int, data: dict[str, torch.
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed + 1)
     T, B, steps, train = s["context"], s["batch"], s["steps"], data["train"]
-
-    def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.randint(len(train) - T - 1, (B,), generator=g)
-        return torch.stack([train[i:i + T] for i in starts]), torch.stack([train[i + 1:i + T + 1] for i in starts])
-
-    fit(model, opt, draw, lambda b: model(b[0], targets=b[1]), steps, grad_clip=1.0,
+    fit(model, opt, lambda step: windows(train, torch.randint(len(train) - T - 1, (B,), generator=g), T),
+        lambda b: model(b[0], targets=b[1]), steps, grad_clip=1.0,
         lr=lambda step: lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))))
     return {"val_loss": evaluate(model, data["val"], data["val_starts"], T, B),
             "test_loss": evaluate(model, data["test"], data["test_starts"], T, B),

@@ -54,6 +54,17 @@ def preference(logits: Tensor, plural: Tensor, verbs: dict[str, Tensor]) -> Tens
     return torch.where(plural, pl - sg, sg - pl)
 
 
+def head_name(layer: int, index: int) -> str:
+    """A head's name in the results: "L{layer}H{index}"."""
+    return f"L{layer}H{index}"
+
+
+def parse_head(name: str) -> tuple[int, int]:
+    """(layer, index) of a head named "L{layer}H{index}"."""
+    layer, index = name[1:].split("H")
+    return int(layer), int(index)
+
+
 def _heads(model: nn.Module) -> list[tuple[int, int]]:
     cfg = model.config
     return [(layer, h) for layer in range(cfg.n_layer) for h in range(cfg.n_head)]
@@ -72,7 +83,7 @@ def top_head(model: nn.Module, grammar: str, n: int, seed: int) -> tuple[str, di
         for _, p, noun in long_range_pairs(s["order"], depth):
             total += probs[:, :, :, p, noun].sum(1)
             count += n
-    weights = {f"L{layer}H{h}": float(total[layer, h] / count) for layer, h in _heads(model)}
+    weights = {head_name(layer, h): float(total[layer, h] / count) for layer, h in _heads(model)}
     return max(weights, key=weights.get), weights
 
 
@@ -81,16 +92,15 @@ def causal_tests(model: nn.Module, grammar: str, top: str, n: int, seed: int) ->
     """Agreement accuracy, flip rate, every head's ablation share and the top head's patch recovery, on
     ``n`` test sentences per depth."""
     verbs, swap = verb_ids(grammar), counterpart(grammar)
-    top_site = head(int(top[1:top.index("H")]), int(top[top.index("H") + 1:]))
+    top_site = head(*parse_head(top))
     clean, flipped, patched_pref = [], [], []
-    ablation: dict[str, list[Tensor]] = {f"L{layer}H{h}": [] for layer, h in _heads(model)}
+    ablation: dict[str, list[Tensor]] = {head_name(layer, h): [] for layer, h in _heads(model)}
     for depth in DEPTHS:
         s = agreement_sentences(grammar, depth, n, seed + depth)
         out, cache = run_with_cache(model, s["ids"], "blocks.*.mixer.hook_z")
         pairs = long_range_pairs(s["order"], depth)
         for name in ablation:
-            layer, h = int(name[1:name.index("H")]), int(name[name.index("H") + 1:])
-            with ablated(model, [head(layer, h)], how="mean", reference=cache):
+            with ablated(model, [head(*parse_head(name))], how="mean", reference=cache):
                 logits = model(s["ids"]).logits
             ablation[name] += [preference(logits[:, p], s["plural"][:, s["order"][j]], verbs) for j, p, _ in pairs]
         for j, p, noun in pairs:

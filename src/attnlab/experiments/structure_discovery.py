@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
 from attnlab.experiments.grammars import DEPTHS, GRAMMARS, entropy_rate, stream, vocabulary, windows
 from attnlab.experiments.structure_agreement import DEPTHS as TEST_DEPTHS
-from attnlab.experiments.structure_agreement import agreement_report
+from attnlab.experiments.structure_agreement import agreement_report, parse_head
 from attnlab.experiments.study import Protocol, Threshold, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
@@ -122,7 +122,7 @@ def example_map(model: GPT, grammar: str, top: str) -> dict[str, Any]:
     """The top head's attention on one test window of 24 tokens (for the figure)."""
     data = stream(grammar, 5_000, seed=TEST_STREAM)
     x = windows(data, 1, 24, torch.Generator().manual_seed(5))[0]
-    layer, h = int(top[1:top.index("H")]), int(top[top.index("H") + 1:])
+    layer, h = parse_head(top)
     with capture(model, f"blocks.{layer}.mixer.hook_pattern") as seen:
         model(x)
     return {"tokens": [vocabulary(grammar)[i] for i in x[0].tolist()],

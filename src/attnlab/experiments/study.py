@@ -223,26 +223,28 @@ def run_arms(arms: Mapping[str, ArmFn], protocol: Protocol, log: Callable[[str],
     runs at a time in forked processes of one torch thread each; results are the same as run one by one
     (every run seeds itself), but the runs share the machine, so their ``seconds`` are not for comparison."""
     workers = _WORKERS if workers is None else workers
-    grid = [(arm, lr, seed) for seed in protocol.seeds for arm in arms for lr in protocol.lr_sweep[arm]]
-    runs: dict[str, dict[float, list[dict[str, Any]]]] = {a: {lr: [] for lr in protocol.lr_sweep[a]} for a in arms}
-    for (arm, lr, seed), result in zip(grid, _execute(arms, grid, workers)):
-        runs[arm][lr].append(result)
-        log(f"  {arm} lr {lr:g} seed {seed}: " + _brief(result))
-        if record is not None:
+    record = {} if record is None else record
+
+    def collect(grid: list[tuple[str, float, int]], label: str) -> Iterator[tuple[str, float, dict[str, Any]]]:
+        for (arm, lr, seed), result in zip(grid, _execute(arms, grid, workers)):  # as each run finishes
+            log(f"  {arm} lr {lr:g} {label} {seed}: " + _brief(result))
             record[(arm, lr, seed)] = result
+            yield arm, lr, result
+
+    sweep = [(a, lr, seed) for seed in protocol.seeds for a in arms for lr in protocol.lr_sweep[a]]
+    runs: dict[str, dict[float, list[dict[str, Any]]]] = {a: {lr: [] for lr in protocol.lr_sweep[a]} for a in arms}
+    for arm, lr, result in collect(sweep, "seed"):
+        runs[arm][lr].append(result)
     out: dict[str, Any] = {}
     for arm in arms:
         by_lr = {lr: _summaries(rs) for lr, rs in runs[arm].items()}
         pick = (max if protocol.higher_is_better else min)(by_lr, key=lambda lr: by_lr[lr][protocol.select_on]["mean"])
         out[arm] = {"lr": pick, **by_lr[pick], "by_lr": {f"{lr:g}": s for lr, s in by_lr.items()}}
     if protocol.confirm_seeds:
-        grid = [(arm, out[arm]["lr"], seed) for seed in protocol.confirm_seeds for arm in arms]
+        held_out = [(a, out[a]["lr"], seed) for seed in protocol.confirm_seeds for a in arms]
         confirm: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
-        for (arm, lr, seed), result in zip(grid, _execute(arms, grid, workers)):
+        for arm, _, result in collect(held_out, "held-out seed"):
             confirm[arm].append(result)
-            log(f"  {arm} lr {lr:g} held-out seed {seed}: " + _brief(result))
-            if record is not None:
-                record[(arm, lr, seed)] = result
         for arm in arms:
             out[arm]["confirmation"] = _summaries(confirm[arm])
     return out
