@@ -181,12 +181,20 @@ def test_ssm_vs_attention(tmp_path):
 
     assert record["verdict"] == verdict_of(r["outcomes"])
     assert sva.matched_ssm_width(s) == r["widths"]["ssm"]
-    # the memory guard: a log-log line through the last two lengths (slope kept in [1, 2]); quadratic from one
-    p = sva.predicted_peak_mib
+    # the memory and time guards: a log-log line through the last two lengths (slope kept in [1, 2]); quadratic
+    # from one; a list of repeats counts by its median
+    def p(measured, T):
+        return sva.extrapolated(measured, T, "peak_mib")
+
     assert p({}, 1024) == 0.0 and p({"1024": {"peak_mib": 100.0}}, 2048) == pytest.approx(400.0)
     assert p({"1024": {"peak_mib": 100.0}, "2048": {"peak_mib": 200.0}}, 8192) == pytest.approx(800.0)
     assert p({"1024": {"peak_mib": 100.0}, "2048": {"peak_mib": 900.0}, "4096": {"skipped": "x"}}, 4096) == \
         pytest.approx(3600.0)
+    seconds = {"1024": {"seconds": [1.0, 9.0, 2.0]}, "2048": {"seconds": [3.0, 4.0, 5.0]}}  # medians 2, 4
+    assert sva.extrapolated(seconds, 8192, "seconds") == pytest.approx(16.0)
+    # the peak is real memory: eager attention's step holds at least its (4, T, T) float32 probabilities
+    T, cell = max((int(T), v) for T, v in r["cost"]["eager"].items() if "seconds" in v)
+    assert cell["peak_mib"] >= 4 * T * T * 4 / 2**20
 
 
 def test_faithfulness(tmp_path):

@@ -7,10 +7,12 @@ batch 1) at T = 1k ... 64k, for four token mixers: attention with the eager kern
 selective SSM (Mamba; the chunked scan whose intra-chunk decays are rebuilt in the backward instead of
 stored, nn/selective_scan.py). Per length the mixers run interleaved in a shuffled order, ``reps`` times;
 a mixer stops at the first length where a step takes longer than ``max_step_s``, where eager's
-probabilities alone would pass ``eager_max_mib``, or where its peak memory, extrapolated from the two lengths
-before, would pass ``max_mib`` (a first full run without that cap was killed for memory at 24 GB). Peak
-memory: the profiler's allocation records during one step (bench.attention.peak_mib). Slopes of log time and
-log memory against log T over T >= 2k, with bootstrap 95% intervals (repeats resampled).
+probabilities alone would pass ``eager_max_mib``, or where its step time or peak memory, extrapolated from the
+two lengths before, would pass ``max_step_s`` or ``max_mib``. Peak memory: the resident memory one step adds at
+its peak, read from the kernel's high-water mark (bench.memory.peak_rss_mib). Two earlier full runs were killed
+for memory at 24 GB: they measured the peak with the profiler's allocation records, which grow with the number
+of operations, and the tiled kernel's (T/64)^2 tiles made the profiler's own bookkeeping quadratic in T. Slopes
+of log time and log memory against log T over T >= 2k, with bootstrap 95% intervals (repeats resampled).
 
 Part 2, loss (trained). An attention GPT and an SSM GPT of (nearly) equal parameters (the SSM's width is
 chosen to match) on Shakespeare characters at context ``context``, each with its own rate sweep, 3 seeds
@@ -38,7 +40,7 @@ from typing import Any
 
 import torch
 
-from attnlab.bench.attention import peak_mib
+from attnlab.bench.memory import peak_rss_mib
 from attnlab.experiments.base import (
     interleaved_seconds,
     label_axes,
@@ -93,11 +95,12 @@ def cost(s: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         if "eager" in active and probabilities_mib > s["eager_max_mib"]:
             active.discard("eager")
             out["eager"][str(T)] = {"skipped": f"probabilities alone {probabilities_mib:,.0f} MiB"}
-        for m in sorted(active):  # a step whose memory would pass the cap is never started
-            predicted = predicted_peak_mib(out[m], T)
-            if predicted > s["max_mib"]:
+        for m in sorted(active):  # a step whose memory or time would pass its cap is never started
+            mib, seconds = extrapolated(out[m], T, "peak_mib"), extrapolated(out[m], T, "seconds")
+            if mib > s["max_mib"] or seconds > s["max_step_s"]:
                 active.discard(m)
-                out[m][str(T)] = {"skipped": f"predicted peak {predicted:,.0f} MiB over the {s['max_mib']:,} MiB cap"}
+                out[m][str(T)] = {"skipped": f"predicted {mib:,.0f} MiB (cap {s['max_mib']:,}), "
+                                             f"{seconds:,.1f} s a step (cap {s['max_step_s']:g})"}
         if not active:
             break
         models = {m: probe_model(m, T) for m in sorted(active)}
@@ -112,10 +115,12 @@ def cost(s: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
-def predicted_peak_mib(measured: dict[str, dict[str, Any]], T: int) -> float:
-    """The peak at length T extrapolated from the last two measured lengths on a log-log line (slope at least 1,
-    at most 2); from one length, quadratic growth is assumed (the worst case of attention); 0 with none."""
-    points = sorted((int(n), v["peak_mib"]) for n, v in measured.items() if v.get("peak_mib"))
+def extrapolated(measured: dict[str, dict[str, Any]], T: int, key: str) -> float:
+    """``key`` (peak_mib, or the median of seconds) at length T, extrapolated from the last two measured lengths
+    on a log-log line (slope at least 1, at most 2); from one length, quadratic growth is assumed (the worst case
+    of attention); 0 with none."""
+    points = sorted((int(n), statistics.median(v[key]) if isinstance(v[key], list) else v[key])
+                    for n, v in measured.items() if v.get(key))
     if not points:
         return 0.0
     (t1, m1), (t2, m2) = (points[-2], points[-1]) if len(points) > 1 else ((points[-1][0] / 2, points[-1][1] / 4),
@@ -135,7 +140,7 @@ def _measure(models: dict[str, GPT], x: torch.Tensor, reps: int, rng: random.Ran
     peaks = {}
     for m, model in models.items():
         _step(model, x)
-        peaks[m] = peak_mib(lambda model=model: _step(model, x))
+        peaks[m] = peak_rss_mib(lambda model=model: _step(model, x))
     seconds = interleaved_seconds({m: (lambda model=model: _step(model, x)) for m, model in models.items()}, reps, rng)
     return {m: {"peak_mib": peaks[m], "seconds": seconds[m]} for m in models}
 
@@ -198,7 +203,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
     s = QUICK if quick else FULL
     start = SLOPE_FROM["quick" if quick else "full"]
-    measured = cost(s)
+    measured, threads = cost(s), torch.get_num_threads()
     fitted = {m: {k: slopes(measured[m], k, start) for k in ("seconds", "peak_mib")} for m in MIXERS}
     data, _ = char_data(s["context"])
     widths = {"attention": s["d_model"], "ssm": matched_ssm_width(s)}
@@ -215,11 +220,11 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
                 slope_rule("eager memory quadratic", "eager", "peak_mib", fitted["eager"]["peak_mib"], above=True),
                 {**loss_rule.decide(arms), "part": "loss within 2% at equal parameters"}]
     verdict = verdict_of(outcomes)
-    results = {"settings": s, "slope_from": start, "cost": measured, "slopes": fitted, "widths": widths,
-               "arms": arms, "outcomes": outcomes}
+    results = {"settings": s, "slope_from": start, "cost": measured, "cost_threads": threads, "slopes": fitted,
+               "widths": widths, "arms": arms, "outcomes": outcomes}
     _plot(measured, out)
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, start, measured, fitted, widths, arms,
-                                                                     outcomes, protocol), started, quick,
+                                                                     outcomes, protocol, threads), started, quick,
                          protocol=protocol.as_dict())
 
 
@@ -230,7 +235,7 @@ def _rules_text() -> list[str]:
             "(Welch 95% interval)"]
 
 
-def _report(s, start, measured, fitted, widths, arms, outcomes, protocol) -> str:
+def _report(s, start, measured, fitted, widths, arms, outcomes, protocol, threads) -> str:
     lengths = [T for T in s["lengths"] if any(str(T) in measured[m] for m in MIXERS)]
 
     def cell(m: str, T: int) -> str:
@@ -251,10 +256,12 @@ def _report(s, start, measured, fitted, widths, arms, outcomes, protocol) -> str
     a, ss = arms["attention"], arms["ssm"]
     return f"""**Verdict rule, fixed before the run.** {'; '.join(_rules_text())}. All five parts must hold.
 
-**Part 1, cost.** One forward + backward of a 1-layer GPT (d_model 64, 4 heads, FFN 4d, no positions, batch 1, one
-thread), median of {s['reps']} interleaved repeats; peak MiB allocated by torch during one step. A mixer stops after a
-step over {s['max_step_s']:g} s; eager stops where its probabilities alone pass {s['eager_max_mib']:,} MiB, and any
-mixer where its peak, extrapolated from the two lengths before, would pass {s['max_mib']:,} MiB.
+**Part 1, cost.** One forward + backward of a 1-layer GPT (d_model 64, 4 heads, FFN 4d, no positions, batch 1,
+{threads} torch thread{'s' if threads > 1 else ''}), median of {s['reps']} interleaved repeats; peak: the resident
+MiB one step adds (the kernel's high-water mark, `bench.memory`). A mixer stops after a step over
+{s['max_step_s']:g} s; eager stops where its probabilities alone pass {s['eager_max_mib']:,} MiB, and any mixer
+where its step time or peak, extrapolated from the two lengths before, would pass {s['max_step_s']:g} s or
+{s['max_mib']:,} MiB.
 
 | T | {' | '.join(MIXERS)} |
 |---|{'---|' * len(MIXERS)}
@@ -277,7 +284,7 @@ batch {s['batch']}, {s['steps']} steps, AdamW with warmup and cosine; attention 
 {outcome_lines(outcomes)}
 
 **Regime.** The lecture's claim is about contexts beyond 16k tokens on accelerators, where Mamba's fused scan
-keeps its state in SRAM (Gu & Dao 2023); here one CPU thread, a Python loop over chunks, and attention through
+keeps its state in SRAM (Gu & Dao 2023); here a 2-core CPU, a Python loop over chunks, and attention through
 PyTorch's CPU kernels. The loss comparison is one small character-level model at T = {s['context']}, not
 the paper's language-modelling sweep. Plot: `cost.png`."""
 
@@ -292,7 +299,7 @@ def _plot(measured: dict[str, dict[str, Any]], out: Path) -> None:
         axes[0].plot([T for T, _ in pts], [statistics.median(v["seconds"]) for _, v in pts], "o-", label=m)
         mem = [(T, v["peak_mib"]) for T, v in pts if v.get("peak_mib")]
         axes[1].plot([T for T, _ in mem], [v for _, v in mem], "o-", label=m)
-    for ax, ylabel in zip(axes, ("seconds per forward + backward", "peak MiB allocated")):
+    for ax, ylabel in zip(axes, ("seconds per forward + backward", "peak resident MiB added")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         label_axes(ax, "context length T", ylabel, legend=8)

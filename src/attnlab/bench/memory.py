@@ -1,0 +1,63 @@
+"""Peak resident memory of one call, measured by the kernel: what a step really costs the machine.
+
+    peak = VmHWM(after the call) - VmRSS(before it)
+
+``VmHWM`` is the process's high-water mark of resident memory (``/proc/self/status``); writing ``5`` to
+``/proc/self/clear_refs`` resets it to the current resident size (Linux 4.0+), so the mark afterwards is the
+largest resident size reached *during* the call. Before the reset, ``malloc_trim(0)`` hands glibc's free
+heap back to the system, so memory freed by an earlier call cannot be reused unseen by this one.
+
+Why not the profiler (``bench.attention.peak_mib``)? It keeps a record of every allocation and free, and
+its own records grow with the number of operations: attnlab's tiled attention runs (T / 64)^2 tiles of a
+few small operations each, so at T = 32k the profiler's bookkeeping alone passed 24 GB and the process
+was killed, while the kernel's tensors needed ~0.2 GB. The kernel's high-water mark costs nothing per
+operation, and it also counts what the profiler cannot see (the allocator's slack, buffers outside
+torch's allocator).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Callable
+from pathlib import Path
+
+STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
+def _status_mib(key: str) -> float:
+    for line in STATUS.read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024  # the kernel reports kB
+    raise KeyError(key)
+
+
+def _trim() -> None:
+    name = ctypes.util.find_library("c")
+    if name:
+        libc = ctypes.CDLL(name)
+        if hasattr(libc, "malloc_trim"):  # glibc only
+            libc.malloc_trim(0)
+
+
+def available() -> bool:
+    """Whether this system can reset and read the resident high-water mark (Linux with /proc)."""
+    try:
+        CLEAR_REFS.write_text("5")
+        _status_mib("VmHWM")
+    except (OSError, KeyError):
+        return False
+    return True
+
+
+def peak_rss_mib(call: Callable[[], object]) -> float | None:
+    """MiB of resident memory that ``call()`` added at its peak, above what was resident before it; None where
+    the high-water mark cannot be reset (not Linux, or /proc not writable)."""
+    _trim()
+    try:
+        CLEAR_REFS.write_text("5")  # VmHWM := VmRSS
+        before = _status_mib("VmRSS")
+    except (OSError, KeyError):
+        return None
+    call()
+    return max(0.0, _status_mib("VmHWM") - before)
