@@ -43,7 +43,10 @@ CLAIM = ("At equal compute per token a mixture of experts (top-1 routing, 4 to 1
 ARMS = {"dense": dict(ffn=4), "dense-wide": dict(ffn=16), "moe-4-top1": dict(ffn=4, experts=4, top_k=1),
         "moe-8-top1": dict(ffn=4, experts=8, top_k=1), "moe-16-top1": dict(ffn=4, experts=16, top_k=1),
         "moe-8-top2": dict(ffn=4, experts=8, top_k=2)}
-FULL = dict(n_layer=3, d_model=96, context=64, batch=32, steps=3000, eval_every=250, lrs=[1e-3, 3e-3],
+# Sized for the 2-core CPU's 45-minute limit with --workers 2 (measured: one step of all six arms together costs
+# ~0.62 s on one core at d_model 64, ~0.92 s at 96; 3000 steps at 96 would take ~2.5 h): 1500 steps of 32 x 64
+# characters, 3.1M per arm, ~3.4 epochs of the training split.
+FULL = dict(n_layer=3, d_model=64, context=64, batch=32, steps=1500, eval_every=250, lrs=[1e-3, 3e-3],
             time_rounds=7)
 QUICK = dict(n_layer=1, d_model=32, context=32, batch=8, steps=40, eval_every=20, lrs=[3e-3], time_rounds=2)
 RULES = [Difference(arm, "dense", "test_loss", higher_is_better=False)
