@@ -129,7 +129,8 @@ def memory(fn: Attention, q, k, v, grad) -> tuple[float | None, float]:
 def peak_mib(step: Callable[[], object]) -> float | None:
     """Peak MiB that torch allocates on the CPU while ``step()`` runs, above what was live before: the running
     sum of the profiler's individual allocation / free records in time order (None where this torch's profiler
-    does not expose them)."""
+    does not expose them). The profiler's own records grow with the number of operations, (T / block)^2 tiles
+    for the tiled kernel: past T ~ 8k use ``bench.memory.peak_rss_mib``, which costs nothing per operation."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
