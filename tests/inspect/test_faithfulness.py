@@ -11,7 +11,6 @@ import json
 import pytest
 import torch
 
-from attnlab.experiments.faithfulness import decide
 from attnlab.inspect.faithfulness import METHODS, attribute, curves, for_token_classifier, for_vit
 from attnlab.models import BertConfig, ViTConfig, build_model
 from tests.helpers import train_tiny_run
@@ -136,18 +135,3 @@ def test_inspect_faithfulness_on_a_gpt_run(tmp_path, capsys):
         assert main(["inspect", str(run), "--text", "the", "--faithfulness", target, *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1
-
-
-def summary(att: tuple[float, float], other: tuple[float, float], n_seeds: int = 3) -> dict:
-    row = {"deletion": {"mean": 0.5, "sd": 0.0}}
-    t = {m: row for m in METHODS}
-    t = {**t, "attention": {"deletion": {"mean": att[0], "sd": att[1]}},
-         "occlusion": {"deletion": {"mean": other[0], "sd": other[1]}}}
-    return {"methods": t, "n_seeds": n_seeds}
-
-
-def test_the_verdict_rule():
-    assert decide(summary((0.30, 0.01), (0.20, 0.02)))["verdict"] == "attention less faithful"
-    assert decide(summary((0.10, 0.01), (0.20, 0.02)))["verdict"] == "attention as faithful or more"
-    assert decide(summary((0.30, 0.06), (0.20, 0.02)))["verdict"] == "not decidable"  # gap 0.10 < 2 x 0.06
-    assert decide(summary((0.30, 0.0), (0.20, 0.0), n_seeds=1))["verdict"].startswith("not decidable")

@@ -2,7 +2,7 @@
 its decision depends on, and do they explain the model rather than the image?
 
 Images with a known decisive region: a 16x16 canvas holds one 8x8 scikit-learn digit in a random quadrant and
-faint noise elsewhere; the class is the digit (``experiments.faithfulness.placed_digits``), so the decisive
+faint noise elsewhere; the class is the digit (``experiments.placed_digits``), so the decisive
 region is the digit's 4 patches of 16 (4x4 patches; chance of pointing into it: 0.25). A ViT (4 layers,
 [CLS] pooling) is trained per seed. Each explanation gives a score per patch (``inspect.faithfulness``):
 [CLS] attention of the last layer, attention rollout (Abnar & Zuidema 2020), gradient x input, integrated
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
-from attnlab.experiments.faithfulness import quadrant_patches, train_vit
+from attnlab.experiments.placed_digits import accuracy, placed_splits, quadrant_patches, train_placed_vit
 from attnlab.experiments.study import Protocol, Threshold, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.inspect.faithfulness import attribute, for_vit
 
@@ -72,7 +72,10 @@ def maps(model: torch.nn.Module, image: torch.Tensor, target: int, ig_steps: int
 
 def seed_run(seed: int, s: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Train one ViT; every method's pointing, AUC, and agreement with a randomised ViT's maps."""
-    model, x_test, y_test, q_test, acc = train_vit(seed, s["steps"], log=lambda line: None)
+    data = placed_splits(seed, {"train": 1400, "test": 397})
+    model = train_placed_vit(seed, 2e-3, s["steps"], *data["train"][:2])
+    x_test, y_test, q_test = data["test"]
+    acc = accuracy(model, x_test, y_test)
     torch.manual_seed(10_000 + seed)  # the randomised model: the same architecture, fresh weights
     random_model = type(model)(model.config).eval()
     per = {m: {"pointing": [], "auc": [], "rank_corr_random": [], "pointing_random": []} for m in METHODS}

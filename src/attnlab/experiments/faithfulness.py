@@ -31,11 +31,10 @@ from typing import Any
 
 import torch
 
-from attnlab.core.extras import require
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.placed_digits import accuracy, placed_splits, placed_vit, quadrant_patches, train_placed_vit
 from attnlab.experiments.study import Difference, Protocol, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.inspect.faithfulness import METHODS, faithfulness, for_token_classifier, for_vit
-from attnlab.training.loop import fit
 
 NAME = "faithfulness"
 CLAIM = ("Attention weights are not the most faithful explanation: on a ViT (a digit placed in one quadrant) and "
@@ -44,6 +43,7 @@ CLAIM = ("Attention weights are not the most faithful explanation: on a ViT (a d
 ATTENTION = ("attention", "rollout")
 OTHERS = ("gradient_x_input", "integrated_gradients", "occlusion", "lime", "kernel_shap")
 SEEDS, CONFIRM = [0, 1, 2], [3]
+SPLITS = {"train": 1300, "val": 200, "test": 297}  # placed digits, per seed
 RULES = ["In each setting, the gradient- or perturbation-based method with the lowest mean deletion AUC on the "
          "validation inputs beats the better (on the validation inputs) of attention and rollout on the test "
          "inputs' deletion AUC (lower is better): held if the 95% Welch interval of the difference over seeds 0-2 "
@@ -61,73 +61,21 @@ SETTINGS = {
 # --------------------------------------------------------------------------- setting 1: ViT
 
 
-def placed_digits(indices: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(n, 1, 16, 16) normalised canvases of the given scikit-learn digits, their labels, their quadrants."""
-    require("sklearn", "the faithfulness experiment (scikit-learn's digits)")
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    g = torch.Generator().manual_seed(seed)
-    digits = torch.tensor(d.images, dtype=torch.float32)[indices] / 16.0  # (n, 8, 8) in [0, 1]
-    n = len(indices)
-    canvas = 0.25 * torch.rand(n, 16, 16, generator=g)  # faint noise everywhere
-    quadrant = torch.randint(0, 4, (n,), generator=g)
-    for i in range(n):
-        r, c = divmod(int(quadrant[i]), 2)
-        canvas[i, 8 * r:8 * r + 8, 8 * c:8 * c + 8] = digits[i]
-    return ((canvas - 0.5) / 0.5)[:, None], torch.tensor(d.target)[indices], quadrant
-
-
-def quadrant_patches(q: int) -> set[int]:
-    """The 4 patches (of the 4x4 grid, row-major) of quadrant q (0 top-left .. 3 bottom-right)."""
-    r, c = divmod(q, 2)
-    return {(2 * r + i) * 4 + 2 * c + j for i in range(2) for j in range(2)}
-
-
-def vit_splits(seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """train / val / test canvases (images, labels, quadrants) of one seed: one split of the 1,797 digits for
-    every seed (1,300 / 200 / 297), each seed placing them afresh."""
-    perm = torch.randperm(1797, generator=torch.Generator().manual_seed(1234))
-    parts = {"train": perm[:1300], "val": perm[1300:1500], "test": perm[1500:]}
-    return {k: placed_digits(idx, seed=seed + 10_000 * i) for i, (k, idx) in enumerate(parts.items())}
-
-
-def vit_model():
-    """The ViT of the ViT setting: 16x16 canvas, 4x4 patches, 4 layers, [CLS] pooling."""
-    from attnlab.models import ViTConfig, build_model
-
-    return build_model(ViTConfig(image_size=16, patch_size=4, in_channels=1, n_classes=10, n_layer=4, n_head=4,
-                                 d_model=64, d_ff=128, pooling="cls"))
-
-
 def train_vit(seed: int, lr: float, s: dict[str, Any]) -> dict[str, Any]:
     """Train the ViT of one (seed, rate) on its placed digits; validation and test accuracy, and its weights."""
-    data = vit_splits(seed)
-    x_train, y_train, _ = data["train"]
-    torch.manual_seed(seed)
-    model = vit_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
-    gen, steps = torch.Generator().manual_seed(seed), s["vit_steps"]
-
-    def batch(step: int):
-        i = torch.randint(0, len(x_train), (64,), generator=gen)
-        return {"images": x_train[i], "labels": y_train[i]}
-
-    fit(model, optimizer, batch, lambda b: model(**b), steps, grad_clip=1.0,
-        lr=lambda step: lr * min(1.0, (step + 1) / 100) * (0.05 + 0.95 * (1 - step / steps)))
-    model.eval()
-    with torch.no_grad():
-        acc = {k: (model(data[k][0]).logits.argmax(-1) == data[k][1]).float().mean().item() for k in ("val", "test")}
-    return {"val_accuracy": acc["val"], "test_accuracy": acc["test"], "state": model.state_dict()}
+    data = placed_splits(seed, SPLITS)
+    model = train_placed_vit(seed, lr, s["vit_steps"], *data["train"][:2])
+    return {"val_accuracy": accuracy(model, *data["val"][:2]), "test_accuracy": accuracy(model, *data["test"][:2]),
+            "state": model.state_dict()}
 
 
 def vit_scores(seed: int, state: dict[str, torch.Tensor], s: dict[str, Any]) -> dict[str, float]:
     """Every method's mean deletion / insertion AUC and in-region share on the first ``vit_val`` validation and
     ``vit_test`` test canvases of one seed's trained ViT."""
-    model = vit_model()
+    model = placed_vit()
     model.load_state_dict(state)
     model.eval()
-    data = vit_splits(seed)
+    data = placed_splits(seed, SPLITS)
     out: dict[str, float] = {}
     for split, n, tag in (("val", s["vit_val"], "val_"), ("test", s["vit_test"], "")):
         x, _, quadrant = data[split]
