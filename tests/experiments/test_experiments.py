@@ -192,6 +192,16 @@ def test_ssm_vs_attention(tmp_path):
         pytest.approx(3600.0)
     seconds = {"1024": {"seconds": [1.0, 9.0, 2.0]}, "2048": {"seconds": [3.0, 4.0, 5.0]}}  # medians 2, 4
     assert sva.extrapolated(seconds, 8192, "seconds") == pytest.approx(16.0)
+    # times have repeats (bootstrap); peaks are measured once per length (the fit's t interval, never zero-width)
+    fitted = [f for kinds in r["slopes"].values() for f in kinds.values() if f is not None]
+    assert {f["interval_method"] for f in fitted} == {"bootstrap over repeats", "t interval of the least-squares fit"}
+    assert all(f["interval"][0] < f["slope"] < f["interval"][1] for f in fitted
+               if f["interval_method"].startswith("t interval"))
+    # re-analysis from the raw measurements alone gives the same outcomes, and says that it was done
+    again = sva.reanalyse(tmp_path, "a test")
+    assert again["results"]["outcomes"] == r["outcomes"]
+    assert again["wall_time_s"] == pytest.approx(record["wall_time_s"], abs=1.0)
+    assert "**Re-analysed** from this run's raw measurements: a test" in (tmp_path / "report.md").read_text()
     # the peak is real memory: eager attention's step holds at least its (4, T, T) float32 probabilities
     T, cell = max((int(T), v) for T, v in r["cost"]["eager"].items() if "seconds" in v)
     assert cell["peak_mib"] >= 4 * T * T * 4 / 2**20

@@ -105,6 +105,22 @@ def slope_interval(times: dict[str, list[float]], n_boot: int = 2000) -> tuple[f
     return slope, boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot) - 1]
 
 
+def ols_slope_interval(xs: list[float], ys: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Least-squares slope of log y against log x and its t interval from the residuals (n - 2 degrees of
+    freedom): the interval for one measurement per x, where there are no repeats to resample."""
+    import math
+
+    from scipy.stats import t
+
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    n, mx, my = len(lx), sum(lx) / len(lx), sum(ly) / len(ly)
+    sxx = sum((a - mx) ** 2 for a in lx)
+    slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sxx
+    residual = sum((b - my - slope * (a - mx)) ** 2 for a, b in zip(lx, ly)) / (n - 2)
+    half = float(t.ppf((1 + level) / 2, n - 2)) * math.sqrt(residual / sxx)
+    return slope, slope - half, slope + half
+
+
 def interleaved_seconds(steps: dict[Any, Any], rounds: int, rng: Any, per_round: int = 1) -> dict[Any, list[float]]:
     """Seconds per call of each of ``steps`` (key -> a callable of no arguments): ``rounds`` rounds, each running
     every step ``per_round`` times in a freshly shuffled order (``rng.shuffle``), so machine load and drift land

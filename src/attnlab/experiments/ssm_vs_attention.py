@@ -12,7 +12,8 @@ two lengths before, would pass ``max_step_s`` or ``max_mib``. Peak memory: the r
 its peak, read from the kernel's high-water mark (bench.memory.peak_rss_mib). Two earlier full runs were killed
 for memory at 24 GB: they measured the peak with the profiler's allocation records, which grow with the number
 of operations, and the tiled kernel's (T/64)^2 tiles made the profiler's own bookkeeping quadratic in T. Slopes
-of log time and log memory against log T over T >= 2k, with bootstrap 95% intervals (repeats resampled).
+of log time and log memory against log T over T >= 2k, with 95% intervals: for times the bootstrap over the
+repeats, for peaks (one measurement per length) the t interval of the least-squares fit.
 
 Part 2, loss (trained). An attention GPT and an SSM GPT of (nearly) equal parameters (the SSM's width is
 chosen to match) on Shakespeare characters at context ``context``, each with its own rate sweep, 3 seeds
@@ -31,6 +32,7 @@ Verdict rule, fixed before the run (95% intervals):
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -44,6 +46,7 @@ from attnlab.bench.memory import peak_rss_mib
 from attnlab.experiments.base import (
     interleaved_seconds,
     label_axes,
+    ols_slope_interval,
     pyplot,
     save_figure,
     slope_interval,
@@ -151,13 +154,19 @@ def slopes(measured: dict[str, dict[str, Any]], key: str, start: int) -> dict[st
     if len(points) < 3:
         return None
     values = {T: (v[key] if isinstance(v[key], list) else [v[key]]) for T, v in points.items()}
-    slope, low, high = slope_interval(values)
-    return {"slope": slope, "interval": [low, high], "lengths": sorted(map(int, points))}
+    if all(len(v) > 1 for v in values.values()):  # repeats: resample them
+        slope, low, high = slope_interval(values)
+        method = "bootstrap over repeats"
+    else:  # one measurement per length (the peak): the fit's own t interval over the lengths
+        lengths = sorted(values, key=int)
+        slope, low, high = ols_slope_interval([int(T) for T in lengths], [values[T][0] for T in lengths])
+        method = "t interval of the least-squares fit"
+    return {"slope": slope, "interval": [low, high], "lengths": sorted(map(int, points)), "interval_method": method}
 
 
 def slope_rule(name: str, mixer: str, key: str, fitted: dict[str, Any] | None, above: bool) -> dict[str, Any]:
     """"the slope of ``mixer``'s ``key`` is above (or below) 1.5", decided on its interval."""
-    rule = f"{mixer}'s {key} slope against T is {'above' if above else 'below'} 1.5 by its bootstrap 95% interval"
+    rule = f"{mixer}'s {key} slope against T is {'above' if above else 'below'} 1.5 by its 95% interval"
     if fitted is None:
         return {"rule": rule, "part": name, "verdict": UNDECIDED, "note": "fewer than 3 lengths measured"}
     low, high = fitted["interval"]
@@ -202,9 +211,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     """Run both parts (quick: short lengths, a tiny model, 30 steps); writes results.json, report.md, cost.png."""
     started = time.perf_counter()
     s = QUICK if quick else FULL
-    start = SLOPE_FROM["quick" if quick else "full"]
     measured, threads = cost(s), torch.get_num_threads()
-    fitted = {m: {k: slopes(measured[m], k, start) for k in ("seconds", "peak_mib")} for m in MIXERS}
     data, _ = char_data(s["context"])
     widths = {"attention": s["d_model"], "ssm": matched_ssm_width(s)}
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "context")},
@@ -212,6 +219,26 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
                         select_on="val_loss", higher_is_better=False, confirm_seeds=[3])
     arms = run_arms({m: (lambda seed, lr, m=m: train_lm(m, s, widths[m], data, seed, lr)) for m in widths},
                     protocol, log=lambda line: None)
+    raw = {"settings": s, "slope_from": SLOPE_FROM["quick" if quick else "full"], "cost": measured,
+           "cost_threads": threads, "widths": widths, "arms": arms}
+    return _conclude(out, raw, protocol, started, quick)
+
+
+def reanalyse(out: Path, note: str) -> dict[str, Any]:
+    """Recompute the slopes, their intervals and the verdict from the raw measurements of a finished run in
+    ``out/results.json`` (nothing is measured or trained again) with the current rule; rewrite its results.json,
+    report.md and cost.png (its wall time grows by the seconds the re-analysis takes), with ``note`` (why) in both."""
+    record = json.loads((out / "results.json").read_text())
+    raw = {k: record["results"][k] for k in ("settings", "slope_from", "cost", "cost_threads", "widths", "arms")}
+    protocol = Protocol(**{**record["protocol"], "verdict_rule": _rules_text()})
+    return _conclude(out, {**raw, "reanalysed": note}, protocol, time.perf_counter() - record["wall_time_s"],
+                     record["quick"])
+
+
+def _conclude(out: Path, raw: dict[str, Any], protocol: Protocol, started: float, quick: bool) -> dict[str, Any]:
+    """Slopes, intervals, the five rule outcomes and the verdict from the raw measurements; writes the outputs."""
+    s, start, measured, arms = raw["settings"], raw["slope_from"], raw["cost"], raw["arms"]
+    fitted = {m: {k: slopes(measured[m], k, start) for k in ("seconds", "peak_mib")} for m in MIXERS}
     loss_rule = Difference("ssm", "attention", "test_loss", higher_is_better=False,
                            margin=-0.02 * arms["attention"]["test_loss"]["mean"])
     outcomes = [slope_rule("SSM time linear", "ssm", "seconds", fitted["ssm"]["seconds"], above=False),
@@ -219,19 +246,20 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
                 slope_rule("SSM memory linear", "ssm", "peak_mib", fitted["ssm"]["peak_mib"], above=False),
                 slope_rule("eager memory quadratic", "eager", "peak_mib", fitted["eager"]["peak_mib"], above=True),
                 {**loss_rule.decide(arms), "part": "loss within 2% at equal parameters"}]
-    verdict = verdict_of(outcomes)
-    results = {"settings": s, "slope_from": start, "cost": measured, "cost_threads": threads, "slopes": fitted,
-               "widths": widths, "arms": arms, "outcomes": outcomes}
+    results = {**raw, "slopes": fitted, "outcomes": outcomes}
     _plot(measured, out)
-    return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, start, measured, fitted, widths, arms,
-                                                                     outcomes, protocol, threads), started, quick,
+    report = _report(s, start, measured, fitted, raw["widths"], arms, outcomes, protocol, raw["cost_threads"])
+    if raw.get("reanalysed"):
+        report += f"\n\n**Re-analysed** from this run's raw measurements: {raw['reanalysed']}"
+    return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, report, started, quick,
                          protocol=protocol.as_dict())
 
 
 def _rules_text() -> list[str]:
     return ["the SSM's time slope against T below 1.5", "SDPA attention's time slope above 1.5",
-            "the SSM's memory slope below 1.5", "eager attention's memory slope above 1.5 (each by its bootstrap 95% "
-            "interval, over T >= 2k)", "the SSM's test loss at most 2% above attention's at equal parameters "
+            "the SSM's memory slope below 1.5", "eager attention's memory slope above 1.5 (each by its 95% interval "
+            "over T >= 2k: times by the bootstrap over repeats, peaks, measured once per length, by the t interval "
+            "of the least-squares fit)", "the SSM's test loss at most 2% above attention's at equal parameters "
             "(Welch 95% interval)"]
 
 
@@ -267,7 +295,7 @@ where its step time or peak, extrapolated from the two lengths before, would pas
 |---|{'---|' * len(MIXERS)}
 {rows}
 
-Log-log slopes over T >= {start:,} (bootstrap 95% intervals):
+Log-log slopes over T >= {start:,} (95% intervals: times, bootstrap over repeats; peaks, t interval of the fit):
 
 | mixer | time | memory |
 |---|---|---|
@@ -279,7 +307,7 @@ batch {s['batch']}, {s['steps']} steps, AdamW with warmup and cosine; attention 
 {widths['ssm']}, {int(ss['params']['mean']):,} parameters); rates {s['lrs']} per arm on validation; held-out seed
 {protocol.confirm_seeds[0]}. Test loss: attention {fmt(a['test_loss'], 4)} (lr {a['lr']:g}; held-out
 {a['confirmation']['test_loss']['values'][0]:.4f}), SSM {fmt(ss['test_loss'], 4)} (lr {ss['lr']:g}; held-out
-{ss['confirmation']['test_loss']['values'][0]:.4f}).
+{ss['confirmation']['test_loss']['values'][0]:.4f}).{_edge_note(arms, s['lrs'])}
 
 {outcome_lines(outcomes)}
 
@@ -287,6 +315,13 @@ batch {s['batch']}, {s['steps']} steps, AdamW with warmup and cosine; attention 
 keeps its state in SRAM (Gu & Dao 2023); here a 2-core CPU, a Python loop over chunks, and attention through
 PyTorch's CPU kernels. The loss comparison is one small character-level model at T = {s['context']}, not
 the paper's language-modelling sweep. Plot: `cost.png`."""
+
+
+def _edge_note(arms: dict[str, Any], rates: list[float]) -> str:
+    """A sentence naming the arms whose chosen rate is the largest of the sweep (their best may lie above it)."""
+    edge = [arm for arm, a in arms.items() if len(rates) > 1 and a["lr"] == max(rates)]
+    return (f" The largest rate of the sweep won for {' and '.join(edge)}: a larger one might do better, so "
+            f"{'those losses are' if len(edge) > 1 else 'that loss is'} an upper bound." if edge else "")
 
 
 def _plot(measured: dict[str, dict[str, Any]], out: Path) -> None:
