@@ -63,14 +63,15 @@ def test_sqrt_dk(tmp_path):
 
 def test_permutation(tmp_path):
     record, r = run_quick_experiment("permutation", tmp_path)
+    verdicts_follow_their_intervals(record, r)
     eq = r["equivariance_relative_error"]
     assert max(eq["attention_layer"].values()) < 1e-5 and max(eq["encoder_stack"].values()) < 1e-5
     assert eq["encoder_by_positions"]["none"] < 1e-5
     assert all(eq["encoder_by_positions"][s] > 1e-3 for s in ("sinusoidal", "learned", "rope", "alibi"))
-    # a mean-pooled encoder without positions is permutation-invariant: chance on the sorted task
-    assert abs(r["sorted_task"]["none"]["val_accuracy"] - 0.5) < 0.05
-    assert record["claim_held"] == (all(v for k, v in r["checks"].items() if k != "solved_with_positions")
-                                    and all(r["checks"]["solved_with_positions"].values()))
+    # a mean-pooled encoder without positions is permutation-invariant: chance on the sorted task, every seed
+    none = r["arms"]["none"]
+    assert none["test_accuracy"]["n"] == 3 and all(abs(a - 0.5) < 0.05 for a in none["test_accuracy"]["values"])
+    assert [o["verdict"] for o in r["outcomes"][:4]] == ["held"] * 4  # exact parts, and none's band [0.45, 0.55]
 
 
 def test_flash_memory(tmp_path):

@@ -17,6 +17,7 @@ over positions is invariant: it sees a *bag* of tokens. Three measurements:
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.study import HELD, NOT_HELD, Protocol, Threshold, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.attention import BACKENDS, MultiHeadAttention
 from attnlab.training.loop import fit
@@ -35,6 +37,10 @@ CLAIM = ("Attention without positions is permutation-equivariant (error ~1e-7 af
          "backend); sinusoidal, learned, RoPE and ALiBi positions each break it; 'is this sequence sorted?' is "
          "unsolvable (chance) without positions and solved with them.")
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
+FULL = dict(schemes=SCHEMES, steps=600, batch=128, lrs=[1e-3, 3e-3], n_eval=4000)
+QUICK = dict(schemes=("none", "rope"), steps=100, batch=128, lrs=[2e-3], n_eval=2000)
+EXACT, BROKEN = 1e-5, 1e-3  # equivariant to rounding / broken by positions (relative error)
+CHANCE, SOLVED = (0.45, 0.55), 0.9  # "at chance" band and "solved" bound of the sorted task's test accuracy
 
 
 def relative_error(a: Tensor, b: Tensor) -> float:
@@ -79,43 +85,67 @@ def sorted_batch(batch: int, T: int, vocab: int, generator: torch.Generator) -> 
     return x, label
 
 
-def train_sorted(scheme: str, steps: int, T: int = 8, vocab: int = 10, seed: int = 0) -> dict[str, Any]:
-    """Train a 2-layer encoder with positions ``scheme`` to sort ``T`` tokens; its final accuracy and loss curve."""
+def train_sorted(scheme: str, steps: int, lr: float = 2e-3, seed: int = 0, T: int = 8, vocab: int = 10,
+                 batch: int = 128, n_eval: int = 4000) -> dict[str, Any]:
+    """Train a 2-layer encoder with positions ``scheme`` to tell sorted from shuffled ``T``-token sequences: its
+    accuracy on a validation and a test set of ``n_eval`` fresh sequences each, and its loss curve."""
     torch.manual_seed(seed)
     model = TinyEncoder(vocab, 2, d_model=64, n_layer=2, n_head=4, positions=scheme, max_len=T)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed + 1)
-    curve = fit(model, opt, lambda step: sorted_batch(128, T, vocab, g),
+    curve = fit(model, opt, lambda step: sorted_batch(batch, T, vocab, g),
                 lambda b: F.cross_entropy(model(b[0]), b[1]), steps).losses  # b = (x, y)
-    x, y = sorted_batch(4000, T, vocab, torch.Generator().manual_seed(999))
-    with torch.no_grad():
-        acc = (model(x).argmax(-1) == y).float().mean().item()
-    return {"val_accuracy": acc, "final_train_loss": sum(curve[-20:]) / len(curve[-20:]), "curve": curve}
+    accuracy = {}
+    for split, data_seed in (("val", 998), ("test", 999)):  # the same sets for every run
+        x, y = sorted_batch(n_eval, T, vocab, torch.Generator().manual_seed(data_seed))
+        with torch.no_grad():
+            accuracy[split] = (model(x).argmax(-1) == y).float().mean().item()
+    return {"val_accuracy": accuracy["val"], "test_accuracy": accuracy["test"],
+            "final_train_loss": sum(curve[-20:]) / len(curve[-20:]), "curve": curve}
+
+
+def measured(rule: str, value: float, held: bool) -> dict[str, Any]:
+    """The outcome of a rule on one exact measurement (no seeds to spread it): its value as a point interval."""
+    return {"rule": rule, "verdict": HELD if held else NOT_HELD, "mean": value, "interval": [value, value],
+            "exact": True}
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     """Run the experiment; writes results.json, report.md and the figures to ``out``."""
     started = time.perf_counter()
+    s = QUICK if quick else FULL
     eq = equivariance_errors()
-    steps = 200 if quick else 600
-    tasks = {scheme: train_sorted(scheme, steps) for scheme in SCHEMES}
-    equivariant = max(*eq["attention_layer"].values(), *eq["encoder_stack"].values()) < 1e-5
-    broken = all(eq["encoder_by_positions"][s] > 1e-3 for s in SCHEMES if s != "none") and \
-        eq["encoder_by_positions"]["none"] < 1e-5
-    chance = abs(tasks["none"]["val_accuracy"] - 0.5) < 0.05
-    solved = {s: tasks[s]["val_accuracy"] > 0.9 for s in SCHEMES if s != "none"}
-    held = equivariant and broken and chance and all(solved.values())
-    results = {"equivariance_relative_error": eq, "sorted_task": {
-        "length": 8, "vocab": 10, "steps": steps, "batch": 128,
-        "model": "2-block encoder, d_model 64, 4 heads, mean pool",
-        **{s: {k: v for k, v in t.items() if k != "curve"} for s, t in tasks.items()}},
-        "checks": {"equivariant_without_positions": equivariant, "every_scheme_breaks_it": broken,
-                   "unpositioned_at_chance": chance, "solved_with_positions": solved}}
-    _plot(eq, tasks, out)
+    trained = [Threshold("none", "test_accuracy", CHANCE[1], above=False),
+               Threshold("none", "test_accuracy", CHANCE[0], above=True),
+               *(Threshold(scheme, "test_accuracy", SOLVED) for scheme in s["schemes"] if scheme != "none")]
+    rules = [f"without positions, one attention layer and a 2-block encoder are equivariant on every backend: "
+             f"relative error below {EXACT:g} (one exact measurement, no interval)",
+             f"every positional scheme breaks it: relative error above {BROKEN:g}", *(r.describe() for r in trained)]
+    protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "n_eval")},
+                        lr_sweep={scheme: list(s["lrs"]) for scheme in s["schemes"]}, verdict_rule=rules,
+                        select_on="val_accuracy", confirm_seeds=[3])
+    record: dict[tuple[str, float, int], dict[str, Any]] = {}
+    arms = run_arms({scheme: (lambda seed, lr, scheme=scheme: train_sorted(scheme, s["steps"], lr, seed,
+                                                                           batch=s["batch"], n_eval=s["n_eval"]))
+                     for scheme in s["schemes"]}, protocol, log=lambda line: None, record=record)
+    worst = max(*eq["attention_layer"].values(), *eq["encoder_stack"].values(), eq["encoder_by_positions"]["none"])
+    weakest = min(eq["encoder_by_positions"][scheme] for scheme in SCHEMES if scheme != "none")
+    outcomes = [measured(rules[0], worst, worst < EXACT), measured(rules[1], weakest, weakest > BROKEN),
+                *(r.decide(arms) for r in trained)]
+    curves = {scheme: [statistics.fmean(c) for c in zip(*(record[(scheme, arms[scheme]["lr"], seed)]["curve"]
+                                                           for seed in protocol.seeds))] for scheme in arms}
+    results = {"settings": s, "equivariance_relative_error": eq, "arms": arms, "outcomes": outcomes}
+    _plot(eq, curves, arms, out)
     eq_rows = "\n".join(f"| {b} | {eq['attention_layer'][b]:.2e} | {eq['encoder_stack'][b]:.2e} |" for b in BACKENDS)
-    pos_rows = "\n".join(f"| {s} | {eq['encoder_by_positions'][s]:.2e} | {tasks[s]['val_accuracy']:.3f} | "
-                         f"{tasks[s]['final_train_loss']:.4f} |" for s in SCHEMES)
-    body = f"""**Setup.** Relative error ||f(P x) - P f(x)|| / ||f(x)|| for a random permutation P of T = 32 tokens,
+    pos_rows = "\n".join(
+        f"| {scheme} | {eq['encoder_by_positions'][scheme]:.2e} | "
+        + (f"{fmt(arms[scheme]['test_accuracy'])} (lr {arms[scheme]['lr']:g}) | "
+           f"{arms[scheme]['confirmation']['test_accuracy']['values'][0]:.3f} | "
+           f"{arms[scheme]['final_train_loss']['mean']:.4f} |" if scheme in arms else "not trained | | |")
+        for scheme in SCHEMES)
+    body = f"""**Verdict rule, fixed before the run.** {'; '.join(rules)}. All must hold.
+
+**Setup.** Relative error ||f(P x) - P f(x)|| / ||f(x)|| for a random permutation P of T = 32 tokens,
 B = 4, d_model = 64, 4 heads, fp32, random init (seed 0).
 
 | backend | one MultiHeadAttention layer | 2-block encoder, no positions |
@@ -124,24 +154,28 @@ B = 4, d_model = 64, 4 heads, fp32, random init (seed 0).
 
 "Is this sequence sorted?": length 8 over 10 symbols; positives are sorted multisets, negatives the same
 kind of multisets shuffled until unsorted (the bag of tokens says nothing about the label). Encoder from
-attnlab.nn TransformerBlocks (2 blocks, d_model 64, 4 heads, mean pooling), AdamW 2e-3, batch 128,
-{steps} steps, accuracy on 4000 fresh sequences (chance 0.5).
+attnlab.nn TransformerBlocks (2 blocks, d_model 64, 4 heads, mean pooling), AdamW, batch {s['batch']},
+{s['steps']} steps, each scheme's rate from {s['lrs']} chosen on validation accuracy ({s['n_eval']:,} fresh
+sequences), seeds {protocol.seeds} and held-out seed {protocol.confirm_seeds[0]}; test accuracy on another
+{s['n_eval']:,} (chance 0.5); a train loss of ln 2 = 0.693 is chance.
 
-| positions | equivariance error (encoder, init) | sorted? accuracy | final train loss (ln 2 = 0.693) |
-|---|---|---|---|
+| positions | equivariance error (encoder, init) | sorted? test accuracy | held-out seed | final train loss |
+|---|---|---|---|---|
 {pos_rows}
+
+{outcome_lines(outcomes)}
 
 **Reading.** Without positions every backend is equivariant to rounding ({max(eq['encoder_stack'].values()):.1e}
 at most for the stack), so a mean-pooled classifier is exactly permutation-invariant and cannot beat chance on
 a task whose label is the order. Every positional scheme breaks the symmetry. The bidirectional ALiBi bias
 -m|i - j| is symmetric, so it leaves the *reversal* symmetry intact (a sorted sequence and its reverse look
-alike up to direction); it still solves the task because a reversed sorted sequence is rare among the
-negatives. Checks: {results['checks']}.
-Plots: `equivariance.png`, `sorted_task.png`."""
-    return write_outputs(out, NAME, CLAIM, held, results, body, started, quick)
+alike up to direction); it can still solve the task because a reversed sorted sequence is rare among the
+negatives. Plots: `equivariance.png`, `sorted_task.png`."""
+    return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, body, started, quick,
+                         protocol=protocol.as_dict())
 
 
-def _plot(eq: dict[str, Any], tasks: dict[str, Any], out: Path) -> None:
+def _plot(eq: dict[str, Any], curves: dict[str, list[float]], arms: dict[str, Any], out: Path) -> None:
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     names = [f"{b}\n(no pos)" for b in BACKENDS] + [s for s in SCHEMES if s != "none"]
@@ -151,18 +185,18 @@ def _plot(eq: dict[str, Any], tasks: dict[str, Any], out: Path) -> None:
     ax1.set_ylabel("||f(Px) - P f(x)|| / ||f(x)||")
     ax1.set_title("equivariance error, 2-block encoder", fontsize=10)
     ax1.tick_params(axis="x", labelsize=7)
-    for s, t in tasks.items():
-        c = t["curve"]
+    for scheme, c in curves.items():
         w = max(1, len(c) // 50)
         ax2.plot([i * w for i in range(len(c) // w)], [sum(c[i * w:(i + 1) * w]) / w for i in range(len(c) // w)],
-                 label=f"{s} (acc {t['val_accuracy']:.2f})")
+                 label=f"{scheme} (test acc {arms[scheme]['test_accuracy']['mean']:.2f})")
     ax2.axhline(0.6931, color="grey", ls="--", lw=1, label="chance (ln 2)")
-    label_axes(ax2, "step", "train loss", title="'is this sequence sorted?'", legend=7)
+    label_axes(ax2, "step", "train loss, mean of 3 seeds", title="'is this sequence sorted?'", legend=7)
     save_figure(fig, out / "equivariance.png")
     fig, ax = plt.subplots(figsize=(5, 3.4))
-    ax.bar(list(tasks), [t["val_accuracy"] for t in tasks.values()], color="tab:green")
+    ax.bar(list(arms), [a["test_accuracy"]["mean"] for a in arms.values()],
+           yerr=[a["test_accuracy"]["sd"] for a in arms.values()], color="tab:green", capsize=4)
     ax.axhline(0.5, color="grey", ls="--", lw=1)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel("test accuracy (mean +- sd, 3 seeds)")
     ax.set_title("sorted? accuracy by positional scheme", fontsize=10)
     save_figure(fig, out / "sorted_task.png")

@@ -313,6 +313,9 @@ def outcome_lines(outcomes: Sequence[Mapping[str, Any]]) -> str:
     verdict."""
     lines = []
     for o in outcomes:
+        if o.get("exact"):  # one exact measurement: its value, no interval
+            lines.append(f"- {o['rule']}: measured {o['mean']:.3g}: **{o['verdict']}**")
+            continue
         stat = (f"difference {o['difference']:.3f}" if "difference" in o
                 else f"mean {o['mean']:.3f}" if "mean" in o else "")
         interval = f", 95% interval [{o['interval'][0]:.3f}, {o['interval'][1]:.3f}]" if "interval" in o else ""
