@@ -201,7 +201,7 @@ def test_ssm_vs_attention(tmp_path):
     # re-analysis from the raw measurements alone gives the same outcomes, and says that it was done
     again = sva.reanalyse(tmp_path, "a test")
     assert again["results"]["outcomes"] == r["outcomes"]
-    assert again["wall_time_s"] == pytest.approx(record["wall_time_s"], abs=1.0)
+    assert record["wall_time_s"] <= again["wall_time_s"] < record["wall_time_s"] + 60  # the run's, plus the re-analysis
     assert "**Re-analysed** from this run's raw measurements: a test" in (tmp_path / "report.md").read_text()
     # the peak is real memory: eager attention's step holds at least its (4, T, T) float32 probabilities
     T, cell = max((int(T), v) for T, v in r["cost"]["eager"].items() if "seconds" in v)
