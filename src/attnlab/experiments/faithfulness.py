@@ -180,7 +180,7 @@ def text_scores(seed: int, head: tuple[list[float], float], s: dict[str, Any], e
 # --------------------------------------------------------------------------- the study, verdict and report
 
 
-def study(setting: str, train: Any, score: Any, sweep: list[float], s: dict[str, Any], log) -> dict[str, Any]:
+def study(setting: str, train: Any, score: Any, sweep: list[float], log) -> dict[str, Any]:
     """Train one setting's model for every (seed, rate) of ``sweep`` and keep the rate with the best validation
     accuracy (experiments/study.py), then score every method on the models of that rate (seeds 0-2 and the
     held-out seed). ``train(seed, rate)`` returns val/test accuracy and what ``score(seed, trained)`` needs."""
@@ -221,11 +221,11 @@ def run(out: Path, quick: bool = False, settings: dict[str, Any] | None = None, 
     s = {**SETTINGS["quick" if quick else "full"], **(settings or {})}
     log(f"{NAME}: ViT on placed digits, rates {s['vit_lrs']}, seeds {SEEDS} + held-out {CONFIRM}")
     vit = study("vit", lambda seed, lr: train_vit(seed, lr, s),
-                lambda seed, trained: vit_scores(seed, trained["state"], s), s["vit_lrs"], s, log=lambda line: None)
+                lambda seed, trained: vit_scores(seed, trained["state"], s), s["vit_lrs"], log=lambda line: None)
     log(f"{NAME}: MiniLM subject-number head, C in {s['text_cs']}, seeds {SEEDS} + held-out {CONFIRM}")
     encoder = minilm()
     text = study("minilm", lambda seed, c: fit_head(seed, c, s, encoder),
-                 lambda seed, trained: text_scores(seed, trained["head"], s, encoder), s["text_cs"], s,
+                 lambda seed, trained: text_scores(seed, trained["head"], s, encoder), s["text_cs"],
                  log=lambda line: None)
     outcomes = [vit["outcome"], text["outcome"]]
     protocol = Protocol(seeds=SEEDS, budget={k: s[k] for k in ("vit_steps", "vit_val", "vit_test", "text_train",
