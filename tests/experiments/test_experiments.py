@@ -77,7 +77,10 @@ def test_permutation(tmp_path):
 def test_flash_memory(tmp_path):
     record, r = run_quick_experiment("flash-memory", tmp_path)
     cells = r["cells"]
-    assert record["claim_held"] == all(r["checks"].values())
+    from attnlab.experiments.study import verdict_of
+
+    assert all(o["interval"][0] <= o["mean"] <= o["interval"][1] for o in r["outcomes"])
+    assert record["verdict"] == verdict_of(r["outcomes"]) and record["protocol"]["verdict_rule"]
     for T in r["lengths"]:
         if not cells["eager"][str(T)].get("skipped"):
             # eager keeps T x T matrices: at least the (B, H, T, T) fp32 probabilities
@@ -88,7 +91,9 @@ def test_flash_memory(tmp_path):
              if not cells["eager"][str(T)].get("skipped")}
     first, last = min(ratio), max(ratio)
     assert ratio[last] / ratio[first] > 0.5 * last / first
-    assert 1.7 <= r["memory_loglog_slope"]["eager"] <= 2.3 and r["memory_loglog_slope"]["tiled"] < 1.3
+    slopes = r["memory_slopes"]
+    assert 1.7 <= slopes["eager"]["slope"] <= 2.3 and slopes["tiled"]["slope"] < 1.3
+    assert all(s["interval_method"] == "t interval of the least-squares fit" for s in slopes.values())
 
 
 def test_long_range(tmp_path):

@@ -13,6 +13,7 @@ import torch
 
 from attnlab.core.fileio import atomic_write_text
 from attnlab.core.version import __version__
+from attnlab.experiments.study import HELD, NOT_HELD, UNDECIDED
 
 VERDICT_LINES = {
     "held": "**The claim held.**",
@@ -119,6 +120,36 @@ def ols_slope_interval(xs: list[float], ys: list[float], level: float = 0.95) ->
     residual = sum((b - my - slope * (a - mx)) ** 2 for a, b in zip(lx, ly)) / (n - 2)
     half = float(t.ppf((1 + level) / 2, n - 2)) * math.sqrt(residual / sxx)
     return slope, slope - half, slope + half
+
+
+def slopes(measured: dict[str, dict[str, Any]], key: str, start: int) -> dict[str, Any] | None:
+    """Slope of log ``key`` against log T over the lengths >= ``start`` measured (``measured``: length ->
+    {key: a value or a list of repeats}), with its 95% interval: the bootstrap over repeats where every length
+    has them, else the t interval of the least-squares fit."""
+    points = {T: v for T, v in measured.items() if int(T) >= start and key in v and v[key] is not None}
+    if len(points) < 3:
+        return None
+    values = {T: (v[key] if isinstance(v[key], list) else [v[key]]) for T, v in points.items()}
+    if all(len(v) > 1 for v in values.values()):  # repeats: resample them
+        slope, low, high = slope_interval(values)
+        method = "bootstrap over repeats"
+    else:  # one measurement per length (the peak): the fit's own t interval over the lengths
+        lengths = sorted(values, key=int)
+        slope, low, high = ols_slope_interval([int(T) for T in lengths], [values[T][0] for T in lengths])
+        method = "t interval of the least-squares fit"
+    return {"slope": slope, "interval": [low, high], "lengths": sorted(map(int, points)), "interval_method": method}
+
+
+def slope_rule(name: str, mixer: str, key: str, fitted: dict[str, Any] | None, above: bool) -> dict[str, Any]:
+    """"the slope of ``mixer``'s ``key`` is above (or below) 1.5" (quadratic vs linear growth), decided on the
+    interval of ``fitted`` (from ``slopes``); not decidable with fewer than 3 lengths."""
+    rule = f"{mixer}'s {key} slope against T is {'above' if above else 'below'} 1.5 by its 95% interval"
+    if fitted is None:
+        return {"rule": rule, "part": name, "verdict": UNDECIDED, "note": "fewer than 3 lengths measured"}
+    low, high = fitted["interval"]
+    beyond, short = (low > 1.5, high < 1.5) if above else (high < 1.5, low > 1.5)
+    return {"rule": rule, "part": name, "verdict": HELD if beyond else NOT_HELD if short else UNDECIDED,
+            "mean": fitted["slope"], "interval": fitted["interval"]}
 
 
 def interleaved_seconds(steps: dict[Any, Any], rounds: int, rng: Any, per_round: int = 1) -> dict[Any, list[float]]:

@@ -46,17 +46,14 @@ from attnlab.bench.memory import peak_rss_mib
 from attnlab.experiments.base import (
     interleaved_seconds,
     label_axes,
-    ols_slope_interval,
     pyplot,
     save_figure,
-    slope_interval,
+    slope_rule,
+    slopes,
     write_outputs,
 )
 from attnlab.experiments.scaling import char_data, evaluate, windows
 from attnlab.experiments.study import (
-    HELD,
-    NOT_HELD,
-    UNDECIDED,
     Difference,
     Protocol,
     fmt,
@@ -146,33 +143,6 @@ def _measure(models: dict[str, GPT], x: torch.Tensor, reps: int, rng: random.Ran
         peaks[m] = peak_rss_mib(lambda model=model: _step(model, x))
     seconds = interleaved_seconds({m: (lambda model=model: _step(model, x)) for m, model in models.items()}, reps, rng)
     return {m: {"peak_mib": peaks[m], "seconds": seconds[m]} for m in models}
-
-
-def slopes(measured: dict[str, dict[str, Any]], key: str, start: int) -> dict[str, Any] | None:
-    """Slope of log ``key`` against log T over the lengths >= ``start`` a mixer reached, with its interval."""
-    points = {T: v for T, v in measured.items() if int(T) >= start and key in v and v[key] is not None}
-    if len(points) < 3:
-        return None
-    values = {T: (v[key] if isinstance(v[key], list) else [v[key]]) for T, v in points.items()}
-    if all(len(v) > 1 for v in values.values()):  # repeats: resample them
-        slope, low, high = slope_interval(values)
-        method = "bootstrap over repeats"
-    else:  # one measurement per length (the peak): the fit's own t interval over the lengths
-        lengths = sorted(values, key=int)
-        slope, low, high = ols_slope_interval([int(T) for T in lengths], [values[T][0] for T in lengths])
-        method = "t interval of the least-squares fit"
-    return {"slope": slope, "interval": [low, high], "lengths": sorted(map(int, points)), "interval_method": method}
-
-
-def slope_rule(name: str, mixer: str, key: str, fitted: dict[str, Any] | None, above: bool) -> dict[str, Any]:
-    """"the slope of ``mixer``'s ``key`` is above (or below) 1.5", decided on its interval."""
-    rule = f"{mixer}'s {key} slope against T is {'above' if above else 'below'} 1.5 by its 95% interval"
-    if fitted is None:
-        return {"rule": rule, "part": name, "verdict": UNDECIDED, "note": "fewer than 3 lengths measured"}
-    low, high = fitted["interval"]
-    beyond, short = (low > 1.5, high < 1.5) if above else (high < 1.5, low > 1.5)
-    return {"rule": rule, "part": name, "verdict": HELD if beyond else NOT_HELD if short else UNDECIDED,
-            "mean": fitted["slope"], "interval": fitted["interval"]}
 
 
 def matched_ssm_width(s: dict[str, Any]) -> int:
