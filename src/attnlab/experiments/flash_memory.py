@@ -95,8 +95,10 @@ time, both by `benchmarks/attention.py`'s `measure`. Tiled block 128 x 128. Cell
 
 **Reading.** Memory: eager's slope is {mem_slopes['eager']:.2f} (the T x T scores and probabilities), SDPA's
 {mem_slopes['sdpa']:.2f} and tiled's {mem_slopes['tiled']:.2f} (a fixed tile plus a term linear in T, so the fitted
-slope approaches 1 from below as T grows). Time is quadratic for all three (every score is still computed; the
-fused kernels save memory traffic, not FLOPs). Timings come from a shared 2-core machine. Plot: `memory.png`."""
+slope approaches 1 from below as T grows). Time is not part of the rule: every kernel still computes all T^2
+scores (the fused ones save memory traffic, not FLOPs), so their time grows towards T^2 once the work outweighs
+the per-call overhead; the time slopes above (eager {_sl(time_fitted['eager'])}, SDPA {_sl(time_fitted['sdpa'])},
+tiled {_sl(time_fitted['tiled'])}) are from this run's machine, which may have been shared. Plot: `memory.png`."""
     return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, body, started, quick,
                          protocol=protocol.as_dict())
 
