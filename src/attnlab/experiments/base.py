@@ -113,10 +113,10 @@ def ols_slope_interval(xs: list[float], ys: list[float], level: float = 0.95) ->
 
     from scipy.stats import t
 
+    slope = loglog_slope(xs, ys)
     lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
     n, mx, my = len(lx), sum(lx) / len(lx), sum(ly) / len(ly)
     sxx = sum((a - mx) ** 2 for a in lx)
-    slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sxx
     residual = sum((b - my - slope * (a - mx)) ** 2 for a, b in zip(lx, ly)) / (n - 2)
     half = float(t.ppf((1 + level) / 2, n - 2)) * math.sqrt(residual / sxx)
     return slope, slope - half, slope + half
@@ -138,6 +138,13 @@ def slopes(measured: dict[str, dict[str, Any]], key: str, start: int) -> dict[st
         slope, low, high = ols_slope_interval([int(T) for T in lengths], [values[T][0] for T in lengths])
         method = "t interval of the least-squares fit"
     return {"slope": slope, "interval": [low, high], "lengths": sorted(map(int, points)), "interval_method": method}
+
+
+def slope_text(fitted: dict[str, Any] | None) -> str:
+    """"slope [low, high]" of a ``slopes`` result, or "-" where there was none."""
+    if fitted is None:
+        return "-"
+    return f"{fitted['slope']:.2f} [{fitted['interval'][0]:.2f}, {fitted['interval'][1]:.2f}]"
 
 
 def slope_rule(name: str, mixer: str, key: str, fitted: dict[str, Any] | None, above: bool) -> dict[str, Any]:

@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.bench import attention as bench
-from attnlab.experiments.base import label_axes, pyplot, save_figure, slope_rule, slopes, write_outputs
+from attnlab.experiments.base import (
+    label_axes,
+    pyplot,
+    save_figure,
+    slope_rule,
+    slope_text,
+    slopes,
+    write_outputs,
+)
 from attnlab.experiments.study import Protocol, outcome_lines, verdict_of
 
 NAME = "flash-memory"
@@ -55,6 +63,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     fitted = {name: slopes(done[name], "peak_mib", start[name]) for name in bench.IMPLS}
     time_fitted = {name: slopes(done[name], "fwd_bwd_ms", start[name]) for name in bench.IMPLS}
     mem_slopes = {name: f["slope"] if f else float("nan") for name, f in fitted.items()}
+    mem, tm = ({name: slope_text(f) for name, f in d.items()} for d in (fitted, time_fitted))
     outcomes = [slope_rule("eager memory quadratic", "eager", "peak_mib", fitted["eager"], above=True),
                 slope_rule("sdpa memory linear", "sdpa", "peak_mib", fitted["sdpa"], above=False),
                 slope_rule("tiled memory linear", "tiled", "peak_mib", fitted["tiled"], above=False)]
@@ -88,8 +97,8 @@ time, both by `benchmarks/attention.py`'s `measure`. Tiled block 128 x 128. Cell
 
 | | eager | sdpa | tiled |
 |---|---|---|---|
-| memory slope [95% interval] | {_sl(fitted['eager'])} | {_sl(fitted['sdpa'])} | {_sl(fitted['tiled'])} |
-| time slope | {_sl(time_fitted['eager'])} | {_sl(time_fitted['sdpa'])} | {_sl(time_fitted['tiled'])} |
+| memory slope [95% interval] | {mem['eager']} | {mem['sdpa']} | {mem['tiled']} |
+| time slope | {tm['eager']} | {tm['sdpa']} | {tm['tiled']} |
 
 {outcome_lines(outcomes)}
 
@@ -97,14 +106,10 @@ time, both by `benchmarks/attention.py`'s `measure`. Tiled block 128 x 128. Cell
 {mem_slopes['sdpa']:.2f} and tiled's {mem_slopes['tiled']:.2f} (a fixed tile plus a term linear in T, so the fitted
 slope approaches 1 from below as T grows). Time is not part of the rule: every kernel still computes all T^2
 scores (the fused ones save memory traffic, not FLOPs), so their time grows towards T^2 once the work outweighs
-the per-call overhead; the time slopes above (eager {_sl(time_fitted['eager'])}, SDPA {_sl(time_fitted['sdpa'])},
-tiled {_sl(time_fitted['tiled'])}) are from this run's machine, which may have been shared. Plot: `memory.png`."""
+the per-call overhead; the time slopes above (eager {tm['eager']}, SDPA {tm['sdpa']},
+tiled {tm['tiled']}) are from this run's machine, which may have been shared. Plot: `memory.png`."""
     return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, body, started, quick,
                          protocol=protocol.as_dict())
-
-
-def _sl(f: dict[str, Any] | None) -> str:
-    return "-" if f is None else f"{f['slope']:.2f} [{f['interval'][0]:.2f}, {f['interval'][1]:.2f}]"
 
 
 def _plot(lengths, cells, slopes, out: Path, impls) -> None:

@@ -49,6 +49,7 @@ from attnlab.experiments.base import (
     pyplot,
     save_figure,
     slope_rule,
+    slope_text,
     slopes,
     write_outputs,
 )
@@ -247,10 +248,8 @@ def _report(s, start, measured, fitted, widths, arms, outcomes, protocol, thread
 
     rows = "\n".join(f"| {T:,} | " + " | ".join(cell(m, T) for m in MIXERS) + " |" for T in lengths)
 
-    def sl(f: dict[str, Any] | None) -> str:
-        return "-" if f is None else f"{f['slope']:.2f} [{f['interval'][0]:.2f}, {f['interval'][1]:.2f}]"
-
-    slope_rows = "\n".join(f"| {m} | {sl(fitted[m]['seconds'])} | {sl(fitted[m]['peak_mib'])} |" for m in MIXERS)
+    slope_rows = "\n".join(f"| {m} | {slope_text(fitted[m]['seconds'])} | {slope_text(fitted[m]['peak_mib'])} |"
+                           for m in MIXERS)
     a, ss = arms["attention"], arms["ssm"]
     return f"""**Verdict rule, fixed before the run.** {'; '.join(_rules_text())}. All five parts must hold.
 
