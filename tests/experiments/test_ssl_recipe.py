@@ -28,3 +28,45 @@ def test_ssl_recipe_quick(tmp_path):
     assert t["arms"]["scratch@60"]["init_tensors"]["mean"] == 0
     assert {o["dataset"] for o in r["outcomes"]} == {"digits"} and len(r["outcomes"]) == 2
     assert len(t["pretrain_final_loss"]) == 3
+
+
+def test_ssl_recipe_resumes_by_dataset(tmp_path, monkeypatch):
+    """A finished dataset is kept in partial.json; --resume runs only the missing one and gives the same record
+    (same settings), and a partial record made with other settings is refused before any work."""
+    import json
+
+    import pytest
+
+    from attnlab.core.errors import ConfigError
+    from attnlab.experiments import ssl_recipe
+
+    tiny = {**ssl_recipe.QUICK, "labels": (60,), "pretrain_steps": 5, "max_steps": 5, "epochs": 1}
+    two = {"a": ssl_recipe.QUICK_DATASETS["digits"], "b": ssl_recipe.QUICK_DATASETS["digits"]}
+    monkeypatch.setattr(ssl_recipe, "QUICK", tiny)
+    monkeypatch.setattr(ssl_recipe, "QUICK_DATASETS", two)
+    whole = ssl_recipe.run(tmp_path / "whole", quick=True)
+    assert set(json.loads((tmp_path / "whole" / "partial.json").read_text())["tables"]) == {"a", "b"}
+
+    calls: list[str] = []
+    real = ssl_recipe._dataset
+    out = tmp_path / "cut"
+    monkeypatch.setattr(ssl_recipe, "QUICK_DATASETS", {"a": two["a"]})
+    ssl_recipe.run(out, quick=True)  # the first sitting finishes dataset a only
+    monkeypatch.setattr(ssl_recipe, "QUICK_DATASETS", two)
+    monkeypatch.setattr(ssl_recipe, "_dataset", lambda name, d, s: calls.append(name) or real(name, d, s))
+    resumed = ssl_recipe.run(out, quick=True, resume=True)
+    assert calls == ["b"]
+    def numbers(record):  # every result but the times, which the machine's load moves
+        def walk(x, key=""):
+            if isinstance(x, dict):
+                return {k: walk(v, k) for k, v in x.items() if not k.endswith("_s") and k != "seconds"}
+            return x
+        return walk(record["results"]["datasets"])
+    assert numbers(resumed) == numbers(whole)
+    assert resumed["wall_time_s"] >= sum(resumed["results"]["dataset_wall_time_s"].values()) - 1
+
+    monkeypatch.setattr(ssl_recipe, "QUICK", {**tiny, "pretrain_steps": 6})
+    calls.clear()
+    with pytest.raises(ConfigError, match="other settings"):
+        ssl_recipe.run(out, quick=True, resume=True)
+    assert calls == []

@@ -22,11 +22,13 @@ The table gives every method at every budget, and the lecture's "5,000 labelled 
 reported beside.
 
 Cost: the parameter-matched CNN dominates (convolutions at full resolution); an estimate from step times on the
-2-core machine is ~1 hour per dataset with ``--workers 2``, so the full run is for a GPU or a long sitting.
+2-core machine is ~1 hour per dataset with ``--workers 2``, so the full run is for a GPU or a long sitting; each
+finished dataset is kept, and ``attnlab experiment ssl-recipe --resume --out DIR`` goes on from there.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 
 from attnlab.core import runtime
+from attnlab.core.fileio import atomic_write_text
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
 from attnlab.experiments.study import Difference, Protocol, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.experiments.vit_vs_cnn import train_and_test
@@ -120,23 +123,61 @@ def probe(mae_state: dict[str, Any], s: dict[str, Any], d: dict[str, Any], fract
                for k in ("val", "test")}, "n_train": len(data["train"])}
 
 
-def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Pre-train, then every method at every label budget on every dataset; results.json, report.md, recipe.png."""
-    started = time.perf_counter()
+def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
+    """Pre-train, then every method at every label budget on every dataset; results.json, report.md, recipe.png.
+    Each finished dataset is kept in ``out/partial.json``; ``resume``: take the datasets found there (same
+    settings) as they are and run only the rest (a long run may span sittings; its wall time adds up)."""
     s, datasets = (QUICK, QUICK_DATASETS) if quick else (FULL, DATASETS)
+    tables, spent = finished_datasets(out, s, quick) if resume else ({}, {})
+    started = time.perf_counter() - sum(spent.values())  # the wall time counts the earlier sittings
     with runtime.settings(threads=1):
-        tables = {name: _dataset(name, d, s) for name, d in datasets.items()}
+        for name, d in datasets.items():
+            if name in tables:
+                continue
+            began = time.perf_counter()
+            tables[name] = json.loads(json.dumps(_dataset(name, d, s)))  # as it will read back from disk
+            spent[name] = round(time.perf_counter() - began, 2)
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(out / PARTIAL, json.dumps({"quick": quick, "settings": _plain(s), "tables": tables,
+                                                         "wall_time_s": spent}, indent=2))
+    tables = {name: tables[name] for name in datasets}
     outcomes = [o for t in tables.values() for o in t["outcomes"]]
     verdict = verdict_of(outcomes)
     _plot(tables, out)
     results = {"settings": s, "datasets": {k: {kk: vv for kk, vv in v.items() if kk != "protocol"}
-                                           for k, v in tables.items()}, "outcomes": outcomes}
+                                           for k, v in tables.items()}, "outcomes": outcomes,
+               "dataset_wall_time_s": spent}
     first = next(iter(tables.values()))["protocol"]  # seeds and budget are the same for every dataset
     protocol = {**first, "lr_sweep": {name: t["protocol"]["lr_sweep"] for name, t in tables.items()},
                 "verdict_rule": [f"{name}: {rule}" for name, t in tables.items()
                                  for rule in t["protocol"]["verdict_rule"]]}
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, datasets, tables, outcomes), started, quick,
                          protocol=protocol)
+
+
+PARTIAL = "partial.json"
+
+
+def _plain(s: dict[str, Any]) -> Any:
+    return json.loads(json.dumps(s))
+
+
+def finished_datasets(out: Path, s: dict[str, Any], quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
+    """The dataset tables and their wall times kept in ``out/partial.json`` by an earlier run with the same
+    settings; nothing if there is no such file; one clear error if it was made otherwise."""
+    from attnlab.core.errors import ConfigError
+
+    path = out / PARTIAL
+    if not path.exists():
+        return {}, {}
+    try:
+        kept = json.loads(path.read_text())
+        tables, spent, settings, was_quick = kept["tables"], kept["wall_time_s"], kept["settings"], kept["quick"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"cannot resume from {path}: not an ssl-recipe partial record ({e})") from None
+    if was_quick != quick or settings != _plain(s):
+        raise ConfigError(f"cannot resume from {path}: it was made with other settings; use another --out")
+    return tables, {k: float(v) for k, v in spent.items()}
 
 
 def _dataset(name: str, d: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
