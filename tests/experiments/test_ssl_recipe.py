@@ -45,7 +45,7 @@ def test_ssl_recipe_resumes_by_dataset(tmp_path, monkeypatch):
     monkeypatch.setattr(ssl_recipe, "QUICK", tiny)
     monkeypatch.setattr(ssl_recipe, "QUICK_DATASETS", two)
     whole = ssl_recipe.run(tmp_path / "whole", quick=True)
-    assert set(json.loads((tmp_path / "whole" / "partial.json").read_text())["tables"]) == {"a", "b"}
+    assert set(json.loads((tmp_path / "whole" / "partial.json").read_text())["parts"]) == {"a", "b"}
 
     calls: list[str] = []
     real = ssl_recipe._dataset

@@ -28,16 +28,14 @@ finished dataset is kept, and ``attnlab experiment ssl-recipe --resume --out DIR
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from attnlab.core import runtime
-from attnlab.core.fileio import atomic_write_text
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.partial import run_parts
 from attnlab.experiments.study import Difference, Protocol, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.experiments.vit_vs_cnn import train_and_test
 from attnlab.training.loop import fit
@@ -128,19 +126,9 @@ def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
     Each finished dataset is kept in ``out/partial.json``; ``resume``: take the datasets found there (same
     settings) as they are and run only the rest (a long run may span sittings; its wall time adds up)."""
     s, datasets = (QUICK, QUICK_DATASETS) if quick else (FULL, DATASETS)
-    tables, spent = finished_datasets(out, s, quick) if resume else ({}, {})
-    started = time.perf_counter() - sum(spent.values())  # the wall time counts the earlier sittings
     with runtime.settings(threads=1):
-        for name, d in datasets.items():
-            if name in tables:
-                continue
-            began = time.perf_counter()
-            tables[name] = json.loads(json.dumps(_dataset(name, d, s)))  # as it will read back from disk
-            spent[name] = round(time.perf_counter() - began, 2)
-            out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(out / PARTIAL, json.dumps({"quick": quick, "settings": _plain(s), "tables": tables,
-                                                         "wall_time_s": spent}, indent=2))
-    tables = {name: tables[name] for name in datasets}
+        tables, spent, started = run_parts(out, NAME, s, quick, datasets,
+                                           lambda name: _dataset(name, datasets[name], s), resume)
     outcomes = [o for t in tables.values() for o in t["outcomes"]]
     verdict = verdict_of(outcomes)
     _plot(tables, out)
@@ -153,31 +141,6 @@ def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
                                  for rule in t["protocol"]["verdict_rule"]]}
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, datasets, tables, outcomes), started, quick,
                          protocol=protocol)
-
-
-PARTIAL = "partial.json"
-
-
-def _plain(s: dict[str, Any]) -> Any:
-    return json.loads(json.dumps(s))
-
-
-def finished_datasets(out: Path, s: dict[str, Any], quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
-    """The dataset tables and their wall times kept in ``out/partial.json`` by an earlier run with the same
-    settings; nothing if there is no such file; one clear error if it was made otherwise."""
-    from attnlab.core.errors import ConfigError
-
-    path = out / PARTIAL
-    if not path.exists():
-        return {}, {}
-    try:
-        kept = json.loads(path.read_text())
-        tables, spent, settings, was_quick = kept["tables"], kept["wall_time_s"], kept["settings"], kept["quick"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"cannot resume from {path}: not an ssl-recipe partial record ({e})") from None
-    if was_quick != quick or settings != _plain(s):
-        raise ConfigError(f"cannot resume from {path}: it was made with other settings; use another --out")
-    return tables, {k: float(v) for k, v in spent.items()}
 
 
 def _dataset(name: str, d: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
