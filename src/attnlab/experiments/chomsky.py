@@ -1,32 +1,41 @@
 """chomsky: length generalisation on the task suite of Delétang et al. (2023), "Neural Networks and the
-Chomsky Hierarchy" (ICLR 2023), for an RNN, an LSTM and a transformer encoder with each positional scheme.
+Chomsky Hierarchy" (ICLR 2023), for an RNN, an LSTM and a transformer encoder, on the study protocol.
 
-Protocol (the paper's): every training batch has one input length drawn uniformly from 1..40; after
-training, the model is tested on *longer* strings, lengths 41..N (N = 500 in the paper and in the full
-run), and the score of a (task, model) is the per-token accuracy on the output positions, averaged over
-the test lengths. Every model reads the input and then ``|y|`` blank tokens, and its outputs at those
-blank positions are the prediction (the paper's non-autoregressive protocol, for the recurrent models
-and the encoder alike):
+The paper's task protocol: every training batch has one input length drawn uniformly from 1..40; the model is
+tested on *longer* strings, lengths 41..500, and the score of a run is the per-token accuracy on the output
+positions averaged over the test lengths. Every model reads the input and then ``|y|`` blank tokens, and its
+outputs at those blanks are the prediction (the paper's non-autoregressive protocol, for all three models):
 
     model input   x_1 ... x_n  _ _ ... _        (|y| blanks)
     loss          mean_t CE(logits at blank t, y_t)
-    accuracy      mean over output positions (up to the terminator for the three tasks that have one)
+    score         mean over test lengths of the accuracy over output positions (up to the terminator for the
+                  three tasks that have one)
 
-Models: Elman RNN and LSTM (``attnlab.nn.recurrent.RecurrentModel``) and a bidirectional pre-norm
-transformer encoder (``attnlab.experiments.tiny.TinyEncoder``) with no positions, sinusoidal (counted from
-the start, or the paper's from the end), learned, RoPE, ALiBi (symmetric, or the paper's left tie-break) or
-Transformer-XL relative positions. Learned positions get a table long enough for the longest test string; the
-rows beyond the training lengths are never trained and stay at their initialisation (the honest
-comparison: a learned table cannot know positions it never saw). Added on top of the paper:
-randomized RoPE and randomized relative positions (Ruoss et al. 2023): the position ids of every string,
-in training and at test, are a sorted random subset of [0, L_max) with L_max the longest test string, so
-the ids of long test strings are ids it has seen in training.
+Models: Elman RNN and LSTM (``attnlab.nn.recurrent.RecurrentModel``) and a bidirectional pre-norm transformer
+encoder (``attnlab.experiments.tiny.TinyEncoder``) with each of the paper's five positional encodings (none,
+sin/cos counted from the end, RoPE, ALiBi with the left tie-break, Transformer-XL relative).
+
+The study protocol (``experiments/study.py``), where the paper reports its best run selected on the test score:
+
+- every model (each positional scheme is one) trains at every rate of its sweep with seeds 0, 1, 2, for the
+  budget of its kind fixed in advance, stopping early once it fits the training lengths;
+- a run's ``val_score`` is its score on fresh *validation* strings at the test lengths (another generator
+  than the test strings'); each model's rate is chosen on the mean val_score, and the Transformer's
+  positional scheme likewise (the paper's Transformer column is the best encoding per task);
+- the chosen setting is run again with held-out seed 3;
+- the verdict (``chomsky_protocol.rules``) is decided on the mean test score over seeds 0-2 with its 95% t
+  interval; the best single run (over seeds, rates and schemes, selected on test as the paper's table is)
+  is shown beside and never decides anything.
+
+Each task is a part of ``OUT/partial.json`` (``experiments/partial.py``): ``--resume`` runs only the tasks
+not yet finished.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -36,30 +45,31 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.core import runtime
-from attnlab.core.errors import ConfigError
 from attnlab.data.formal import TASKS, FormalTask
 from attnlab.experiments.base import write_outputs
 from attnlab.experiments.chomsky_protocol import (
-    ADDITIONS,
     ALIBI_LEFT,
     CLAIM,
+    CONFIRM_SEEDS,
+    FAMILIES,
     FROM_END,
     FULL,
-    LATER_OPTIONS,
     NAME,
     PAPER_TABLE2,
     QUICK,
-    RUN_LISTS,
     SCHEMES,
+    SEEDS,
     TRAIN_MAX_LENGTH,
+    TRANSFORMERS,
+    family,
     majority_baseline,
-    n_seeds,
+    rules,
     score_error,
-    steps_for,
     test_lengths,
     total_length,
-    verdict,
 )
+from attnlab.experiments.partial import run_parts
+from attnlab.experiments.study import Protocol, run_arms, verdict_of
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.positions import ALiBiPositions
 from attnlab.nn.recurrent import RecurrentModel
@@ -78,25 +88,16 @@ def build(model: str, task: FormalTask, s: dict[str, Any], max_len: int) -> nn.M
                        scale_embeddings=s.get("scale_embeddings", False), block=s.get("block"))
 
 
-def position_ids(model: str, T: int, max_len: int, g: torch.Generator) -> Tensor | None:
-    """Randomized models: a sorted random subset of [0, max_len) of size T; from-end: T-1 ... 1, 0 (the last
-    token is 0); others: None (= 0..T-1)."""
-    if model == FROM_END:
-        return torch.arange(T - 1, -1, -1)  # (T,)
-    if model not in ADDITIONS:
-        return None
-    return torch.randperm(max_len, generator=g)[:T].sort().values  # (T,)
+def position_ids(model: str, T: int) -> Tensor | None:
+    """From-end: T-1 ... 1, 0 (the last token is 0); others: None (= 0..T-1)."""
+    return torch.arange(T - 1, -1, -1) if model == FROM_END else None  # (T,)
 
 
-def output_logits(net: nn.Module, model: str, x: Tensor, n_out: int, max_len: int,
-                  g: torch.Generator) -> Tensor:
+def output_logits(net: nn.Module, model: str, x: Tensor, n_out: int) -> Tensor:
     """Input ids x (B, n) -> logits (B, n_out, classes) at the n_out blank positions appended to x."""
     blank = net.tok_emb.num_embeddings - 1
     seq = torch.cat([x, torch.full((x.size(0), n_out), blank, dtype=x.dtype)], dim=1)  # (B, n + n_out)
-    if isinstance(net, TinyEncoder):
-        logits = net(seq, positions=position_ids(model, seq.size(1), max_len, g))
-    else:
-        logits = net(seq)
+    logits = net(seq, positions=position_ids(model, seq.size(1))) if isinstance(net, TinyEncoder) else net(seq)
     return logits[:, -n_out:]  # (B, n_out, classes)
 
 
@@ -118,16 +119,25 @@ def string_counts(task: FormalTask, logits: Tensor, y: Tensor) -> tuple[Tensor, 
     return ((logits.argmax(-1) == y) & mask).sum(dim=1), mask.sum(dim=1)
 
 
-def train_and_test(task_name: str, model: str, s: dict[str, Any]) -> dict[str, Any]:
-    """Train one model on lengths 1..40 and return its per-length test accuracies and score."""
+def budget(model: str, s: dict[str, Any]) -> int:
+    """The most steps a run of ``model`` trains (its kind's budget)."""
+    return s["steps"][family(model)]
+
+
+def train_and_test(task_name: str, model: str, s: dict[str, Any], seed: int, lr: float) -> dict[str, Any]:
+    """Train one model on lengths 1..40 (until it fits them, at most its budget) and score it on validation and
+    test strings at the test lengths."""
     task = TASKS[task_name]
     lengths = test_lengths(s["max_test_length"], s["n_test_lengths"])
     max_len = max(total_length(task, n) for n in lengths)
-    torch.manual_seed(s["seed"])
+    torch.manual_seed(seed)
     net = build(model, task, s, max_len)
-    opt = torch.optim.Adam(net.parameters(), lr=s["lr"])
-    g = torch.Generator().manual_seed(s["seed"] + 1)
-    steps = steps_for(task_name, model, s)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed + 1)
+    steps = budget(model, s)
+    single = task.output_length(TRAIN_MAX_LENGTH) == 1
+    check = [task.sample(32, n, torch.Generator().manual_seed(30_000 + seed + n)) for n in (10, 20, 30, 40)]
+    fitted: list[int] = []
     started = time.perf_counter()
 
     def draw(step: int) -> tuple[Tensor, Tensor]:  # strings of a random length 1..TRAIN_MAX_LENGTH
@@ -136,46 +146,58 @@ def train_and_test(task_name: str, model: str, s: dict[str, Any]) -> dict[str, A
 
     def loss_of(batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = batch
-        logits = output_logits(net, model, x, y.size(1), max_len, g)
-        loss = F.cross_entropy(logits.reshape(-1, task.n_classes), y.reshape(-1))
-        # the paper's "sum": summed over the output positions, averaged over the batch
-        return loss * y.size(1) if s.get("loss") == "sum" else loss
+        logits = output_logits(net, model, x, y.size(1))
+        return F.cross_entropy(logits.reshape(-1, task.n_classes), y.reshape(-1))
 
-    losses = fit(net, opt, draw, loss_of, steps, lr=lambda step: learning_rate(step, steps, s["lr"], s["schedule"]),
-                 grad_clip=s["clip"]).losses
+    def fits(step: int, _: Any) -> bool:  # the early stop: every check_every steps, on fixed training-length strings
+        if (step + 1) % s["check_every"] or step + 1 == steps:
+            return False
+        net.eval()
+        with torch.no_grad():
+            counts = [string_counts(task, output_logits(net, model, x, y.size(1)), y) for x, y in check]
+        net.train()
+        done = sum(int(c.sum()) for c, _ in counts) / sum(int(k.sum()) for _, k in counts) >= s["fit_target"]
+        if done:
+            fitted.append(step + 1)
+        return done
+
+    losses = fit(net, opt, draw, loss_of, steps, lr=lambda step: learning_rate(step, steps, lr, s["schedule"]),
+                 grad_clip=s["clip"], after_step=fits).losses
     train_s = time.perf_counter() - started
     net.eval()
-    # the same test strings for every model, except the randomized one, which draws its position ids from eg too
-    eg = torch.Generator().manual_seed(10_000 + s["seed"])
     started = time.perf_counter()
-    n_strings = s["eval_strings"]["single" if task.output_length(TRAIN_MAX_LENGTH) == 1 else "sequence"]
     with torch.no_grad():
-        in_range, _ = _accuracy(net, model, task, [10, 20, 30, 40], n_strings, max_len, eg)
-        per_length, errors = _accuracy(net, model, task, lengths, n_strings, max_len, eg)
+        in_range, _ = _accuracy(net, model, task, [10, 20, 30, 40], s["val_strings"]["single" if single else
+                                                                                    "sequence"], max_len, seed + 40_000)
+        val, _ = _accuracy(net, model, task, lengths, s["val_strings"]["single" if single else "sequence"], max_len,
+                           seed + 20_000)
+        test, errors = _accuracy(net, model, task, lengths, s["eval_strings"]["single" if single else "sequence"],
+                                 max_len, seed + 10_000)
     return {
-        "score": sum(per_length) / len(per_length), "score_stderr": score_error(errors), "test_lengths": lengths,
-        "per_length": per_length, "per_length_stderr": errors, "eval_strings_per_length": n_strings,
-        "train_range_accuracy": sum(in_range) / len(in_range), "steps": steps,
-        "final_train_loss": sum(losses[-50:]) / len(losses[-50:]),
-        "train_s": round(train_s, 2), "eval_s": round(time.perf_counter() - started, 2),
-        "parameters": sum(p.numel() for p in net.parameters()),
+        "val_score": statistics.fmean(val), "test_score": statistics.fmean(test), "score_stderr": score_error(errors),
+        "train_range_accuracy": statistics.fmean(in_range), "steps": len(losses), "fitted": bool(fitted),
+        "final_train_loss": statistics.fmean(losses[-50:]), "train_s": round(train_s, 2),
+        "eval_s": round(time.perf_counter() - started, 2), "parameters": sum(p.numel() for p in net.parameters()),
+        "test_lengths": lengths, "per_length": test,
     }
 
 
 def _accuracy(net: nn.Module, model: str, task: FormalTask, lengths: list[int], n_strings: int, max_len: int,
-              g: torch.Generator) -> tuple[list[float], list[float]]:
-    """Per-token accuracy at each length over ``n_strings`` fresh strings, and its standard error.
+              seed: int) -> tuple[list[float], list[float]]:
+    """Per-token accuracy at each length over ``n_strings`` fresh strings of generator ``seed`` (every model
+    of a seed sees the same strings), and its standard error.
 
     The error is the standard deviation of the per-string accuracies over sqrt(n_strings) (the tokens of one
     string are not independent; for one-token outputs this is the binomial error).
     """
+    g = torch.Generator().manual_seed(seed)
     accs, errs = [], []
     for n in lengths:
         correct, counted = [], []
         chunk = max(1, 16_384 // total_length(task, n))  # bound the activations of long strings
         for start in range(0, n_strings, chunk):
             x, y = task.sample(min(chunk, n_strings - start), n, g)
-            c, k = string_counts(task, output_logits(net, model, x, y.size(1), max_len, g), y)
+            c, k = string_counts(task, output_logits(net, model, x, y.size(1)), y)
             correct.append(c)
             counted.append(k)
         c, k = torch.cat(correct).double(), torch.cat(counted).double()
@@ -184,94 +206,68 @@ def _accuracy(net: nn.Module, model: str, task: FormalTask, lengths: list[int], 
     return accs, errs
 
 
-def best_of_seeds(task: str, model: str, s: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train with seeds s["seed"] .. + n_seeds - 1 and return the run with the best test score (the paper's
-    protocol), with every seed's score (``seed_scores``) and the seconds of all of them (``all_seeds_s``).
-    ``previous``: a finished record of this (task, model) with the same settings; its seeds are not re-run."""
-    scores: dict[str, float] = {}
-    best, spent = None, 0.0
-    if previous is not None:
-        scores = dict(previous.get("seed_scores", {str(previous.get("seed", s["seed"])): previous["score"]}))
-        best = previous
-        spent = previous.get("all_seeds_s", previous["train_s"] + previous["eval_s"])
-    for seed in range(s["seed"], s["seed"] + n_seeds(task, model, s)):
-        if str(seed) in scores:
-            continue
-        r = train_and_test(task, model, {**s, "seed": seed})
-        scores[str(seed)] = r["score"]
-        spent += r["train_s"] + r["eval_s"]
-        if best is None or r["score"] > best["score"]:
-            best = {**r, "seed": seed}
-    assert best is not None
-    return {**best, "seed": best.get("seed", s["seed"]), "seed_scores": scores, "all_seeds_s": round(spent, 2)}
 
 
-def finished_runs(out: Path, s: dict[str, Any], quick: bool = False) -> tuple[dict[str, dict[str, Any]], float]:
-    """The runs and wall time of ``out/results.json`` if it was made with the same settings as ``s`` (apart
-    from the task, model and seed lists), else nothing: what ``run(..., resume=True)`` need not train again."""
-    path = out / "results.json"
-    if not path.exists():
-        return {}, 0.0
-    try:
-        record = json.loads(path.read_text())
-        r = record["results"]
-    except (ValueError, KeyError) as e:
-        raise ConfigError(f"cannot resume from {path}: not a chomsky results.json ({e})") from None
-    def same(a: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in json.loads(json.dumps(a)).items() if k not in RUN_LISTS}
-
-    old, new = {**LATER_OPTIONS, **r["settings"]}, {**LATER_OPTIONS, **s}
-    if bool(record.get("quick")) != quick or same(old) != same(new):
-        raise ConfigError(f"cannot resume from {path}: it was made with other settings; use another --out")
-    return r["runs"], float(record["wall_time_s"])
+def protocol(s: dict[str, Any]) -> Protocol:
+    """Seeds, budgets, sweeps and the verdict rule, as fixed before the run."""
+    return Protocol(seeds=SEEDS, budget={k: s[k] for k in ("steps", "check_every", "fit_target", "batch")},
+                    lr_sweep={m: list(s["lrs"]) for m in s["models"]}, verdict_rule=[r.describe()
+                                                                             for r in rules(s["tasks"])],
+                    select_on="val_score", confirm_seeds=CONFIRM_SEEDS)
 
 
-def run(out: Path, quick: bool = False, settings: dict[str, Any] | None = None, resume: bool = False) -> dict[str, Any]:
-    """Train and test every (task, model); ``resume``: keep the runs already in ``out/results.json``
-    (same settings) and train only the missing tasks, models and seeds."""
-    started = time.perf_counter()
-    s = settings or (QUICK if quick else FULL)
-    done, done_s = finished_runs(out, s, quick) if resume else ({}, 0.0)
-    runs: dict[str, dict[str, Any]] = {}
-    with runtime.settings(threads=1):  # the budget is for one thread; results do not depend on it
-        for t in s["tasks"]:
-            runs[t] = {}
-            for m in s["models"]:
-                previous = done.get(t, {}).get(m)
-                if previous is not None and previous.get("steps") != steps_for(t, m, s):
-                    previous = None  # trained for another number of steps: train this cell again
-                r = runs[t][m] = best_of_seeds(t, m, s, previous)
-                print(f"chomsky: {t:<28} {m:<22} score {r['score']:.3f} (seed {r['seed']} of "
-                      f"{len(r['seed_scores'])}; training lengths {r['train_range_accuracy']:.3f})", flush=True)
-    return summarise(out, runs, s, started, quick, wall_time_s=(time.perf_counter() - started) + done_s if resume
-                     else None)
-
-
-def summarise(out: Path, runs: dict[str, dict[str, Any]], s: dict[str, Any], started: float,
-              quick: bool, wall_time_s: float | None = None) -> dict[str, Any]:
-    """Scores, baselines, verdict, plots, results.json and report.md from the finished trainings
-    (``wall_time_s``: record this wall time instead of the time since ``started``)."""
-    scores = {t: {m: r["score"] for m, r in per.items()} for t, per in runs.items()}
-    errors = {t: {m: r["score_stderr"] for m, r in per.items()} for t, per in runs.items()}
-    v = verdict(scores, errors)
+def run_task(task: str, s: dict[str, Any]) -> dict[str, Any]:
+    """Every model of ``s`` on one task under the protocol: per model the summaries at its chosen rate, the
+    Transformer's scheme chosen on validation, the best single runs (selected on test, shown beside) and the mean
+    accuracy at each test length."""
+    record: dict[tuple[str, float, int], dict[str, Any]] = {}
+    arms = run_arms({m: (lambda seed, lr, m=m: train_and_test(task, m, s, seed, lr)) for m in s["models"]},
+                    protocol(s), log=lambda line: None, record=record)
+    schemes = [m for m in s["models"] if m in TRANSFORMERS]
+    chosen = {"rnn": "rnn", "lstm": "lstm"}
+    if schemes:
+        chosen["transformer"] = max(schemes, key=lambda m: arms[m]["val_score"]["mean"])
+    best_of = {}
+    for fam in FAMILIES:
+        runs = [(r["test_score"], m, lr, seed) for (m, lr, seed), r in record.items()
+                if family(m) == fam and seed in SEEDS]
+        if runs:
+            score, m, lr, seed = max(runs)
+            best_of[fam] = {"test_score": score, "model": m, "lr": lr, "seed": seed, "of": len(runs)}
+    curves = {m: [statistics.fmean(v) for v in zip(*(record[(m, arms[m]["lr"], seed)]["per_length"]
+                                                      for seed in SEEDS))] for m in arms}
     lengths = test_lengths(s["max_test_length"], s["n_test_lengths"])
-    results = {
-        "settings": {k: (list(val) if isinstance(val, tuple) else val) for k, val in s.items()},
-        "test_lengths": lengths,
-        "tasks": {t: {"level": TASKS[t].level, "chance": TASKS[t].chance,
-                      "majority_baseline": majority_baseline(t, lengths, 256, s["seed"]),
-                      "paper_transformer": PAPER_TABLE2["transformer"].get(t),
-                      "paper_lstm": PAPER_TABLE2["lstm"].get(t)} for t in s["tasks"]},
-        "scores": scores, "score_stderr": errors, "runs": runs, "verdict": v,
-        "paper_table2": PAPER_TABLE2,
-    }
+    return {"level": TASKS[task].level, "chance": TASKS[task].chance,
+            "majority_baseline": majority_baseline(task, lengths, 256), "arms": arms,
+            "chosen": {f: m for f, m in chosen.items() if m in arms}, "best_of": best_of, "curves": curves,
+            "test_lengths": lengths}
+
+
+def run(out: Path, quick: bool = False, resume: bool = False, settings: dict[str, Any] | None = None
+        ) -> dict[str, Any]:
+    """Train and test every (task, model) under the protocol; ``resume``: keep the tasks already finished in
+    ``out/partial.json`` (same settings) and run only the rest."""
+    s = settings or (QUICK if quick else FULL)
+    with runtime.settings(threads=1):  # the budget is for one thread; results do not depend on it
+        tasks, spent, started = run_parts(out, NAME, s, quick, s["tasks"], lambda t: run_task(t, s), resume)
+    return summarise(out, tasks, spent, s, started, quick)
+
+
+def summarise(out: Path, tasks: dict[str, dict[str, Any]], spent: dict[str, float], s: dict[str, Any],
+              started: float, quick: bool, wall_time_s: float | None = None) -> dict[str, Any]:
+    """The verdict, plots, results.json and report.md from the finished tasks (``wall_time_s``: record this
+    wall time instead of the time since ``started``)."""
+    by_family = {f"{f}@{t}": tasks[t]["arms"][m] for t in tasks for f, m in tasks[t]["chosen"].items()}
+    outcomes = [r.decide(by_family) for r in rules(list(tasks)) if r.arm in by_family]
+    results = {"settings": s, "tasks": tasks, "outcomes": outcomes, "paper_table2": PAPER_TABLE2,
+               "task_wall_time_s": spent}
     from attnlab.experiments.chomsky_report import plot, report  # the rendering, in its own module
 
-    plot(runs, s, out)
-    body = report(results, s)
+    plot(tasks, s, out)
     if wall_time_s is not None:
         started = time.perf_counter() - wall_time_s
-    return write_outputs(out, NAME, CLAIM, v["claim_held"], results, body, started, quick)
+    return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, report(results, s), started, quick,
+                         protocol=protocol(s).as_dict())
 
 
 def rerender(out: Path) -> dict[str, Any]:
@@ -279,5 +275,5 @@ def rerender(out: Path) -> dict[str, Any]:
     keeping its measured wall time: for report changes after a long run."""
     record = json.loads((out / "results.json").read_text())
     r = record["results"]
-    s = {k: (tuple(val) if isinstance(val, list) else val) for k, val in r["settings"].items()}
-    return summarise(out, r["runs"], s, time.perf_counter(), record["quick"], wall_time_s=record["wall_time_s"])
+    return summarise(out, r["tasks"], r["task_wall_time_s"], r["settings"], time.perf_counter(), record["quick"],
+                     wall_time_s=record["wall_time_s"])

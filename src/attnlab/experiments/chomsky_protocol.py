@@ -1,6 +1,6 @@
-"""The chomsky experiment's protocol, fixed before any run: the paper's numbers, the models, the settings,
-the test lengths and the verdict rule (``attnlab.experiments.chomsky`` trains and tests; ``chomsky_report``
-writes it up). See ``chomsky`` for the protocol in words.
+"""The chomsky experiment's protocol, fixed before any run: the claim, the paper's table, the models, the
+budgets, the test lengths and the verdict rule (``attnlab.experiments.chomsky`` trains and tests;
+``chomsky_report`` writes it up). See ``chomsky`` for the protocol in words.
 """
 
 from __future__ import annotations
@@ -10,71 +10,93 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnlab.core.errors import ConfigError
-from attnlab.data.formal import TASKS, FormalTask
+from attnlab.data.formal import TASKS
+from attnlab.experiments.study import Threshold
 
 NAME = "chomsky"
-CLAIM = ("On the formal-language tasks of Delétang et al. (2023), trained on lengths 1-40 and tested on 41-500, "
-         "attnlab's best transformer encoder (any of its positional schemes) matches or beats the paper's "
-         "Transformer score on at least 4 tasks, "
-         "and the LSTM reaches the paper's 100% on parity check and even pairs.")
+# the paper's own words (its abstract, arXiv 2207.02098 / ICLR 2023), and its hierarchy, which places the RNN at R
+CLAIM = ("Delétang et al. (2023): \"RNNs and Transformers fail to generalize on non-regular tasks, LSTMs can solve "
+         "regular [...] tasks\", and the RNN solves the regular ones: trained on input lengths 1-40 and tested on "
+         "41-500, the RNN and the LSTM score above 90% on each of the 4 regular tasks, and the RNN and the "
+         "Transformer score below 90% on each of the 11 non-regular ones (mean over seeds, each model tuned).")
+SOLVED = 0.9  # "generalizes": mean test score above this line
 
-# Table 2 of Delétang et al. (2023), "Neural Networks and the Chomsky Hierarchy", ICLR 2023: the score
-# (per-token accuracy in %, averaged over test lengths 41..500; the paper's best run over its seeds and
-# learning rates). Only the numbers we could verify are listed: the Transformer column as quoted in
-# attnlab's issue 7, and the LSTM's 100% on parity check and even pairs; the rest is left out, not guessed.
+# Table 2 of Delétang et al. (2023), "Neural Networks and the Chomsky Hierarchy", ICLR 2023 (arXiv 2207.02098):
+# score in % (per-token accuracy averaged over test lengths 41..500; the paper's best run over seeds, learning
+# rates and, for the Transformer, positional encodings: a selection on the test score). The RNN, LSTM and
+# Transformer columns (the paper also has Stack-RNN and Tape-RNN). NO cell could be checked against the paper's
+# text here (no primary full text is readable from this environment): every cell is from recollection of the
+# paper, and QUOTED marks the cells that agree with the independent quotation in attnlab's issue 7 (itself
+# secondary). The verdict uses none of these numbers; the report shows them beside the measurements.
 PAPER_TABLE2: dict[str, dict[str, float]] = {
-    "transformer": {
-        "even_pairs": 96.4, "cycle_navigation": 61.9, "parity_check": 52.0, "modular_arithmetic": 24.2,
-        "reverse_string": 62.3, "stack_manipulation": 57.5, "duplicate_string": 52.8, "odds_first": 52.8,
-        "bucket_sort": 91.9,
-    },
-    "lstm": {"even_pairs": 100.0, "parity_check": 100.0},
+    "even_pairs": {"rnn": 100.0, "lstm": 100.0, "transformer": 96.4},
+    "modular_arithmetic": {"rnn": 100.0, "lstm": 100.0, "transformer": 24.2},
+    "parity_check": {"rnn": 100.0, "lstm": 100.0, "transformer": 52.0},
+    "cycle_navigation": {"rnn": 100.0, "lstm": 100.0, "transformer": 61.9},
+    "stack_manipulation": {"rnn": 56.0, "lstm": 59.1, "transformer": 57.5},
+    "reverse_string": {"rnn": 62.0, "lstm": 60.9, "transformer": 62.3},
+    "modular_arithmetic_brackets": {"rnn": 41.3, "lstm": 59.2, "transformer": 32.5},
+    "solve_equation": {"rnn": 51.0, "lstm": 67.8, "transformer": 25.7},
+    "duplicate_string": {"rnn": 50.3, "lstm": 57.6, "transformer": 52.8},
+    "missing_duplicate_string": {"rnn": 52.3, "lstm": 54.3, "transformer": 56.4},
+    "odds_first": {"rnn": 51.0, "lstm": 55.6, "transformer": 52.8},
+    "binary_addition": {"rnn": 50.3, "lstm": 55.5, "transformer": 54.3},
+    "binary_multiplication": {"rnn": 50.0, "lstm": 53.1, "transformer": 52.2},
+    "compute_sqrt": {"rnn": 54.3, "lstm": 57.5, "transformer": 52.4},
+    "bucket_sort": {"rnn": 27.9, "lstm": 99.3, "transformer": 91.9},
 }
+QUOTED = {*((t, "transformer") for t in ("even_pairs", "cycle_navigation", "parity_check", "modular_arithmetic",
+                                          "reverse_string", "stack_manipulation", "duplicate_string", "odds_first",
+                                          "bucket_sort")),
+          ("even_pairs", "lstm"), ("parity_check", "lstm")}
+PAPER_SOURCE = ("Delétang et al. (2023), Neural Networks and the Chomsky Hierarchy, ICLR 2023, Table 2 (RNN, LSTM "
+                "and Transformer columns); not verified against the paper here: cells marked q agree with the "
+                "quotation in attnlab's issue 7, the others are recalled")
 
-# the paper's own default: sin/cos with positions counted down to the last token (its Transformer-XL style
-# ``pos_seq = arange(L, 0, -1)``), so the blanks at the end get the same positions at every length
+# the paper's five positional encodings for its Transformer encoder, each an arm of the transformer's sweep:
+# none; sin/cos counted down to the last token (its Transformer-XL style ``pos_seq = arange(L, 0, -1)``, so
+# the blanks at the end get the same codes at every length); RoPE; ALiBi with its left tie-break
+# -m (|i - j| - 0.5 [j < i]); Transformer-XL relative positions (attnlab.nn.positions.RelativePositions)
 FROM_END = "tf-sinusoidal-from-end"
-# the paper's ALiBi: -m (|i - j| - 0.5 [j < i]), so that a bidirectional encoder can tell left from right
 ALIBI_LEFT = "tf-alibi-left"
-# the paper's RELATIVE option: Transformer-XL relative positions (attnlab.nn.positions.RelativePositions)
-TRANSFORMERS = ("tf-none", "tf-sinusoidal", FROM_END, "tf-learned", "tf-rope", "tf-alibi", ALIBI_LEFT, "tf-relative")
-PAPER_MODELS = ("rnn", "lstm", *TRANSFORMERS)
-# the additions (Ruoss et al. 2023), not in the paper's Table 2: randomized position ids with RoPE, and with the
-# relative scheme (the strongest of Ruoss et al.'s randomized encodings)
-RANDOMIZED = "tf-rope-randomized"
-RANDOMIZED_RELATIVE = "tf-relative-randomized"
-ADDITIONS = (RANDOMIZED, RANDOMIZED_RELATIVE)
-MODELS = (*PAPER_MODELS, *ADDITIONS)
-# the positional scheme of the models whose name is not "tf-<scheme>" (ALIBI_LEFT: ALiBi with the tie-break)
-SCHEMES = {FROM_END: "sinusoidal", RANDOMIZED: "rope", RANDOMIZED_RELATIVE: "relative"}
+TRANSFORMERS = ("tf-none", FROM_END, "tf-rope", ALIBI_LEFT, "tf-relative")
+MODELS = ("rnn", "lstm", *TRANSFORMERS)
+FAMILIES = ("rnn", "lstm", "transformer")  # the paper's columns; "transformer" = the scheme chosen on validation
+SCHEMES = {FROM_END: "sinusoidal"}  # the positional scheme of the models whose name is not "tf-<scheme>"
 TRAIN_MAX_LENGTH = 40
-SOLVED = 0.995  # shown as 100.0 in a table rounded to one decimal
 
 FULL: dict[str, Any] = {
     "tasks": tuple(TASKS), "models": MODELS, "max_test_length": 500, "n_test_lengths": 10,
-    "eval_strings": {"single": 256, "sequence": 32},
-    "steps": {"rnn": 1000, "lstm": 1500, "transformer": 1500}, "batch": 32, "lr": 1e-3, "schedule": "cosine",
-    "clip": 1.0, "d_model": 64, "n_layer": 2, "n_head": 4, "hidden": 128, "seed": 0,
-    # the paper reports the best of several runs: transformers on the tasks it lists are trained with
-    # seeds seed .. seed + seeds - 1 and keep the best test score (the others: one seed)
-    "seeds": 3,
-    # extended training, part of the sweep as the paper's learning rates are: these (task, model) cells train
-    # "steps" steps instead (same seeds, lr and schedule). Chosen after probes: tf-alibi-left fitted only 87.6%
-    # of the training lengths of reverse_string at 1500 steps, and its relative bias carries the copy rule
-    # to longer strings (see chomsky_report.reverse_ceiling); other poorly fitted cells were not extended
-    "long": {"steps": 24000, "cells": [["reverse_string", "tf-alibi-left"]]},
+    "eval_strings": {"single": 256, "sequence": 32}, "val_strings": {"single": 128, "sequence": 16},
+    # a budget per model kind, fixed in advance; a run stops early once it fits the training lengths
+    # (accuracy >= fit_target on fixed strings of lengths 10-40, checked every check_every steps)
+    "steps": {"rnn": 6000, "lstm": 4000, "transformer": 2000}, "check_every": 250, "fit_target": 0.999,
+    "batch": 32, "lrs": [1e-3, 3e-3], "schedule": "constant", "clip": 1.0,
+    "d_model": 64, "n_layer": 2, "n_head": 4, "hidden": 128,
 }
 QUICK: dict[str, Any] = {
-    **FULL, "tasks": ("parity_check", "even_pairs", "reverse_string", "bucket_sort"),
-    "models": ("lstm", "tf-none", "tf-rope", "tf-learned"), "max_test_length": 60, "n_test_lengths": 3,
-    "eval_strings": {"single": 128, "sequence": 16}, "steps": {"rnn": 150, "lstm": 250, "transformer": 150},
-    "seeds": 1, "long": {"steps": 0, "cells": []},
+    **FULL, "tasks": ("parity_check", "reverse_string"), "models": ("rnn", "lstm", "tf-none", "tf-rope"),
+    "max_test_length": 50, "n_test_lengths": 2, "eval_strings": {"single": 64, "sequence": 8},
+    "val_strings": {"single": 32, "sequence": 8}, "steps": {"rnn": 60, "lstm": 60, "transformer": 40},
+    "check_every": 20, "lrs": [3e-3], "d_model": 16, "hidden": 16,
 }
-# settings that do not change a finished (task, model, seed) run, so a resumed run may differ in them
-RUN_LISTS = ("tasks", "models", "seeds", "long")
-# options added after the first full run, at the values that run used (an older results.json lacks them)
-LATER_OPTIONS: dict[str, Any] = {"scale_embeddings": False, "block": None, "loss": "mean"}
+SEEDS, CONFIRM_SEEDS = [0, 1, 2], [3]
+
+
+def rules(tasks: tuple[str, ...] | list[str]) -> list[Threshold]:
+    """The verdict rule as Thresholds on "family@task" summaries of test_score: RNN and LSTM above SOLVED on the
+    regular tasks; RNN and Transformer below it on the others."""
+    out = []
+    for t in tasks:
+        regular = TASKS[t].level == "regular"
+        for family in ("rnn", "lstm") if regular else ("rnn", "transformer"):
+            out.append(Threshold(f"{family}@{t}", "test_score", SOLVED, above=regular))
+    return out
+
+
+def family(model: str) -> str:
+    """rnn, lstm or transformer."""
+    return "transformer" if model.startswith("tf-") else model
 
 
 def test_lengths(max_length: int, n: int) -> list[int]:
@@ -83,7 +105,7 @@ def test_lengths(max_length: int, n: int) -> list[int]:
     return sorted({round(lo + i * (max_length - lo) / (n - 1)) for i in range(n)}) if n > 1 else [max_length]
 
 
-def total_length(task: FormalTask, length: int) -> int:
+def total_length(task: Any, length: int) -> int:
     """Model sequence length for input length ``length``: the input plus one blank per output token."""
     return length + task.output_length(length)
 
@@ -91,48 +113,6 @@ def total_length(task: FormalTask, length: int) -> int:
 def score_error(errors: list[float]) -> float:
     """Standard error of the mean over lengths of independent per-length accuracies."""
     return sum(e * e for e in errors) ** 0.5 / len(errors)
-
-
-def verdict(scores: dict[str, dict[str, float]],
-            errors: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
-    """Best transformer vs the paper's Transformer, task by task, and the LSTM on parity / even pairs.
-
-    ``claim_held`` decides the claim as worded (attnlab's best transformer: every positional scheme it has,
-    the randomized additions included); ``held`` / ``tasks_matched`` are the stricter count among the paper's own
-    schemes (TRANSFORMERS), and ``with_randomized`` holds the full count's details. With the scores'
-    standard ``errors``, each comparison also says whether the best transformer is distinguishable from chance
-    (score - 2 SE > chance): a 'match' at a chance-level paper score may be luck.
-    """
-    compared = _best_vs_paper(scores, errors, TRANSFORMERS)
-    lstm = {t: scores[t]["lstm"] for t in ("parity_check", "even_pairs") if t in scores and "lstm" in scores[t]}
-    matched = [t for t, c in compared.items() if c["matched"]]
-    lstm_ok = len(lstm) == 2 and all(v >= SOLVED for v in lstm.values())
-    extended = _best_vs_paper(scores, errors, (*TRANSFORMERS, *ADDITIONS))
-    matched_ext = [t for t, c in extended.items() if c["matched"]]
-    return {"transformer_vs_paper": compared, "tasks_matched": matched, "n_matched": len(matched),
-            "lstm_regular": lstm, "held": len(matched) >= 4 and lstm_ok,
-            "claim_held": len(matched_ext) >= 4 and lstm_ok,
-            "with_randomized": {"transformer_vs_paper": extended, "tasks_matched": matched_ext,
-                                "n_matched": len(matched_ext), "held": len(matched_ext) >= 4 and lstm_ok}}
-
-
-def _best_vs_paper(scores: dict[str, dict[str, float]], errors: dict[str, dict[str, float]] | None,
-                   candidates: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    compared: dict[str, dict[str, Any]] = {}
-    for task, paper in PAPER_TABLE2["transformer"].items():
-        if task not in scores:
-            continue
-        ours = {m: v for m, v in scores[task].items() if m in candidates}
-        if not ours:
-            continue
-        best = max(ours, key=ours.get)
-        compared[task] = {"paper": paper, "best_model": best, "best_score": 100 * ours[best],
-                          "matched": round(100 * ours[best], 1) >= paper}
-        if errors is not None:  # is the best transformer more than 2 standard errors above chance?
-            se = errors[task][best]
-            compared[task]["best_stderr"] = 100 * se
-            compared[task]["above_chance"] = ours[best] - 2 * se > TASKS[task].chance
-    return compared
 
 
 COPY_TASKS = ("reverse_string", "duplicate_string", "odds_first", "bucket_sort")
@@ -155,19 +135,3 @@ def majority_baseline(task_name: str, lengths: list[int], n_strings: int, seed: 
         counts = F.one_hot(y, task.n_classes).sum(dim=1)  # (B, classes)
         per_length.append((counts.max(dim=1).values / y.size(1)).mean().item())
     return sum(per_length) / len(per_length)
-
-
-def steps_for(task: str, model: str, s: dict[str, Any]) -> int:
-    """Training steps of a (task, model) cell: the long steps for the cells listed in s["long"], else the model
-    kind's default."""
-    long = s.get("long") or {"cells": []}
-    if [task, model] in [list(c) for c in long["cells"]]:
-        if long["steps"] < 1:
-            raise ConfigError(f"chomsky: long.steps must be >= 1 for the cells it lists, got {long['steps']}")
-        return long["steps"]
-    return s["steps"]["transformer" if model.startswith("tf-") else model]
-
-
-def n_seeds(task: str, model: str, s: dict[str, Any]) -> int:
-    """How many seeds a (task, model) gets: ``seeds`` for a transformer on a task of the paper's table, else 1."""
-    return s.get("seeds", 1) if model.startswith("tf-") and task in PAPER_TABLE2["transformer"] else 1
