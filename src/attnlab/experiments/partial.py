@@ -50,11 +50,12 @@ def finished_parts(out: Path, name: str, settings: dict[str, Any], quick: bool) 
 
 
 def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names: Iterable[str],
-              one: Callable[[str], Any], resume: bool) -> tuple[dict[str, Any], dict[str, float], float]:
-    """Every part of ``names`` (``one(part)`` computes it), each kept in ``out/partial.json`` as it finishes;
-    with ``resume`` the parts already kept there are taken as they are. Returns (parts in the order of
-    ``names``, wall seconds per part, a ``time.perf_counter()`` origin such that now minus it is the wall
-    time of every part, earlier sittings included)."""
+              one: Callable[[str], Any], resume: bool, log: Callable[[str], None] = print
+              ) -> tuple[dict[str, Any], dict[str, float], float]:
+    """Every part of ``names`` (``one(part)`` computes it), each kept in ``out/partial.json`` as it finishes
+    (and a line to ``log``); with ``resume`` the parts already kept there are taken as they are. Returns (parts
+    in the order of ``names``, wall seconds per part, a ``time.perf_counter()`` origin such that now minus it is
+    the wall time of every part, earlier sittings included)."""
     names = list(names)
     parts, spent = finished_parts(out, name, settings, quick) if resume else ({}, {})
     origin = time.perf_counter() - sum(spent.get(p, 0.0) for p in names if p in parts)
@@ -67,4 +68,6 @@ def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / FILE, json.dumps({"experiment": name, "quick": quick, "settings": plain(settings),
                                                  "parts": parts, "wall_time_s": spent}, indent=2))
+        log(f"{name}: {part} finished in {spent[part]:.0f} s ({sum(p in parts for p in names)} of {len(names)} "
+            f"kept in {out / FILE})")
     return {p: parts[p] for p in names}, {p: spent[p] for p in names}, origin
