@@ -79,6 +79,37 @@ def test_the_rate_is_chosen_on_validation_never_on_test_and_confirmed_on_held_ou
     assert "seconds" in out["a"] and out["a"]["seconds"]["n"] == 3
 
 
+def test_a_best_rate_at_the_edge_is_flagged_and_the_sweep_extended_past_it():
+    calls = []
+
+    def rising(seed, lr):  # validation improves with the rate up to 0.02, then falls
+        calls.append((seed, lr))
+        return {"val": -abs(math.log(lr / 0.02)) + 0.001 * seed, "test": 0.0}
+
+    def falling(seed, lr):  # the smallest rate is best at every scale
+        return {"val": -lr, "test": 0.0}
+
+    def inside(seed, lr):  # the middle rate is best: nothing to extend
+        return {"val": -abs(lr - 0.003), "test": 0.0}
+
+    sweep = {"up": [1e-3, 3e-3], "down": [1e-3, 3e-3], "in": [1e-3, 3e-3, 1e-2], "one": [1e-3]}
+    arms = {"up": rising, "down": falling, "in": inside, "one": falling}
+    flat = run_arms(arms, Protocol(seeds=[0, 1, 2], budget={}, lr_sweep=sweep, verdict_rule=["-"]), log=lambda _: None)
+    assert flat["up"]["lr"] == 3e-3 and flat["up"]["at_sweep_edge"] and flat["down"]["at_sweep_edge"]
+    assert not flat["in"]["at_sweep_edge"] and not flat["one"]["at_sweep_edge"]  # one rate is no sweep
+    calls.clear()
+    out = run_arms(arms, Protocol(seeds=[0, 1, 2], budget={}, lr_sweep=sweep, verdict_rule=["-"], extend_edges=3),
+                   log=lambda _: None)
+    # up: 3e-3 is the edge, so 9e-3 runs; then 0.027 (|log(0.027 / 0.02)| = 0.30 beats 9e-3's 0.80), the edge
+    # again, so 0.081 runs, which is worse: 0.027 is now inside the sweep
+    assert set(out["up"]["by_lr"]) == {"0.001", "0.003", "0.009", "0.027", "0.081"}
+    assert out["up"]["lr"] == 0.027 and not out["up"]["at_sweep_edge"]
+    assert [lr for _, lr in calls if lr > 3e-3] == [0.009] * 3 + [0.027] * 3 + [0.081] * 3  # every seed, in turn
+    # down: three extensions below, and still at the edge (the extensions are spent): flagged
+    assert out["down"]["lr"] == pytest.approx(1e-3 / 27, rel=1e-2) and out["down"]["at_sweep_edge"]
+    assert set(out["in"]["by_lr"]) == {"0.001", "0.003", "0.01"} and set(out["one"]["by_lr"]) == {"0.001"}
+
+
 def test_outcome_lines_show_the_statistic_its_interval_and_the_verdict():
     from attnlab.experiments.study import outcome_lines
 

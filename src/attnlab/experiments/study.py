@@ -6,8 +6,11 @@ sweep with every seed, interleaved (seed after seed, arm after arm, so machine l
 arms alike), keeps for each arm the rate whose mean *validation* metric is best (the test metric is never
 looked at to choose), and summarises the test metric at that rate: mean +- sd over seeds, the values, and
 the best single seed beside them (best-of-K is shown, never compared with a published number as if it were
-a mean). A selection is confirmed on held-out seeds: the chosen rate is run again with seeds that took no
-part in choosing it, and their summary is reported next to the selection's.
+a mean). A best rate at the edge of its sweep is flagged (``at_sweep_edge``): the optimum may lie beyond, and
+with ``Protocol.extend_edges`` the sweep is extended past that edge (all seeds at one more rate, the sweep's
+own ratio) until the best rate is inside or the extensions are spent. A selection is confirmed on held-out
+seeds: the chosen rate is run again with seeds that took no part in choosing it, and their summary is
+reported next to the selection's.
 
 A verdict rule states the statistic and the comparison. ``Difference(a, b, metric)``: the claim "a is
 better than b by more than ``margin``" is
@@ -200,6 +203,9 @@ class Protocol:
     select_on: str = "val"  # the metric that chooses each arm's rate (never the test metric)
     higher_is_better: bool = True  # for select_on
     confirm_seeds: list[int] = field(default_factory=list)  # held-out seeds run at the chosen rate
+    # when an arm's best rate is the largest (smallest) of its sweep, the optimum may lie beyond it: extend that
+    # arm's sweep by one more rate in that direction (the sweep's own ratio), at most this many times
+    extend_edges: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The protocol as results.json records it."""
@@ -235,11 +241,20 @@ def run_arms(arms: Mapping[str, ArmFn], protocol: Protocol, log: Callable[[str],
     runs: dict[str, dict[float, list[dict[str, Any]]]] = {a: {lr: [] for lr in protocol.lr_sweep[a]} for a in arms}
     for arm, lr, result in collect(sweep, "seed"):
         runs[arm][lr].append(result)
-    out: dict[str, Any] = {}
+    out = {arm: _choose(runs[arm], protocol) for arm in arms}
+    for _ in range(protocol.extend_edges):
+        beyond = {arm: rate for arm in arms if (rate := _beyond_edge(sorted(runs[arm]), out[arm]["lr"])) is not None}
+        if not beyond:
+            break
+        grid = [(a, beyond[a], seed) for seed in protocol.seeds for a in arms if a in beyond]
+        for arm, rate in beyond.items():
+            runs[arm][rate] = []
+        for arm, lr, result in collect(grid, "seed (sweep extended)"):
+            runs[arm][lr].append(result)
+        out.update({arm: _choose(runs[arm], protocol) for arm in beyond})
     for arm in arms:
-        by_lr = {lr: _summaries(rs) for lr, rs in runs[arm].items()}
-        pick = (max if protocol.higher_is_better else min)(by_lr, key=lambda lr: by_lr[lr][protocol.select_on]["mean"])
-        out[arm] = {"lr": pick, **by_lr[pick], "by_lr": {f"{lr:g}": s for lr, s in by_lr.items()}}
+        rates = sorted(runs[arm])
+        out[arm]["at_sweep_edge"] = (len(rates) > 1 and out[arm]["lr"] in (rates[0], rates[-1]))
     if protocol.confirm_seeds:
         held_out = [(a, out[a]["lr"], seed) for seed in protocol.confirm_seeds for a in arms]
         confirm: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
@@ -248,6 +263,25 @@ def run_arms(arms: Mapping[str, ArmFn], protocol: Protocol, log: Callable[[str],
         for arm in arms:
             out[arm]["confirmation"] = _summaries(confirm[arm])
     return out
+
+
+def _choose(runs: Mapping[float, list[dict[str, Any]]], protocol: Protocol) -> dict[str, Any]:
+    """An arm's summaries at its best rate (by mean ``select_on``), with every rate's summaries in ``by_lr``."""
+    by_lr = {lr: _summaries(rs) for lr, rs in sorted(runs.items())}
+    pick = (max if protocol.higher_is_better else min)(by_lr, key=lambda lr: by_lr[lr][protocol.select_on]["mean"])
+    return {"lr": pick, **by_lr[pick], "by_lr": {f"{lr:g}": s for lr, s in by_lr.items()}}
+
+
+def _beyond_edge(rates: list[float], pick: float) -> float | None:
+    """The next rate past the edge of a sorted sweep ``rates`` where its best rate ``pick`` sits (the sweep's
+    ratio at that edge, three significant digits), or None when the pick is inside or there is no sweep."""
+    if len(rates) < 2 or rates[0] <= 0:
+        return None
+    if pick == rates[-1]:
+        return float(f"{pick * rates[-1] / rates[-2]:.3g}")
+    if pick == rates[0]:
+        return float(f"{pick * rates[0] / rates[1]:.3g}")
+    return None
 
 
 _WORKERS = 1
