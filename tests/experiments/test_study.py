@@ -14,6 +14,7 @@ from attnlab.experiments.study import (
     Difference,
     Protocol,
     Threshold,
+    edge_text,
     run_arms,
     summarize,
     verdict_of,
@@ -108,6 +109,9 @@ def test_a_best_rate_at_the_edge_is_flagged_and_the_sweep_extended_past_it():
     # down: three extensions below, and still at the edge (the extensions are spent): flagged
     assert out["down"]["lr"] == pytest.approx(1e-3 / 27, rel=1e-2) and out["down"]["at_sweep_edge"]
     assert set(out["in"]["by_lr"]) == {"0.001", "0.003", "0.01"} and set(out["one"]["by_lr"]) == {"0.001"}
+    # the report names the arms still at an edge, with their rate
+    assert edge_text(out).endswith(f"may lie beyond it: down ({1e-3 / 27:.3g}).")
+    assert edge_text({"in": out["in"]}) == ""
 
 
 def test_outcome_lines_show_the_statistic_its_interval_and_the_verdict():

@@ -32,7 +32,7 @@ import torch
 
 from attnlab.experiments.base import interleaved_seconds, label_axes, pyplot, save_figure, write_outputs
 from attnlab.experiments.scaling import char_data, evaluate, non_embedding_params, warmup_cosine, windows
-from attnlab.experiments.study import Difference, Protocol, fmt, outcome_lines, run_arms, verdict_of
+from attnlab.experiments.study import Difference, Protocol, edge_text, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
 from attnlab.training.loop import fit
@@ -47,7 +47,7 @@ ARMS = {"dense": dict(ffn=4), "dense-wide": dict(ffn=16), "moe-4-top1": dict(ffn
 # ~0.62 s on one core at d_model 64, ~0.92 s at 96; 3000 steps at 96 would take ~2.5 h): 1500 steps of 32 x 64
 # characters, 3.1M per arm, ~3.4 epochs of the training split.
 FULL = dict(n_layer=3, d_model=64, context=64, batch=32, steps=1500, eval_every=250, lrs=[1e-3, 3e-3],
-            time_rounds=7)
+            time_rounds=7, extend_edges=2)
 QUICK = dict(n_layer=1, d_model=32, context=32, batch=8, steps=40, eval_every=20, lrs=[3e-3], time_rounds=2)
 RULES = [Difference(arm, "dense", "test_loss", higher_is_better=False)
          for arm in ARMS if arm.startswith("moe") and arm.endswith("top1")]
@@ -128,7 +128,8 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     data, vocab = char_data(s["context"])
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "context", "eval_every")},
                         lr_sweep={arm: list(s["lrs"]) for arm in ARMS}, verdict_rule=[r.describe() for r in RULES],
-                        select_on="val_loss", higher_is_better=False, confirm_seeds=[3])
+                        select_on="val_loss", higher_is_better=False, confirm_seeds=[3],
+                        extend_edges=s.get("extend_edges", 0))
     record: dict[tuple[str, float, int], dict[str, Any]] = {}
     arms = run_arms({arm: (lambda seed, lr, arm=arm: train_arm(arm, s, data, vocab, seed, lr)) for arm in ARMS},
                     protocol, log=lambda line: None, record=record)
@@ -173,6 +174,8 @@ median ratio to dense (both cores' load lands on every arm alike).
 {rows}
 
 {outcome_lines(outcomes)}
+
+{edge_text(arms)}
 
 Reported beside the rule:
 {reported}

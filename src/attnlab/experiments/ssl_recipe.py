@@ -36,7 +36,7 @@ import torch
 from attnlab.core import runtime
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
 from attnlab.experiments.partial import run_parts
-from attnlab.experiments.study import Difference, Protocol, fmt, outcome_lines, run_arms, verdict_of
+from attnlab.experiments.study import Difference, Protocol, edge_text, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.experiments.vit_vs_cnn import train_and_test
 from attnlab.training.loop import fit
 
@@ -211,6 +211,8 @@ rate or C in brackets):
 {tables_md}
 
 {outcome_lines(outcomes)}
+
+{' '.join(edge_text(t['arms']) for t in tables.values())}
 
 **Regime.** The lecture's recipe reads DINOv2 (a ViT-g pre-trained on 142M images) frozen with a linear probe;
 here the encoder is a ~{tables[next(iter(tables))]['params']['vit'] // 1000}k-parameter ViT pre-trained on the

@@ -358,6 +358,14 @@ def outcome_lines(outcomes: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def edge_text(arms: Mapping[str, Mapping[str, Any]]) -> str:
+    """One sentence naming the arms whose chosen rate is at the edge of their sweep (their optimum may lie
+    beyond it, so their numbers are bounds on what tuning would give), or "" when none is."""
+    edge = [f"{name} ({a['lr']:g})" for name, a in arms.items() if a.get("at_sweep_edge")]
+    return (f"Chosen at the edge of its sweep, so the best setting may lie beyond it: {', '.join(edge)}."
+            if edge else "")
+
+
 def fmt(s: Mapping[str, Any], digits: int = 3) -> str:
     """"mean +- sd" of a summary."""
     return f"{s['mean']:.{digits}f} +- {s['sd']:.{digits}f}"

@@ -32,6 +32,7 @@ from attnlab.experiments.study import (
     Contrast,
     Difference,
     Protocol,
+    edge_text,
     fmt,
     outcome_lines,
     plateaued,
@@ -53,7 +54,7 @@ CLAIM = ("With little data a CNN beats a Vision Transformer of the same size; wi
 # cap instead of a plateau are named in the report.
 FULL: dict[str, Any] = dict(
     data="fashion-mnist", fractions=[0.01, 0.05, 0.2, 1.0], lrs=[1e-3, 3e-3], epochs=20, max_steps=2000,
-    eval_every=200, patience=5, batch_size=64,
+    eval_every=200, patience=5, batch_size=64, extend_edges=2,
     vit=dict(image_size=28, patch_size=7, d_model=48, n_layer=4, n_head=4, d_ff=96),
     cnn=dict(cnn_stages=3, cnn_blocks=1),
 )
@@ -166,7 +167,8 @@ def _run(out: Path, quick: bool, settings: dict[str, Any], started: float) -> di
     budget_keys = ("epochs", "max_steps", "eval_every", "patience", "batch_size")
     protocol = Protocol(seeds=[0, 1, 2], budget={k: settings[k] for k in budget_keys},
                         lr_sweep={a: list(settings["lrs"]) for a in arms},
-                        verdict_rule=[r.describe() for r in rule_list], select_on="val_accuracy", confirm_seeds=[3])
+                        verdict_rule=[r.describe() for r in rule_list], select_on="val_accuracy", confirm_seeds=[3],
+                        extend_edges=settings.get("extend_edges", 0))
     summary = run_arms({a: (lambda seed, lr, f=f: train_and_test(configs[f[0]], settings, f[1], seed, lr))
                         for a, f in arms.items()}, protocol, log=lambda line: None)
     outcomes = [r.decide(summary) for r in rule_list]
@@ -210,7 +212,7 @@ CNN: ResNet, {_fields(s['cnn'])}, width {configs['cnn'].cnn_width} from `match_w
 |---|---|---|---|---|---|
 {table}
 
-{cap_line}
+{cap_line} {edge_text(summary)}
 
 {outcome_lines(outcomes)}
 
