@@ -180,12 +180,15 @@ def test_rates_and_the_scheme_are_chosen_on_validation_never_on_test(monkeypatch
     assert sorted((m, lr) for _, m, seed, lr in calls if seed == 3) == sorted((m, 1e-3) for m in s["models"])
 
 
-def test_early_stop_once_the_training_lengths_fit():
+def test_early_stop_once_the_training_lengths_fit_or_plateau():
     s = {**p.QUICK, "steps": {"rnn": 100, "lstm": 100, "transformer": 100}, "check_every": 10}
     stopped = c.train_and_test("parity_check", "rnn", {**s, "fit_target": 0.0}, 0, 3e-3)
     assert stopped["steps"] == 10 and stopped["fitted"]  # every check passes a target of 0
-    full = c.train_and_test("parity_check", "rnn", {**s, "fit_target": 1.01}, 0, 3e-3)
-    assert full["steps"] == 100 and not full["fitted"]
+    full = c.train_and_test("parity_check", "rnn", {**s, "fit_target": 1.01, "min_gain": -1.0}, 0, 3e-3)
+    assert full["steps"] == 100 and not full["fitted"] and not full["plateau"]
+    # a plateau: the last `patience` checks gained less than min_gain (here: any gain under 1 is too little)
+    flat = c.train_and_test("parity_check", "rnn", {**s, "fit_target": 1.01, "min_gain": 1.0, "patience": 2}, 0, 3e-3)
+    assert flat["steps"] == 30 and flat["plateau"] and not flat["fitted"]
     assert full["val_score"] != full["test_score"]  # validation and test strings are different draws
 
 

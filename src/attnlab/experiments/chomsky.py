@@ -18,7 +18,8 @@ sin/cos counted from the end, RoPE, ALiBi with the left tie-break, Transformer-X
 The study protocol (``experiments/study.py``), where the paper reports its best run selected on the test score:
 
 - every model (each positional scheme is one) trains at every rate of its sweep with seeds 0, 1, 2, for the
-  budget of its kind fixed in advance, stopping early once it fits the training lengths;
+  budget of its kind fixed in advance, stopping early once it fits the training lengths or its accuracy on
+  them reaches a plateau;
 - a run's ``val_score`` is its score on fresh *validation* strings at the test lengths (another generator
   than the test strings'); each model's rate is chosen on the mean val_score, and the Transformer's
   positional scheme likewise (the paper's Transformer column is the best encoding per task);
@@ -69,7 +70,7 @@ from attnlab.experiments.chomsky_protocol import (
     total_length,
 )
 from attnlab.experiments.partial import run_parts
-from attnlab.experiments.study import Protocol, run_arms, verdict_of
+from attnlab.experiments.study import Protocol, plateaued, run_arms, verdict_of
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.positions import ALiBiPositions
 from attnlab.nn.recurrent import RecurrentModel
@@ -137,7 +138,8 @@ def train_and_test(task_name: str, model: str, s: dict[str, Any], seed: int, lr:
     steps = budget(model, s)
     single = task.output_length(TRAIN_MAX_LENGTH) == 1
     check = [task.sample(32, n, torch.Generator().manual_seed(30_000 + seed + n)) for n in (10, 20, 30, 40)]
-    fitted: list[int] = []
+    checks: list[float] = []
+    stopped = ["budget"]
     started = time.perf_counter()
 
     def draw(step: int) -> tuple[Tensor, Tensor]:  # strings of a random length 1..TRAIN_MAX_LENGTH
@@ -149,20 +151,22 @@ def train_and_test(task_name: str, model: str, s: dict[str, Any], seed: int, lr:
         logits = output_logits(net, model, x, y.size(1))
         return F.cross_entropy(logits.reshape(-1, task.n_classes), y.reshape(-1))
 
-    def fits(step: int, _: Any) -> bool:  # the early stop: every check_every steps, on fixed training-length strings
+    def stop(step: int, _: Any) -> bool:  # every check_every steps, on fixed training-length strings
         if (step + 1) % s["check_every"] or step + 1 == steps:
             return False
         net.eval()
         with torch.no_grad():
             counts = [string_counts(task, output_logits(net, model, x, y.size(1)), y) for x, y in check]
         net.train()
-        done = sum(int(c.sum()) for c, _ in counts) / sum(int(k.sum()) for _, k in counts) >= s["fit_target"]
-        if done:
-            fitted.append(step + 1)
-        return done
+        checks.append(sum(int(c.sum()) for c, _ in counts) / sum(int(k.sum()) for _, k in counts))
+        if checks[-1] >= s["fit_target"]:
+            stopped[0] = "fitted"
+        elif plateaued(checks, s["patience"], s["min_gain"]):
+            stopped[0] = "plateau"
+        return stopped[0] != "budget"
 
     losses = fit(net, opt, draw, loss_of, steps, lr=lambda step: learning_rate(step, steps, lr, s["schedule"]),
-                 grad_clip=s["clip"], after_step=fits).losses
+                 grad_clip=s["clip"], after_step=stop).losses
     train_s = time.perf_counter() - started
     net.eval()
     started = time.perf_counter()
@@ -175,7 +179,8 @@ def train_and_test(task_name: str, model: str, s: dict[str, Any], seed: int, lr:
                                  max_len, seed + 10_000)
     return {
         "val_score": statistics.fmean(val), "test_score": statistics.fmean(test), "score_stderr": score_error(errors),
-        "train_range_accuracy": statistics.fmean(in_range), "steps": len(losses), "fitted": bool(fitted),
+        "train_range_accuracy": statistics.fmean(in_range), "steps": len(losses), "fitted": stopped[0] == "fitted",
+        "plateau": stopped[0] == "plateau",
         "final_train_loss": statistics.fmean(losses[-50:]), "train_s": round(train_s, 2),
         "eval_s": round(time.perf_counter() - started, 2), "parameters": sum(p.numel() for p in net.parameters()),
         "test_lengths": lengths, "per_length": test,
@@ -210,7 +215,8 @@ def _accuracy(net: nn.Module, model: str, task: FormalTask, lengths: list[int], 
 
 def protocol(s: dict[str, Any]) -> Protocol:
     """Seeds, budgets, sweeps and the verdict rule, as fixed before the run."""
-    return Protocol(seeds=SEEDS, budget={k: s[k] for k in ("steps", "check_every", "fit_target", "batch")},
+    return Protocol(seeds=SEEDS, budget={k: s[k] for k in ("steps", "check_every", "fit_target", "patience",
+                                                            "min_gain", "batch")},
                     lr_sweep={m: list(s["lrs"]) for m in s["models"]}, verdict_rule=[r.describe()
                                                                              for r in rules(s["tasks"])],
                     select_on="val_score", confirm_seeds=CONFIRM_SEEDS)

@@ -63,10 +63,15 @@ def report(r: dict[str, Any], s: dict[str, Any]) -> str:
     scheme_rows = "\n".join(
         f"| {t} | " + " | ".join(f"{_pct(tasks[t]['arms'][m]['test_score'])} / {_pct(tasks[t]['arms'][m]['val_score'])}"
                                  f" ({tasks[t]['arms'][m]['lr']:g})" for m in schemes) + " |" for t in names)
+    def stops(a: dict[str, Any]) -> str:  # how the chosen setting's seeds stopped: fitted / plateau / budget
+        n = a["steps"]["n"]
+        fitted, flat = round(a["fitted"]["mean"] * n), round(a["plateau"]["mean"] * n)
+        return f"{fitted}/{flat}/{n - fitted - flat}"
+
     fit_rows = "\n".join(
         f"| {t} | " + " | ".join(f"{100 * tasks[t]['arms'][m]['train_range_accuracy']['mean']:.1f} "
-                                 f"({tasks[t]['arms'][m]['steps']['mean']:.0f})" for m in s["models"]) + " |"
-        for t in names)
+                                 f"({tasks[t]['arms'][m]['steps']['mean']:.0f}; {stops(tasks[t]['arms'][m])})"
+                                 for m in s["models"]) + " |" for t in names)
     solved_without = [f"{f} on {t}" for t in names for f, m in tasks[t]["chosen"].items()
                       if tasks[t]["arms"][m]["test_score"]["mean"] > SOLVED and PAPER_TABLE2[t][f] < 100 * SOLVED]
     notes = []
@@ -84,9 +89,10 @@ part holds. The paper's numbers decide nothing.
 **Setup.** The {len(names)} tasks of Delétang et al. (2023) (`attnlab.data.formal`). Training: input lengths
 uniform in 1..{TRAIN_MAX_LENGTH} per batch of {s['batch']}, Adam, {s['schedule']} rate, gradient clip
 {s['clip']}, at most {steps['rnn']} (RNN) / {steps['lstm']} (LSTM) / {steps['transformer']} (transformer)
-steps, stopping early once accuracy on fixed strings of lengths 10-40 reaches {100 * s['fit_target']:.1f}%
-(checked every {s['check_every']} steps). RNN and LSTM: hidden {s['hidden']}; transformer encoder: d_model
-{s['d_model']}, {s['n_layer']} layers, {s['n_head']} heads, one arm per positional scheme
+steps, checking the accuracy on fixed strings of lengths 10-40 every {s['check_every']} steps and stopping once
+it reaches {100 * s['fit_target']:.1f}% (fitted) or once {s['patience']} checks in a row gain less than
+{s['min_gain']:g} over the best before them (a plateau). RNN and LSTM: hidden {s['hidden']}; transformer
+encoder: d_model {s['d_model']}, {s['n_layer']} layers, {s['n_head']} heads, one arm per positional scheme
 ({', '.join(m.removeprefix('tf-') for m in schemes)}). Every model: rates {s['lrs']} with seeds 0-2, the
 rate chosen on the mean validation score (fresh strings at the test lengths, {s['val_strings']['single']} per
 length for one-token outputs, {s['val_strings']['sequence']} for sequences); the Transformer's scheme chosen
@@ -117,7 +123,8 @@ Every transformer scheme, test / validation score (chosen rate):
 |---|{'---|' * len(schemes)}
 {scheme_rows}
 
-Fit of the training lengths (accuracy % on lengths 10-40, mean over seeds) and mean steps trained:
+Fit of the training lengths (accuracy % on lengths 10-40, mean over seeds), mean steps trained, and how the
+seeds stopped (fitted / plateau / budget):
 
 | task | {' | '.join(s['models'])} |
 |---|{'---|' * len(s['models'])}
