@@ -112,6 +112,9 @@ def test_a_best_rate_at_the_edge_is_flagged_and_the_sweep_extended_past_it():
     # the report names the arms still at an edge, with their rate
     assert edge_text(out).endswith(f"may lie beyond it: down ({1e-3 / 27:.3g}).")
     assert edge_text({"in": out["in"]}) == ""
+    # a record made before the flag existed: read from the rates it swept
+    old = {name: {k: v for k, v in a.items() if k != "at_sweep_edge"} for name, a in flat.items()}
+    assert edge_text(old) == edge_text(flat) and "up (0.003)" in edge_text(old) and "in (" not in edge_text(old)
 
 
 def test_outcome_lines_show_the_statistic_its_interval_and_the_verdict():

@@ -361,7 +361,13 @@ def outcome_lines(outcomes: Sequence[Mapping[str, Any]]) -> str:
 def edge_text(arms: Mapping[str, Mapping[str, Any]]) -> str:
     """One sentence naming the arms whose chosen rate is at the edge of their sweep (their optimum may lie
     beyond it, so their numbers are bounds on what tuning would give), or "" when none is."""
-    edge = [f"{name} ({a['lr']:g})" for name, a in arms.items() if a.get("at_sweep_edge")]
+    def at_edge(a: Mapping[str, Any]) -> bool:  # the flag, or (a record made before it) from the rates swept
+        if "at_sweep_edge" in a:
+            return bool(a["at_sweep_edge"])
+        rates = sorted(float(k) for k in a.get("by_lr", {}))
+        return len(rates) > 1 and float(f"{a['lr']:g}") in (rates[0], rates[-1])
+
+    edge = [f"{name} ({a['lr']:g})" for name, a in arms.items() if at_edge(a)]
     return (f"Chosen at the edge of its sweep, so the best setting may lie beyond it: {', '.join(edge)}."
             if edge else "")
 
