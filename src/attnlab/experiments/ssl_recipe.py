@@ -218,7 +218,7 @@ rate or C in brackets):
 
 {tables_md}
 
-{outcome_lines(outcomes)}
+{outcome_lines([{**o, 'rule': o['dataset'] + ': ' + o['rule']} for o in outcomes])}
 
 {' '.join(edge_text(t['arms']) for t in tables.values())}
 
