@@ -171,12 +171,10 @@ def train_and_test(task_name: str, model: str, s: dict[str, Any], seed: int, lr:
     net.eval()
     started = time.perf_counter()
     with torch.no_grad():
-        in_range, _ = _accuracy(net, model, task, [10, 20, 30, 40], s["val_strings"]["single" if single else
-                                                                                    "sequence"], max_len, seed + 40_000)
-        val, _ = _accuracy(net, model, task, lengths, s["val_strings"]["single" if single else "sequence"], max_len,
-                           seed + 20_000)
-        test, errors = _accuracy(net, model, task, lengths, s["eval_strings"]["single" if single else "sequence"],
-                                 max_len, seed + 10_000)
+        kind = "single" if single else "sequence"
+        in_range, _ = _accuracy(net, model, task, [10, 20, 30, 40], s["val_strings"][kind], seed + 40_000)
+        val, _ = _accuracy(net, model, task, lengths, s["val_strings"][kind], seed + 20_000)
+        test, errors = _accuracy(net, model, task, lengths, s["eval_strings"][kind], seed + 10_000)
     return {
         "val_score": statistics.fmean(val), "test_score": statistics.fmean(test), "score_stderr": score_error(errors),
         "train_range_accuracy": statistics.fmean(in_range), "steps": len(losses), "fitted": stopped[0] == "fitted",
@@ -187,7 +185,7 @@ def train_and_test(task_name: str, model: str, s: dict[str, Any], seed: int, lr:
     }
 
 
-def _accuracy(net: nn.Module, model: str, task: FormalTask, lengths: list[int], n_strings: int, max_len: int,
+def _accuracy(net: nn.Module, model: str, task: FormalTask, lengths: list[int], n_strings: int,
               seed: int) -> tuple[list[float], list[float]]:
     """Per-token accuracy at each length over ``n_strings`` fresh strings of generator ``seed`` (every model
     of a seed sees the same strings), and its standard error.
