@@ -150,3 +150,15 @@ def test_bench_lists_runs_and_rejects_unknown_names(tmp_path, capsys):
     code = main(["bench", "attention", "--lengths", "128", "--block", "64", "--out", str(out),
                  "--plot", str(tmp_path / "a.png")])
     assert code == 0 and out.is_file()
+
+
+def test_progress_lines_reach_a_pipe_as_they_are_printed():
+    """stdout redirected to a file or a pipe is block-buffered by Python: a long run's progress lines would
+    arrive only at its end. The command line switches it to line buffering."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from attnlab.cli import main; main(['experiment', '--list']); "
+            "sys.stderr.write(str(sys.stdout.line_buffering))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stderr.strip().endswith("True"), done.stderr

@@ -16,6 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     from attnlab.cli.parser import build_parser
     from attnlab.core.errors import AttnlabError
 
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:  # progress lines reach a file or a pipe (`> log`, `| tee`) as they are printed
+        reconfigure(line_buffering=True)
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or a usage error already printed on one line
