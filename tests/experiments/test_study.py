@@ -93,8 +93,12 @@ def test_a_best_rate_at_the_edge_is_flagged_and_the_sweep_extended_past_it():
     def inside(seed, lr):  # the middle rate is best: nothing to extend
         return {"val": -abs(lr - 0.003), "test": 0.0}
 
-    sweep = {"up": [1e-3, 3e-3], "down": [1e-3, 3e-3], "in": [1e-3, 3e-3, 1e-2], "one": [1e-3]}
-    arms = {"up": rising, "down": falling, "in": inside, "one": falling}
+    def perfect(seed, lr):  # every rate scores the most there is: a tie is no edge, whichever rate is picked
+        return {"val": 1.0, "test": 0.0}
+
+    sweep = {"up": [1e-3, 3e-3], "down": [1e-3, 3e-3], "in": [1e-3, 3e-3, 1e-2], "one": [1e-3],
+             "tie": [1e-3, 3e-3]}
+    arms = {"up": rising, "down": falling, "in": inside, "one": falling, "tie": perfect}
     flat = run_arms(arms, Protocol(seeds=[0, 1, 2], budget={}, lr_sweep=sweep, verdict_rule=["-"]), log=lambda _: None)
     assert flat["up"]["lr"] == 3e-3 and flat["up"]["at_sweep_edge"] and flat["down"]["at_sweep_edge"]
     assert not flat["in"]["at_sweep_edge"] and not flat["one"]["at_sweep_edge"]  # one rate is no sweep
@@ -109,11 +113,13 @@ def test_a_best_rate_at_the_edge_is_flagged_and_the_sweep_extended_past_it():
     # down: three extensions below, and still at the edge (the extensions are spent): flagged
     assert out["down"]["lr"] == pytest.approx(1e-3 / 27, rel=1e-2) and out["down"]["at_sweep_edge"]
     assert set(out["in"]["by_lr"]) == {"0.001", "0.003", "0.01"} and set(out["one"]["by_lr"]) == {"0.001"}
+    assert set(out["tie"]["by_lr"]) == {"0.001", "0.003"} and not out["tie"]["at_sweep_edge"]
+    assert not flat["tie"]["at_sweep_edge"]
     # the report names the arms still at an edge, with their rate
     assert edge_text(out).endswith(f"may lie beyond it: down ({1e-3 / 27:.3g}).")
     assert edge_text({"in": out["in"]}) == ""
     # a record made before the flag existed: read from the rates it swept
-    old = {name: {k: v for k, v in a.items() if k != "at_sweep_edge"} for name, a in flat.items()}
+    old = {name: {k: v for k, v in a.items() if k != "at_sweep_edge"} for name, a in flat.items() if name != "tie"}
     assert edge_text(old) == edge_text(flat) and "up (0.003)" in edge_text(old) and "in (" not in edge_text(old)
 
 

@@ -217,7 +217,7 @@ def protocol(s: dict[str, Any]) -> Protocol:
                                                             "min_gain", "batch")},
                     lr_sweep={m: list(s["lrs"]) for m in s["models"]}, verdict_rule=[r.describe()
                                                                              for r in rules(s["tasks"])],
-                    select_on="val_score", confirm_seeds=CONFIRM_SEEDS)
+                    select_on="val_score", confirm_seeds=CONFIRM_SEEDS, extend_edges=s.get("extend_edges", 0))
 
 
 def run_task(task: str, s: dict[str, Any]) -> dict[str, Any]:

@@ -243,7 +243,7 @@ def run_arms(arms: Mapping[str, ArmFn], protocol: Protocol, log: Callable[[str],
         runs[arm][lr].append(result)
     out = {arm: _choose(runs[arm], protocol) for arm in arms}
     for _ in range(protocol.extend_edges):
-        beyond = {arm: rate for arm in arms if (rate := _beyond_edge(sorted(runs[arm]), out[arm]["lr"])) is not None}
+        beyond = {arm: rate for arm in arms if (rate := _beyond_edge(out[arm], protocol)) is not None}
         if not beyond:
             break
         grid = [(a, beyond[a], seed) for seed in protocol.seeds for a in arms if a in beyond]
@@ -253,8 +253,7 @@ def run_arms(arms: Mapping[str, ArmFn], protocol: Protocol, log: Callable[[str],
             runs[arm][lr].append(result)
         out.update({arm: _choose(runs[arm], protocol) for arm in beyond})
     for arm in arms:
-        rates = sorted(runs[arm])
-        out[arm]["at_sweep_edge"] = (len(rates) > 1 and out[arm]["lr"] in (rates[0], rates[-1]))
+        out[arm]["at_sweep_edge"] = _beyond_edge(out[arm], protocol) is not None
     if protocol.confirm_seeds:
         held_out = [(a, out[a]["lr"], seed) for seed in protocol.confirm_seeds for a in arms]
         confirm: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
@@ -272,16 +271,19 @@ def _choose(runs: Mapping[float, list[dict[str, Any]]], protocol: Protocol) -> d
     return {"lr": pick, **by_lr[pick], "by_lr": {f"{lr:g}": s for lr, s in by_lr.items()}}
 
 
-def _beyond_edge(rates: list[float], pick: float) -> float | None:
-    """The next rate past the edge of a sorted sweep ``rates`` where its best rate ``pick`` sits (the sweep's
-    ratio at that edge, three significant digits), or None when the pick is inside or there is no sweep."""
-    if len(rates) < 2 or rates[0] <= 0:
+def _beyond_edge(chosen: Mapping[str, Any], protocol: Protocol) -> float | None:
+    """The next rate past the edge of an arm's sweep where its chosen rate sits (the sweep's ratio at that
+    edge, three significant digits), or None when the pick is inside, there is no sweep, or the pick ties with
+    its neighbour on the selection metric (two rates equally good, e.g. both at 100%: the optimum is not
+    beyond the edge)."""
+    keys = sorted(chosen["by_lr"], key=float)  # the rates swept, as by_lr names them
+    pick, name = chosen["lr"], f"{chosen['lr']:g}"
+    if len(keys) < 2 or float(keys[0]) <= 0 or name not in (keys[0], keys[-1]):
         return None
-    if pick == rates[-1]:
-        return float(f"{pick * rates[-1] / rates[-2]:.3g}")
-    if pick == rates[0]:
-        return float(f"{pick * rates[0] / rates[1]:.3g}")
-    return None
+    inner = keys[-2] if name == keys[-1] else keys[1]
+    if chosen["by_lr"][inner][protocol.select_on]["mean"] == chosen[protocol.select_on]["mean"]:
+        return None
+    return float(f"{pick * pick / float(inner):.3g}")
 
 
 _WORKERS = 1
