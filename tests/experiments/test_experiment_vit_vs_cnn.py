@@ -40,6 +40,23 @@ def test_vit_vs_cnn_quick(tmp_path):
     assert r["outcomes"][1]["difference"] == pytest.approx(gaps[small] - gaps[large])
     assert (tmp_path / "accuracy_vs_data.png").stat().st_size > 1000
     assert "CNN - ViT" in (tmp_path / "report.md").read_text()
+    # each arm keeps its chosen rate's validation curve per seed, ending at the step the run stopped
+    for name, arm in r["arms"].items():
+        assert [c[-1][0] for c in r["val_curves"][name]] == arm["steps"]["values"]
+    # every fraction was kept as it finished; --resume takes them all and trains nothing
+    kept = json.loads((tmp_path / "partial.json").read_text())
+    assert list(kept["parts"]) == [f"{x:g}" for x in s["fractions"]]
+    (tmp_path / "results.json").unlink()
+    assert main(["experiment", "vit-vs-cnn", "--quick", "--resume", "--out", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert again["arms"] == r["arms"] and again["outcomes"] == r["outcomes"]
+
+
+def test_last_gain_is_the_rise_of_the_best_over_the_last_evaluations():
+    curve = [[200, 0.5], [400, 0.7], [600, 0.72], [800, 0.71], [1000, 0.75]]
+    assert vit_vs_cnn.last_gain(curve, 2) == pytest.approx(0.75 - 0.72)
+    assert vit_vs_cnn.last_gain([[200, 0.5], [400, 0.6], [600, 0.55]], 1) == 0.0  # no new best: a plateau
+    assert vit_vs_cnn.last_gain([[200, 0.5]], 5) == 0.0
 
 
 def test_the_budget_is_epochs_of_the_fraction_capped():
