@@ -24,9 +24,11 @@ The study protocol (``experiments/study.py``), where the paper reports its best 
   than the test strings'); each model's rate is chosen on the mean val_score, and the Transformer's
   positional scheme likewise (the paper's Transformer column is the best encoding per task);
 - the chosen setting is run again with held-out seed 3;
+- a rate chosen at the edge of the sweep (and not tied with its neighbour) gets one more rate past it;
 - the verdict (``chomsky_protocol.rules``) is decided on the mean test score over seeds 0-2 with its 95% t
-  interval; the best single run (over seeds, rates and schemes, selected on test as the paper's table is)
-  is shown beside and never decides anything.
+  interval, a low score only from a model that stopped learning (``chomsky_protocol.Trained``); the best
+  single run (over seeds, rates and schemes, selected on test as the paper's table is) is shown beside and
+  never decides anything.
 
 Each task is a part of ``OUT/partial.json`` (``experiments/partial.py``): ``--resume`` runs only the tasks
 not yet finished.
