@@ -17,7 +17,7 @@ from attnlab.experiments.chomsky_protocol import (
     TRAIN_MAX_LENGTH,
     TRANSFORMERS,
 )
-from attnlab.experiments.study import outcome_lines
+from attnlab.experiments.study import edge_text, outcome_lines
 
 
 def _pct(summary: dict[str, Any]) -> str:
@@ -156,11 +156,8 @@ def _extension(s: dict[str, Any]) -> str:
 
 
 def _edges(tasks: dict[str, dict[str, Any]]) -> str:
-    """The chosen settings still at an edge of their (extended) sweep, per task."""
-    edge = [f"{m} on {t} ({a['lr']:g})" for t in tasks for m, a in tasks[t]["arms"].items()
-            if a.get("at_sweep_edge")]
-    return (f"Rates still at an edge of their sweep (the best setting may lie beyond): {', '.join(edge)}."
-            if edge else "No chosen rate is at an edge of its sweep.")
+    """The chosen settings still at an edge of their (extended) sweep, per task (``study.edge_text``)."""
+    return edge_text({f"{m} on {t}": a for t in tasks for m, a in tasks[t]["arms"].items()})
 
 
 def plot(tasks: dict[str, dict[str, Any]], s: dict[str, Any], out: Path) -> None:
