@@ -255,3 +255,26 @@ def test_a_low_score_decides_only_from_a_model_that_stopped_learning():
     assert above.decide({above.arm: arm(low, *still)})["verdict"] == UNDECIDED
     assert above.decide({above.arm: arm(high, *still)})["verdict"] == HELD
     assert "still learning at its step budget" in below.describe()
+
+
+def test_the_verdict_table_gives_each_judged_part_once_and_names_what_failed():
+    from attnlab.experiments.chomsky_report import verdict_table
+    from attnlab.experiments.study import HELD, NOT_HELD, UNDECIDED
+
+    tasks = {"parity_check": {"level": "regular"}, "reverse_string": {"level": "deterministic context-free"}}
+    outcomes = [{"arm": "rnn@parity_check", "verdict": HELD, "mean": 1.0, "interval": [1.0, 1.0], "still_learning": 0},
+                {"arm": "lstm@parity_check", "verdict": NOT_HELD, "mean": 0.7, "interval": [0.6, 0.8],
+                 "still_learning": 0},
+                {"arm": "rnn@reverse_string", "verdict": UNDECIDED, "mean": 0.5, "interval": [0.4, 0.6],
+                 "still_learning": 2},
+                {"arm": "transformer@reverse_string", "verdict": HELD, "mean": 0.55, "interval": [0.5, 0.6],
+                 "still_learning": 1}]
+    text = verdict_table(outcomes, tasks)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[2:] for line in text.splitlines()
+            if line.startswith("| ") and "---" not in line and not line.startswith("| task")}
+    assert rows["parity_check"][0] == "**held**: 100.0 [100.0, 100.0]"
+    assert rows["parity_check"][1] == "**not held**: 70.0 [60.0, 80.0]" and rows["parity_check"][2] == "– |"
+    assert rows["reverse_string"][0] == "**not decidable** (2 seeds still learning): 50.0 [40.0, 60.0]"
+    # the still-learning note comes only with the not-decidable verdict it caused
+    assert rows["reverse_string"][1] == "–" and rows["reverse_string"][2] == "**held**: 55.0 [50.0, 60.0] |"
+    assert text.endswith("2 of 4 parts held; not held: lstm on parity_check; not decidable: rnn on reverse_string.")

@@ -110,8 +110,9 @@ class Trained(Threshold):
                 "(each seed fitted the training lengths or reached a plateau), else not decidable")
 
     def decide(self, summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-        """The Threshold's outcome, with ``still_learning`` (seeds stopped by the budget) and the guard applied."""
-        out = super().decide(summaries)
+        """The Threshold's outcome, with its ``arm``, ``still_learning`` (seeds stopped by the budget) and the guard
+        applied."""
+        out = {"arm": self.arm, **super().decide(summaries)}
         arm = summaries[self.arm]
         still = sum(1 for f, p in zip(arm["fitted"]["values"], arm["plateau"]["values"]) if not f and not p)
         out["still_learning"] = still

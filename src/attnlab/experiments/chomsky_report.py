@@ -17,7 +17,7 @@ from attnlab.experiments.chomsky_protocol import (
     TRAIN_MAX_LENGTH,
     TRANSFORMERS,
 )
-from attnlab.experiments.study import edge_text, outcome_lines
+from attnlab.experiments.study import HELD, NOT_HELD, UNDECIDED, edge_text
 
 
 def _pct(summary: dict[str, Any]) -> str:
@@ -111,7 +111,7 @@ tasks. Paper: {PAPER_SOURCE}.
 |---|---|---|---|---|---|---|---|---|
 {main}
 
-{outcome_lines(r['outcomes'])}
+{verdict_table(r['outcomes'], tasks)}
 
 **Best single run, beside.** The paper reports its best run, selected on the test score over seeds, rates and
 (for the Transformer) encodings. The same selection over our runs (seeds 0-2 × rates [× schemes]; "of N" runs)
@@ -144,6 +144,39 @@ so a model that would generalise only after long training can score low here (th
 score from deciding while the model was still improving). The models are small (see results.json for
 parameter counts). Plots: `scores.png` (mean test score, task × model) and `by_length.png` (accuracy against
 test length)."""
+
+
+def verdict_table(outcomes: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]) -> str:
+    """The outcome of every part of the rule as one table (task x family: verdict, mean test score and its 95%
+    interval in %; "–" where the family is not judged on that task) and a tally naming the parts that were not
+    held or not decidable. The rule itself is stated once, above; results.json keeps each outcome's rule."""
+    by_part = {o["arm"]: o for o in outcomes}
+
+    def cell(t: str, fam: str) -> str:
+        o = by_part.get(f"{fam}@{t}")
+        if o is None:
+            return "–"
+        low, high = o["interval"]
+        still = o.get("still_learning", 0)
+        guard = f" ({still} seed{'s' if still > 1 else ''} still learning)" if o["verdict"] == UNDECIDED and still \
+            else ""
+        return f"**{o['verdict']}**{guard}: {100 * o['mean']:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+
+    rows = "\n".join(f"| {t} | {tasks[t]['level']} | " + " | ".join(cell(t, f) for f in FAMILIES) + " |"
+                     for t in tasks)
+    count = {v: [o["arm"].replace("@", " on ") for o in outcomes if o["verdict"] == v]
+             for v in (HELD, NOT_HELD, UNDECIDED)}
+    tally = f"{len(count[HELD])} of {len(outcomes)} parts held"
+    for v in (NOT_HELD, UNDECIDED):
+        if count[v]:
+            tally += f"; {v}: {', '.join(count[v])}"
+    return f"""Outcome of each part of the rule (mean test score in %, its 95% interval; "–": not judged there):
+
+| task | level | RNN | LSTM | Transformer |
+|---|---|---|---|---|
+{rows}
+
+{tally}."""
 
 
 def _extension(s: dict[str, Any]) -> str:
