@@ -6,6 +6,7 @@ import json
 import math
 from itertools import pairwise
 
+import pytest
 import torch
 
 from attnlab.cli import main
@@ -278,3 +279,32 @@ def test_the_verdict_table_gives_each_judged_part_once_and_names_what_failed():
     # the still-learning note comes only with the not-decidable verdict it caused
     assert rows["reverse_string"][1] == "–" and rows["reverse_string"][2] == "**held**: 55.0 [50.0, 60.0] |"
     assert text.endswith("2 of 4 parts held; not held: lstm on parity_check; not decidable: rnn on reverse_string.")
+
+
+def test_a_task_cut_off_mid_way_resumes_run_by_run(monkeypatch, tmp_path):
+    s = {**p.QUICK, "lrs": [1e-3, 3e-3], "models": ("rnn", "tf-none")}
+    scores = {(m, lr): (0.5 + lr, 0.4 + lr) for m in s["models"] for lr in (3.33e-4, 1e-3, 3e-3, 9e-3)}
+    calls = _fake(monkeypatch, scores)
+    whole = c.run_task("parity_check", s)  # uncut, nothing kept
+    n = len(calls)
+    fake = c.train_and_test
+
+    def cut(*args):  # the sitting ends during the 6th run
+        if len(calls) == n + 5:
+            raise KeyboardInterrupt
+        return fake(*args)
+
+    monkeypatch.setattr(c, "train_and_test", cut)
+    with pytest.raises(KeyboardInterrupt):
+        c.run_task("parity_check", s, keep=tmp_path)
+    assert len(list(tmp_path.glob("*.json"))) == 5
+    monkeypatch.setattr(c, "train_and_test", fake)
+    resumed = c.run_task("parity_check", s, keep=tmp_path)
+    assert len(calls) == n + 5 + (n - 5)  # only the runs not kept ran again
+
+    def without_seconds(x):
+        if isinstance(x, dict):
+            return {k: without_seconds(v) for k, v in x.items() if k != "seconds"}
+        return x
+
+    assert without_seconds(resumed) == without_seconds(json.loads(json.dumps(whole)))

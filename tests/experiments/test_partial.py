@@ -46,3 +46,47 @@ def test_resume_refuses_another_record_before_any_work(tmp_path, change):
     with pytest.raises(ConfigError, match="cannot resume"):
         run_parts(tmp_path, name, settings, quick, ["p", "q"], lambda part: calls.append(part), resume=True)
     assert calls == []
+
+
+def test_single_runs_are_kept_and_read_back_not_run_again(tmp_path):
+    from attnlab.experiments.partial import kept
+
+    calls: list[tuple[int, float]] = []
+
+    def fn(seed: int, lr: float) -> dict:
+        calls.append((seed, lr))
+        return {"score": seed + lr, "curve": (1, 2)}
+
+    run = kept(fn, tmp_path / "runs", "arm-a")
+    first = run(0, 1e-3)
+    assert first["curve"] == [1, 2] and first["seconds"] >= 0  # as JSON reads it back, with its wall seconds
+    assert run(0, 1e-3) == first and calls == [(0, 1e-3)]  # read back, not run again
+    assert run(1, 1e-3)["score"] == 1.001 and run(0, 3e-3)["score"] == 0.003 and len(calls) == 3
+    kept(fn, tmp_path / "runs", "arm-b")(0, 1e-3)
+    assert len(calls) == 4  # another arm is another run
+
+
+def test_a_part_cut_off_mid_way_counts_the_earlier_sittings_kept_work(tmp_path, monkeypatch):
+    import time
+
+    from attnlab.experiments import partial
+
+    folder = tmp_path / partial.RUNS / "p-0123"
+    clock = iter([1000.0, 1030.0, 1050.0, 2000.0, 2100.0])  # sitting 1 starts; runs end; sitting 2 starts; ...
+    monkeypatch.setattr(partial.time, "time", lambda: next(clock))
+    assert partial.begin_sitting(folder) == 0.0  # sitting 1 at 1000
+    run = partial.kept(lambda seed, lr: {"x": seed}, folder, "a")
+    run(0, 0.1)  # kept at 1030
+    run(1, 0.1)  # kept at 1050; sitting 1 is then cut off (what it had under way is lost)
+    assert partial.begin_sitting(folder) == 50.0  # sitting 2 at 2000: sitting 1 kept 50 s of work
+    run(2, 0.1)  # kept at 2100
+    monkeypatch.setattr(partial.time, "time", lambda: 3000.0)
+    assert partial.begin_sitting(folder) == 150.0  # 50 + 100
+    # run_parts adds that time to the part's and to the total wall time
+    monkeypatch.setattr(partial.time, "time", time.time)
+    calls = []
+    _, spent, origin = partial.run_parts(tmp_path, "x", {}, False, ["p"], lambda p: calls.append(p) or 1,
+                                        resume=False, runs_of=lambda part: folder)
+    assert calls == ["p"] and spent["p"] >= 150.0 and time.perf_counter() - origin >= 150.0
+    partial.forget_runs(tmp_path)
+    assert not (tmp_path / partial.RUNS).exists() and (tmp_path / partial.FILE).exists()

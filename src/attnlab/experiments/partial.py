@@ -9,11 +9,19 @@ A resumed run keeps the parts found there, if the file was made by the same expe
 (else it stops with one line, before any work), and runs only the rest; its wall time is the sum of every
 part's. A part's result is stored as JSON reads it back (tuples become lists, float keys strings), so a
 finished part looks the same whether it was just computed or read from disk.
+
+Within a part, ``kept`` keeps each single training run of a study (``study.run_arms``: one arm, one rate,
+one seed) in ``OUT/.runs/PART-DIGEST/ARM_LR_SEED.json`` as it finishes, so that a sitting cut off in the middle
+of a long part loses at most the runs under way; DIGEST names the settings, so runs of other settings are never
+taken. A run seeds itself, so reading it back gives what running it again would.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,6 +31,8 @@ from attnlab.core.errors import ConfigError
 from attnlab.core.fileio import atomic_write_text
 
 FILE = "partial.json"
+RUNS = ".runs"
+SITTINGS = "sittings.json"
 
 
 def plain(value: Any) -> Any:
@@ -50,24 +60,73 @@ def finished_parts(out: Path, name: str, settings: dict[str, Any], quick: bool) 
 
 
 def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names: Iterable[str],
-              one: Callable[[str], Any], resume: bool, log: Callable[[str], None] = print
-              ) -> tuple[dict[str, Any], dict[str, float], float]:
+              one: Callable[[str], Any], resume: bool, log: Callable[[str], None] = print,
+              runs_of: Callable[[str], Path] | None = None) -> tuple[dict[str, Any], dict[str, float], float]:
     """Every part of ``names`` (``one(part)`` computes it), each kept in ``out/partial.json`` as it finishes
-    (and a line to ``log``); with ``resume`` the parts already kept there are taken as they are. Returns (parts
-    in the order of ``names``, wall seconds per part, a ``time.perf_counter()`` origin such that now minus it is
-    the wall time of every part, earlier sittings included)."""
+    (and a line to ``log``); with ``resume`` the parts already kept there are taken as they are. ``runs_of``:
+    the folder where ``one`` keeps a part's single runs (``kept``), so that a part finished over several
+    sittings counts the time earlier sittings spent on it (``begin_sitting``). Returns (parts in the order of
+    ``names``, wall seconds per part, a ``time.perf_counter()`` origin such that now minus it is the wall time
+    of every part, earlier sittings included)."""
     names = list(names)
     parts, spent = finished_parts(out, name, settings, quick) if resume else ({}, {})
     origin = time.perf_counter() - sum(spent.get(p, 0.0) for p in names if p in parts)
     for part in names:
         if part in parts:
             continue
+        earlier = begin_sitting(runs_of(part)) if runs_of is not None else 0.0
+        origin -= earlier
         began = time.perf_counter()
         parts[part] = plain(one(part))
-        spent[part] = round(time.perf_counter() - began, 2)
+        spent[part] = round(time.perf_counter() - began + earlier, 2)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / FILE, json.dumps({"experiment": name, "quick": quick, "settings": plain(settings),
                                                  "parts": parts, "wall_time_s": spent}, indent=2))
         log(f"{name}: {part} finished in {spent[part]:.0f} s ({sum(p in parts for p in names)} of {len(names)} "
             f"kept in {out / FILE})")
     return {p: parts[p] for p in names}, {p: spent[p] for p in names}, origin
+
+
+def runs_folder(out: Path, name: str, settings: dict[str, Any], quick: bool, part: str) -> Path:
+    """Where the single runs of ``part`` of experiment ``name`` with these settings are kept."""
+    key = json.dumps({"experiment": name, "quick": quick, "settings": plain(settings)}, sort_keys=True)
+    return out / RUNS / f"{part}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def kept(fn: Callable[[int, float], Any], folder: Path, arm: str) -> Callable[[int, float], dict[str, Any]]:
+    """``fn`` (one run of ``arm``: (seed, lr) -> its result), with each result kept in ``folder`` as it finishes
+    (its wall seconds included, as ``seconds``) and read back from there instead of run again."""
+    def run(seed: int, lr: float) -> dict[str, Any]:
+        path = folder / f"{arm}_{lr:g}_{seed}.json"
+        if path.exists():
+            return json.loads(path.read_text())["result"]
+        began = time.perf_counter()
+        result = dict(fn(seed, lr))
+        result.setdefault("seconds", time.perf_counter() - began)
+        result = plain(result)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"result": result, "finished_at": time.time()}))
+        return result
+
+    return run
+
+
+def begin_sitting(folder: Path) -> float:
+    """Record that a sitting starts (or resumes) the part kept in ``folder`` now, and return the wall seconds
+    that earlier sittings spent on the runs they kept there: for each, from its start to its last kept run
+    (the runs it had under way when it was cut off are lost, and not counted)."""
+    path = folder / SITTINGS
+    starts = json.loads(path.read_text()) if path.exists() else []
+    ends = [json.loads(f.read_text())["finished_at"] for f in folder.glob("*.json") if f.name != SITTINGS]
+    earlier = 0.0
+    for start, stop in zip(starts, [*starts[1:], math.inf]):
+        within = [t for t in ends if start <= t < stop]
+        earlier += max(within) - start if within else 0.0
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps([*starts, time.time()]))
+    return earlier
+
+
+def forget_runs(out: Path) -> None:
+    """Remove the single runs kept under ``out`` (once every part is finished and kept in partial.json)."""
+    shutil.rmtree(out / RUNS, ignore_errors=True)
