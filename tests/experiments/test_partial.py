@@ -82,11 +82,16 @@ def test_a_part_cut_off_mid_way_counts_the_earlier_sittings_kept_work(tmp_path, 
     run(2, 0.1)  # kept at 2100
     monkeypatch.setattr(partial.time, "time", lambda: 3000.0)
     assert partial.begin_sitting(folder) == 150.0  # 50 + 100
-    # run_parts adds that time to the part's and to the total wall time
+    # run_parts adds that time to the part's and to the total wall time, and forgets the runs once all are kept
     monkeypatch.setattr(partial.time, "time", time.time)
+    monkeypatch.setattr(partial, "runs_folder", lambda *args: folder)
     calls = []
-    _, spent, origin = partial.run_parts(tmp_path, "x", {}, False, ["p"], lambda p: calls.append(p) or 1,
-                                        resume=False, runs_of=lambda part: folder)
-    assert calls == ["p"] and spent["p"] >= 150.0 and time.perf_counter() - origin >= 150.0
-    partial.forget_runs(tmp_path)
+    _, spent, origin = partial.run_parts(tmp_path, "x", {}, False, ["p"],
+                                         lambda p, where: calls.append((p, where)) or 1, resume=True, keep_runs=True)
+    assert calls == [("p", folder)] and spent["p"] >= 150.0 and time.perf_counter() - origin >= 150.0
     assert not (tmp_path / partial.RUNS).exists() and (tmp_path / partial.FILE).exists()
+    # a fresh run (no resume) first forgets what was kept
+    partial.kept(lambda seed, lr: {"x": seed}, folder, "a")(0, 0.1)
+    partial.run_parts(tmp_path, "y", {}, False, ["p"], lambda p, where: (where / "a_0.1_0.json").exists(),
+                      resume=False, keep_runs=True)
+    assert json.loads((tmp_path / partial.FILE).read_text())["parts"] == {"p": False}

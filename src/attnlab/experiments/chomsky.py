@@ -71,7 +71,7 @@ from attnlab.experiments.chomsky_protocol import (
     test_lengths,
     total_length,
 )
-from attnlab.experiments.partial import forget_runs, kept, run_parts, runs_folder
+from attnlab.experiments.partial import kept_arms, run_parts
 from attnlab.experiments.study import Protocol, plateaued, run_arms, verdict_of
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.positions import ALiBiPositions
@@ -226,12 +226,10 @@ def run_task(task: str, s: dict[str, Any], keep: Path | None = None) -> dict[str
     """Every model of ``s`` on one task under the protocol: per model the summaries at its chosen rate, the
     Transformer's scheme chosen on validation, the best single runs (selected on test, shown beside) and the mean
     accuracy at each test length. ``keep``: a folder where each single run is kept as it finishes and read back
-    from (``partial.kept``), so that a cut-off task resumes run by run."""
+    from (``partial.kept_arms``), so that a cut-off task resumes run by run."""
     record: dict[tuple[str, float, int], dict[str, Any]] = {}
     fns = {m: (lambda seed, lr, m=m: train_and_test(task, m, s, seed, lr)) for m in s["models"]}
-    if keep is not None:
-        fns = {m: kept(fn, keep, m) for m, fn in fns.items()}
-    arms = run_arms(fns, protocol(s), log=lambda line: None, record=record)
+    arms = run_arms(kept_arms(fns, keep), protocol(s), log=lambda line: None, record=record)
     schemes = [m for m in s["models"] if m in TRANSFORMERS]
     chosen = {"rnn": "rnn", "lstm": "lstm"}
     if schemes:
@@ -257,15 +255,9 @@ def run(out: Path, quick: bool = False, resume: bool = False, settings: dict[str
     """Train and test every (task, model) under the protocol; ``resume``: keep the tasks already finished in
     ``out/partial.json`` (same settings) and run only the rest."""
     s = settings or (QUICK if quick else FULL)
-    if not resume:
-        forget_runs(out)  # a fresh run computes every run again
     with runtime.settings(threads=1):  # the budget is for one thread; results do not depend on it
-        def folder(task: str) -> Path:
-            return runs_folder(out, NAME, s, quick, task)
-
-        tasks, spent, started = run_parts(out, NAME, s, quick, s["tasks"], lambda t: run_task(t, s, folder(t)),
-                                          resume, runs_of=folder)
-    forget_runs(out)
+        tasks, spent, started = run_parts(out, NAME, s, quick, s["tasks"], lambda t, keep: run_task(t, s, keep),
+                                          resume, keep_runs=True)
     return summarise(out, tasks, spent, s, started, quick)
 
 

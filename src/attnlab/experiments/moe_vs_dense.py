@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import random
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from attnlab.experiments.base import interleaved_seconds, label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.partial import kept_arms, run_parts
 from attnlab.experiments.scaling import char_data, evaluate, non_embedding_params, warmup_cosine, windows
 from attnlab.experiments.study import Difference, Protocol, edge_text, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.models import GPTConfig
@@ -121,9 +121,10 @@ def step_times(s: dict[str, Any], vocab: int) -> dict[str, list[float]]:
                                per_round=3)
 
 
-def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: one tiny layer, 40 steps); writes results.json, report.md and curves.png."""
-    started = time.perf_counter()
+def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
+    """Run the experiment (quick: one tiny layer, 40 steps); writes results.json, report.md and curves.png. Each
+    single training run is kept in ``out/.runs/`` as it finishes; ``resume``: take the runs kept there (same
+    settings) and run only the rest."""
     s = QUICK if quick else FULL
     data, vocab = char_data(s["context"])
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "context", "eval_every")},
@@ -131,14 +132,20 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
                         select_on="val_loss", higher_is_better=False, confirm_seeds=[3],
                         extend_edges=s.get("extend_edges", 0))
     record: dict[tuple[str, float, int], dict[str, Any]] = {}
-    arms = run_arms({arm: (lambda seed, lr, arm=arm: train_arm(arm, s, data, vocab, seed, lr)) for arm in ARMS},
-                    protocol, log=lambda line: None, record=record)
+
+    def training(_: str, keep: Path) -> dict[str, Any]:  # every run of the study, one part
+        fns = {arm: (lambda seed, lr, arm=arm: train_arm(arm, s, data, vocab, seed, lr)) for arm in ARMS}
+        arms = run_arms(kept_arms(fns, keep), protocol, log=lambda line: None, record=record)
+        return {"arms": arms, "curves": {arm: [record[(arm, arms[arm]["lr"], seed)]["curve"] for seed in protocol.seeds]
+                                         for arm in ARMS}}
+
+    parts, _, started = run_parts(out, NAME, s, quick, ["training"], training, resume, keep_runs=True)
+    arms, curves = parts["training"]["arms"], parts["training"]["curves"]
     outcomes = [r.decide(arms) for r in RULES]
     verdict = verdict_of(outcomes)
     others = {arm: Difference(arm, "dense", "test_loss", higher_is_better=False).decide(arms)
               for arm in ("moe-8-top2", "dense-wide")}
     times = step_times(s, vocab)
-    curves = {arm: [record[(arm, arms[arm]["lr"], seed)]["curve"] for seed in protocol.seeds] for arm in ARMS}
     results = {"settings": s, "arms": arms, "outcomes": outcomes, "reported": others, "step_seconds": times,
                "time_ratio_to_dense": {arm: statistics.median(t) / statistics.median(times["dense"])
                                        for arm, t in times.items()}, "curves": curves}

@@ -60,30 +60,38 @@ def finished_parts(out: Path, name: str, settings: dict[str, Any], quick: bool) 
 
 
 def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names: Iterable[str],
-              one: Callable[[str], Any], resume: bool, log: Callable[[str], None] = print,
-              runs_of: Callable[[str], Path] | None = None) -> tuple[dict[str, Any], dict[str, float], float]:
+              one: Callable[..., Any], resume: bool, log: Callable[[str], None] = print,
+              keep_runs: bool = False) -> tuple[dict[str, Any], dict[str, float], float]:
     """Every part of ``names`` (``one(part)`` computes it), each kept in ``out/partial.json`` as it finishes
-    (and a line to ``log``); with ``resume`` the parts already kept there are taken as they are. ``runs_of``:
-    the folder where ``one`` keeps a part's single runs (``kept``), so that a part finished over several
-    sittings counts the time earlier sittings spent on it (``begin_sitting``). Returns (parts in the order of
-    ``names``, wall seconds per part, a ``time.perf_counter()`` origin such that now minus it is the wall time
-    of every part, earlier sittings included)."""
+    (and a line to ``log``); with ``resume`` the parts already kept there are taken as they are.
+
+    ``keep_runs``: ``one(part, folder)`` is given the folder where it keeps the part's single runs
+    (``kept_arms``); a part finished over several sittings then counts the time earlier sittings spent on it
+    (``begin_sitting``), a run without ``resume`` first forgets every kept run, and the kept runs are removed
+    once every part is finished. Returns (parts in the order of ``names``, wall seconds per part, a
+    ``time.perf_counter()`` origin such that now minus it is the wall time of every part, earlier sittings
+    included)."""
     names = list(names)
     parts, spent = finished_parts(out, name, settings, quick) if resume else ({}, {})
+    if keep_runs and not resume:
+        forget_runs(out)  # a fresh run computes every run again
     origin = time.perf_counter() - sum(spent.get(p, 0.0) for p in names if p in parts)
     for part in names:
         if part in parts:
             continue
-        earlier = begin_sitting(runs_of(part)) if runs_of is not None else 0.0
+        folder = runs_folder(out, name, settings, quick, part) if keep_runs else None
+        earlier = begin_sitting(folder) if folder is not None else 0.0
         origin -= earlier
         began = time.perf_counter()
-        parts[part] = plain(one(part))
+        parts[part] = plain(one(part, folder) if folder is not None else one(part))
         spent[part] = round(time.perf_counter() - began + earlier, 2)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / FILE, json.dumps({"experiment": name, "quick": quick, "settings": plain(settings),
                                                  "parts": parts, "wall_time_s": spent}, indent=2))
         log(f"{name}: {part} finished in {spent[part]:.0f} s ({sum(p in parts for p in names)} of {len(names)} "
             f"kept in {out / FILE})")
+    if keep_runs:
+        forget_runs(out)
     return {p: parts[p] for p in names}, {p: spent[p] for p in names}, origin
 
 
@@ -109,6 +117,12 @@ def kept(fn: Callable[[int, float], Any], folder: Path, arm: str) -> Callable[[i
         return result
 
     return run
+
+
+def kept_arms(fns: dict[str, Callable[[int, float], Any]], folder: Path | None
+              ) -> dict[str, Callable[[int, float], Any]]:
+    """Each arm's run function ``kept`` in ``folder`` (as they are when ``folder`` is None)."""
+    return fns if folder is None else {arm: kept(fn, folder, arm) for arm, fn in fns.items()}
 
 
 def begin_sitting(folder: Path) -> float:

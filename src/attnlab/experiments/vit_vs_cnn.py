@@ -28,7 +28,7 @@ import torch
 
 from attnlab.core import runtime
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
-from attnlab.experiments.partial import run_parts
+from attnlab.experiments.partial import kept_arms, run_parts
 from attnlab.experiments.study import (
     Contrast,
     Difference,
@@ -143,8 +143,8 @@ def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: f
 
 def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
     """Train every arm (family x fraction) over its rates and seeds; write results.json, the plot and report.md.
-    Each fraction (both families) is kept in ``out/partial.json`` as it finishes; ``resume``: take the fractions
-    kept there (same settings) and run only the rest."""
+    Each fraction (both families) is kept in ``out/partial.json`` as it finishes, and each single run in
+    ``out/.runs/``; ``resume``: take the fractions and runs kept there (same settings) and run only the rest."""
     settings = QUICK if quick else FULL
     with runtime.settings(threads=1):  # small models: on a shared machine, more threads only wait
         return _run(out, quick, settings, resume)
@@ -174,17 +174,18 @@ def _run(out: Path, quick: bool, settings: dict[str, Any], resume: bool) -> dict
                         verdict_rule=[r.describe() for r in rule_list], select_on="val_accuracy", confirm_seeds=[3],
                         extend_edges=settings.get("extend_edges", 0))
 
-    def one_fraction(name: str) -> dict[str, Any]:  # both families at one fraction, interleaved seed by seed
+    def one_fraction(name: str, keep: Path) -> dict[str, Any]:  # both families, interleaved seed by seed
         fraction = float(name)
         record: dict[tuple[str, float, int], dict[str, Any]] = {}
-        summary = run_arms({f"{f}@{name}": (lambda seed, lr, f=f: train_and_test(configs[f], settings, fraction,
-                                                                                    seed, lr)) for f in FAMILIES},
-                           protocol, log=lambda line: None, record=record)
+        fns = {f"{f}@{name}": (lambda seed, lr, f=f: train_and_test(configs[f], settings, fraction, seed, lr))
+               for f in FAMILIES}
+        summary = run_arms(kept_arms(fns, keep), protocol, log=lambda line: None, record=record)
         curves = {arm: [record[(arm, a["lr"], seed)]["curve"] for seed in protocol.seeds]
                   for arm, a in summary.items()}  # the chosen rate's validation curve, per seed
         return {"arms": summary, "curves": curves}
 
-    parts, _, started = run_parts(out, NAME, settings, quick, [f"{fr:g}" for fr in fractions], one_fraction, resume)
+    parts, _, started = run_parts(out, NAME, settings, quick, [f"{fr:g}" for fr in fractions], one_fraction, resume,
+                                  keep_runs=True)
     summary = {arm: a for part in parts.values() for arm, a in part["arms"].items()}
     curves = {arm: c for part in parts.values() for arm, c in part["curves"].items()}
     outcomes = [r.decide(summary) for r in rule_list]
