@@ -262,7 +262,13 @@ def test_the_verdict_table_gives_each_judged_part_once_and_names_what_failed():
     from attnlab.experiments.chomsky_report import verdict_table
     from attnlab.experiments.study import HELD, NOT_HELD, UNDECIDED
 
-    tasks = {"parity_check": {"level": "regular"}, "reverse_string": {"level": "deterministic context-free"}}
+    def arm(held_out):
+        return {"confirmation": {"test_score": {"values": [held_out]}}}
+
+    tasks = {"parity_check": {"level": "regular", "chosen": {"rnn": "rnn", "lstm": "lstm"},
+                              "arms": {"rnn": arm(0.95), "lstm": arm(0.75)}},
+             "reverse_string": {"level": "deterministic context-free", "chosen": {"rnn": "rnn", "transformer": "tf-x"},
+                                "arms": {"rnn": arm(0.5), "tf-x": arm(0.93)}}}
     outcomes = [{"arm": "rnn@parity_check", "verdict": HELD, "mean": 1.0, "interval": [1.0, 1.0], "still_learning": 0},
                 {"arm": "lstm@parity_check", "verdict": NOT_HELD, "mean": 0.7, "interval": [0.6, 0.8],
                  "still_learning": 0},
@@ -278,7 +284,10 @@ def test_the_verdict_table_gives_each_judged_part_once_and_names_what_failed():
     assert rows["reverse_string"][0] == "**not decidable** (2 seeds still learning): 50.0 [40.0, 60.0]"
     # the still-learning note comes only with the not-decidable verdict it caused
     assert rows["reverse_string"][1] == "–" and rows["reverse_string"][2] == "**held**: 55.0 [50.0, 60.0] |"
-    assert text.endswith("2 of 4 parts held; not held: lstm on parity_check; not decidable: rnn on reverse_string.")
+    assert "2 of 4 parts held; not held: lstm on parity_check; not decidable: rnn on reverse_string." in text
+    # the held-out seed is compared with the mean of each decided part: the transformer's 0.93 is above 0.9
+    assert text.endswith("same side of 90% as the mean in 2 of the 3 decided parts; not in: transformer on "
+                         "reverse_string (shown beside, it decides nothing).")
 
 
 def test_a_task_cut_off_mid_way_resumes_run_by_run(monkeypatch, tmp_path):

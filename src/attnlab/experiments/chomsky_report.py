@@ -170,13 +170,27 @@ def verdict_table(outcomes: list[dict[str, Any]], tasks: dict[str, dict[str, Any
     for v in (NOT_HELD, UNDECIDED):
         if count[v]:
             tally += f"; {v}: {', '.join(count[v])}"
+    decided = [o for o in outcomes if o["verdict"] != UNDECIDED]
+    against = [o["arm"].replace("@", " on ") for o in decided if not _seed_agrees(o, tasks)]
+    seeds = (f"The held-out seed 3, at each model's chosen setting, falls on the same side of {100 * SOLVED:.0f}% "
+             f"as the mean in {len(decided) - len(against)} of the {len(decided)} decided parts"
+             + (f"; not in: {', '.join(against)}" if against else "") + " (shown beside, it decides nothing).")
     return f"""Outcome of each part of the rule (mean test score in %, its 95% interval; "–": not judged there):
 
 | task | level | RNN | LSTM | Transformer |
 |---|---|---|---|---|
 {rows}
 
-{tally}."""
+{tally}. {seeds}"""
+
+
+def _seed_agrees(o: dict[str, Any], tasks: dict[str, dict[str, Any]]) -> bool:
+    """Whether the held-out seed's test score lies on the same side of the bound as the outcome's mean (True
+    where no held-out seed ran)."""
+    fam, task = o["arm"].split("@")
+    arm = tasks[task]["arms"][tasks[task]["chosen"][fam]]
+    held_out = arm.get("confirmation", {}).get("test_score", {}).get("values", [])
+    return not held_out or (held_out[0] > SOLVED) == (o["mean"] > SOLVED)
 
 
 def _extension(s: dict[str, Any]) -> str:
