@@ -24,9 +24,17 @@ Two measurements, each in alternating rounds (the order flips between rounds, so
 The largest MFU each program logged is reported too (attnlab: against its own peak, training/mfu.py;
 nanoGPT: against an A100's 312 TFLOP/s, its own convention).
 
-    python benchmarks/speedrun.py --nanogpt PATH [--rounds 3] [--step-iters 400] [--skip-step]
+With ``--gpu`` (on a machine with CUDA): nanoGPT's GPU recipe as its config file gives it (6 layers, 6 heads,
+384 dims, block 256, batch 64, dropout 0.2, 5000 iterations, bf16, torch.compile, evaluations of 200 batches
+every 250 iterations) against the ``shakespeare-char-gpu-speedrun`` preset, target val <= 1.47 (nanoGPT's
+published 1.4697); nanoGPT's model is scored on 200 batches of 64 x 256 (its own estimate, the preset's too).
+nanoGPT keeps the checkpoint of its best evaluation, so that is the model scored. No fp32 step measurement.
 
-Writes benchmarks/results/speedrun.json and speedrun.png.
+    python benchmarks/speedrun.py --nanogpt PATH [--rounds 3] [--step-iters 400] [--skip-step]
+    python benchmarks/speedrun.py --nanogpt PATH --gpu [--rounds 1] [--results DIR]
+
+Writes speedrun.json and speedrun.png (``--gpu``: speedrun_gpu.json, speedrun_gpu.png) under --results
+(default benchmarks/results).
 """
 
 from __future__ import annotations
@@ -49,31 +57,39 @@ DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
           "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--dropout=0.0"]
 NANOGPT_RUN = [*RECIPE, "--log_interval=100", "--max_iters=2000", "--lr_decay_iters=2000"]
+NANOGPT_GPU_RUN = ["config/train_shakespeare_char.py", "--log_interval=50"]  # everything else: the config's
+CPU = {"run": NANOGPT_RUN, "batch": 12, "block": 64, "device": "cpu", "target": 1.88,
+       "preset": "shakespeare-char-speedrun", "label": "2000 steps", "stem": "speedrun"}
+GPU = {"run": NANOGPT_GPU_RUN, "batch": 64, "block": 256, "device": "cuda", "target": 1.47,
+       "preset": "shakespeare-char-gpu-speedrun", "label": "GPU recipe, 5000 steps", "stem": "speedrun_gpu"}
 NANOGPT_EVAL = r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)"
 NANOGPT_ITER = r"iter (\d+): loss [\d.]+, time ([\d.]+)ms, mfu (-?[\d.]+)%"
 ATTNLAB_EVAL = r"step (\d+): (?:train (?:eval )?loss [\d.]+, )?val loss ([\d.]+)"
 ATTNLAB_LOG = r"step (\d+): train loss [\d.]+, lr [\d.e-]+, ([\d,]+) tokens/s(?:, mfu ([\d.]+)%)?"
-# after the timed run, with nanoGPT's own model code: 200 batches of 12 x 64 from val.bin, then a sample
+# after the timed run, with nanoGPT's own model code: 200 batches of B x T from val.bin, then a sample
+# (argv: batch, block, device)
 NANOGPT_AFTER = """
 import pickle, sys, numpy as np, torch
+B, T, device = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 sys.path.insert(0, ".")
 from model import GPT, GPTConfig
-ck = torch.load("out-shakespeare-char/ckpt.pt", map_location="cpu", weights_only=False)
+ck = torch.load("out-shakespeare-char/ckpt.pt", map_location=device, weights_only=False)
 m = GPT(GPTConfig(**ck["model_args"]))
 m.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ck["model"].items()})
-m.eval()
+m.to(device).eval()
 data = np.memmap("data/shakespeare_char/val.bin", dtype=np.uint16, mode="r")
 g = torch.Generator().manual_seed(0)
 losses = []
 with torch.no_grad():
     for _ in range(200):
-        ix = torch.randint(len(data) - 64, (12,), generator=g)
-        x = torch.stack([torch.from_numpy(data[i:i + 64].astype(np.int64)) for i in ix])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 65].astype(np.int64)) for i in ix])
-        losses.append(m(x, y)[1].item())
+        ix = torch.randint(len(data) - T, (B,), generator=g)
+        x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in ix]).to(device)
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in ix]).to(device)
+        with torch.autocast(device, torch.bfloat16, enabled=device == "cuda"):
+            losses.append(m(x, y)[1].item())
     meta = pickle.load(open("data/shakespeare_char/meta.pkl", "rb"))
     torch.manual_seed(1337)
-    out = m.generate(torch.tensor([[meta["stoi"]["\\n"]]]), 300, temperature=0.8, top_k=200)
+    out = m.generate(torch.tensor([[meta["stoi"]["\\n"]]], device=device), 300, temperature=0.8, top_k=200)
 print("SAMPLE=" + repr("".join(meta["itos"][i] for i in out[0].tolist())))
 print("FINAL", sum(losses) / len(losses), ck["iter_num"])
 """
@@ -91,6 +107,9 @@ def timed_process(cmd: list[str], cwd: Path, env: dict, patterns: dict[str, str]
         for name, pattern in patterns.items():
             if (match := re.search(pattern, line)) is not None:
                 seen[name].append((round(time.perf_counter() - started, 2), match.groups()))
+                if name == "eval":  # progress, so a run cut off still shows where it was
+                    print(f"  [{'attnlab' if cmd[1] == '-m' else 'nanoGPT'} {seen[name][-1][0]:7.1f} s] {line.strip()}",
+                          flush=True)
     if proc.wait() != 0:
         raise SystemExit(f"{cmd[:4]} failed:\n" + "\n".join(tail))
     return {"wall_s": round(time.perf_counter() - started, 2), **seen}
@@ -100,11 +119,11 @@ def curve(evals: list, loss_group: int) -> list[dict]:
     return [{"step": int(g[0]), "val_loss": float(g[loss_group]), "seconds": s} for s, g in evals]
 
 
-def nanogpt_copy(checkout: Path, work: Path) -> Path:
+def nanogpt_copy(checkout: Path, work: Path, data: Path = DATA) -> Path:
     copy = work / "nanogpt"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(checkout, copy, ignore=shutil.ignore_patterns(".git", "out-*", "*.bin"))
-    shutil.copy(DATA, copy / "data" / "shakespeare_char" / "input.txt")
+    shutil.copy(data, copy / "data" / "shakespeare_char" / "input.txt")
     return copy
 
 
@@ -114,17 +133,17 @@ def nanogpt_cmd(args: list[str]) -> list[str]:
     return [sys.executable, "-c", script]
 
 
-def attnlab_cmd(preset: str, work: Path, name: str, extra: list[str]) -> list[str]:
+def attnlab_cmd(preset: str, work: Path, name: str, extra: list[str], data: Path = DATA) -> list[str]:
     shutil.rmtree(work / name, ignore_errors=True)
-    return [str(Path(sys.executable).with_name("attnlab")), "train", preset, f"data={DATA}", f"out_dir={work}",
-            f"name={name}", "progress=false", *extra]
+    return [sys.executable, "-m", "attnlab.cli", "train", preset, f"data={data}", f"out_dir={work}", f"name={name}",
+            "progress=false", *extra]
 
 
-def run_nanogpt(checkout: Path, work: Path, env: dict) -> dict:
-    copy = nanogpt_copy(checkout, work)
-    seen = timed_process(nanogpt_cmd(NANOGPT_RUN), copy, env, {"eval": NANOGPT_EVAL, "iter": NANOGPT_ITER})
-    out = subprocess.run([sys.executable, "-c", NANOGPT_AFTER], cwd=copy, env=env, capture_output=True, text=True,
-                         check=True).stdout.splitlines()
+def run_nanogpt(checkout: Path, work: Path, env: dict, mode: dict = CPU, data: Path = DATA) -> dict:
+    copy = nanogpt_copy(checkout, work, data)
+    seen = timed_process(nanogpt_cmd(mode["run"]), copy, env, {"eval": NANOGPT_EVAL, "iter": NANOGPT_ITER})
+    out = subprocess.run([sys.executable, "-c", NANOGPT_AFTER, str(mode["batch"]), str(mode["block"]), mode["device"]],
+                         cwd=copy, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
     final = next(line for line in out if line.startswith("FINAL")).split()
     sample = ast.literal_eval(next(line for line in out if line.startswith("SAMPLE="))[7:])  # our repr()
     return {"wall_s": seen["wall_s"], "curve": curve(seen["eval"], 2), "final_val_200": round(float(final[1]), 4),
@@ -132,11 +151,11 @@ def run_nanogpt(checkout: Path, work: Path, env: dict) -> dict:
             "sample": sample}
 
 
-def run_attnlab(preset: str, work: Path, env: dict, seed: int, extra: list[str]) -> dict:
-    cmd = attnlab_cmd(preset, work, "speedrun", [f"seed={seed}", "sample_tokens=0", *extra])
+def run_attnlab(preset: str, work: Path, env: dict, seed: int, extra: list[str], data: Path = DATA) -> dict:
+    cmd = attnlab_cmd(preset, work, "speedrun", [f"seed={seed}", "sample_tokens=0", *extra], data)
     seen = timed_process(cmd, ROOT, env, {"eval": ATTNLAB_EVAL, "log": ATTNLAB_LOG})
     c = curve(seen["eval"], 1)
-    sample = subprocess.run([cmd[0], "sample", str(work / "speedrun"), "--prompt", "\n", "--max-new-tokens", "300",
+    sample = subprocess.run([*cmd[:3], "sample", str(work / "speedrun"), "--prompt", "\n", "--max-new-tokens", "300",
                              "--temperature", "0.8", "--top-k", "200", "--seed", "1337"], env=env, capture_output=True,
                             text=True, check=True).stdout
     return {"wall_s": seen["wall_s"], "curve": c, "final_val_200": c[-1]["val_loss"] if c else None, "seed": seed,
@@ -161,7 +180,7 @@ def attnlab_step_ms(work: Path, env: dict, iters: int, compile: bool) -> dict:
             "max_mfu": max((float(g[2]) for _, g in seen["log"] if g[2]), default=None)}
 
 
-def plot(rounds: list[dict], target: float, out: Path) -> None:
+def plot(rounds: list[dict], target: float, out: Path, label: str = CPU["label"]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,7 +191,7 @@ def plot(rounds: list[dict], target: float, out: Path) -> None:
         for name, colour in (("nanogpt", "tab:gray"), ("attnlab", "tab:blue")):
             c = r[name]["curve"]
             ax.plot([p["seconds"] for p in c], [p["val_loss"] for p in c], "o-", color=colour, alpha=0.8,
-                    label=f"{name} ({'2000 steps' if name == 'nanogpt' else 'speed-run preset'})" if i == 0 else None)
+                    label=f"{name} ({label if name == 'nanogpt' else 'speed-run preset'})" if i == 0 else None)
     ax.axhline(target, ls="--", color="tab:red", lw=1, label=f"val {target}")
     ax.set_xlabel("wall seconds since the process started")
     ax.set_ylabel("val loss (nats/char)")
@@ -184,12 +203,12 @@ def plot(rounds: list[dict], target: float, out: Path) -> None:
     plt.close(fig)
 
 
-def time_rounds(args, checkout: Path, work: Path, env: dict) -> tuple[list[dict], dict]:
+def time_rounds(args, checkout: Path, work: Path, env: dict, mode: dict = CPU) -> tuple[list[dict], dict]:
     rounds = []
     for r in range(args.rounds):
         order = ("nanogpt", "attnlab") if r % 2 == 0 else ("attnlab", "nanogpt")
-        result = {name: (run_nanogpt(checkout, work, env) if name == "nanogpt"
-                         else run_attnlab(args.preset, work, env, 1337 + r, args.extra)) for name in order}
+        result = {name: (run_nanogpt(checkout, work, env, mode, args.data) if name == "nanogpt"
+                         else run_attnlab(args.preset, work, env, 1337 + r, args.extra, args.data)) for name in order}
         target = min(args.target, result["nanogpt"]["final_val_200"])
         result["target"] = target
         for name in ("nanogpt", "attnlab"):
@@ -230,33 +249,61 @@ def step_rounds(args, checkout: Path, work: Path, env: dict) -> dict:
             "speedup_vs_nanogpt": {n: ms["nanogpt"] / v for n, v in ms.items() if n != "nanogpt"}}
 
 
+def device_name(device: str) -> str:
+    import platform
+
+    import torch
+
+    return torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or platform.machine()
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nanogpt", required=True, help="a checkout of karpathy/nanoGPT (copied, never modified)")
-    ap.add_argument("--preset", default="shakespeare-char-speedrun")
+    ap.add_argument("--gpu", action="store_true", help="nanoGPT's GPU recipe against the GPU speed-run preset")
+    ap.add_argument("--preset", help="attnlab's preset (default: shakespeare-char-speedrun, --gpu: "
+                                     "shakespeare-char-gpu-speedrun)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--target", type=float, default=1.88)
+    ap.add_argument("--target", type=float, help="val loss to reach (default 1.88, --gpu: 1.47)")
+    ap.add_argument("--data", type=Path, default=DATA, help="tinyshakespeare's text")
+    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and plot go")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--step-iters", type=int, default=400, help="iterations of each fp32 step measurement")
     ap.add_argument("--skip-step", action="store_true", help="leave out the fp32 step measurement")
     ap.add_argument("extra", nargs="*", help="key=value overrides of the attnlab preset")
     args = ap.parse_args()
+    mode = GPU if args.gpu else CPU
+    args.preset = args.preset or mode["preset"]
+    args.target = mode["target"] if args.target is None else args.target
     checkout = Path(args.nanogpt)
     if not (checkout / "train.py").is_file() or not (checkout / "model.py").is_file():
         print(f"speedrun: {checkout} is not a nanoGPT checkout (no train.py / model.py)", file=sys.stderr)
         return 2
-    if not DATA.is_file():
-        print(f"speedrun: {DATA} not found", file=sys.stderr)
+    if not args.data.is_file():
+        print(f"speedrun: {args.data} not found", file=sys.stderr)
         return 2
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("speedrun: --gpu needs a CUDA device, and torch sees none", file=sys.stderr)
+            return 2
     if args.rounds < 1 or args.step_iters < 100:
         print("speedrun: --rounds must be >= 1 and --step-iters >= 100", file=sys.stderr)
         return 2
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT / "src"),
            "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory() as tmp:
-        rounds, summary = time_rounds(args, checkout, Path(tmp), env)
-        step = None if args.skip_step else step_rounds(args, checkout, Path(tmp), env)
-    print("\n| | whole process (median s) | to target (median s) | final val, 200 batches of 12 x 64 | max MFU |")
+        rounds, summary = time_rounds(args, checkout, Path(tmp), env, mode)
+        step = None if args.skip_step or args.gpu else step_rounds(args, checkout, Path(tmp), env)
+    print(f"\n| | whole process (median s) | to target (median s) | final val, 200 batches of {mode['batch']} x "
+          f"{mode['block']} | max MFU |")
     print("|---|---|---|---|---|")
     for name in ("nanogpt", "attnlab"):
         walls = statistics.median(r[name]["wall_s"] for r in rounds)
@@ -276,12 +323,13 @@ def main() -> int:
             print(f"  {name:16s} {ms:6.2f} ms" + (f"  {gain:.3f}x" if gain else ""))
     print(f"\nsample, nanoGPT (round 1):\n{rounds[0]['nanogpt']['sample']}\n\nsample, attnlab (round 1):\n"
           f"{rounds[0]['attnlab']['sample']}")
-    results = ROOT / "benchmarks" / "results"
+    results = args.results
     results.mkdir(parents=True, exist_ok=True)
-    (results / "speedrun.json").write_text(json.dumps(
+    (results / f"{mode['stem']}.json").write_text(json.dumps(
         {"preset": args.preset, "extra": args.extra, "target": args.target, "threads": args.threads,
-         "rounds": rounds, "summary": summary, "fp32_step": step}, indent=1))
-    plot(rounds, args.target, results / "speedrun.png")
+         "device": device_name(mode["device"]), "torch": _torch_version(), "rounds": rounds, "summary": summary,
+         "fp32_step": step}, indent=1))
+    plot(rounds, args.target, results / f"{mode['stem']}.png", mode["label"])
     return 0
 
 

@@ -252,3 +252,17 @@ def test_a_full_disk_while_mirroring_names_the_right_checkpoint_and_mixes_nothin
     assert list_checkpoints(run)[-1].name == "step-0000020"
     assert read_manifest(run)["step"] == 10 and verify_manifest(run) == 10  # the top level: step 10, whole
     assert not list(run.glob(".*.tmp"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_gpu_run_checks_its_state_across_devices_and_evaluates(corpus, tmp_path, optimizer):
+    # Muon's AdamW part keeps its float `step` counters on the CPU beside moments on the GPU: the finiteness
+    # check before every evaluation once failed there ("Expected all tensors to be on the same device")
+    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="gpu", max_iters=6, eval_interval=3,
+                                  device="cuda", optimizer=optimizer))
+    result = trainer.train()
+    assert trainer.device.type == "cuda" and result.step == 6
+    if optimizer == "muon":  # the mix the check has to handle
+        assert any(v.device.type == "cpu" for st in trainer.optimizer.state.values() for v in st.values()
+                   if torch.is_tensor(v) and v.is_floating_point())

@@ -13,6 +13,9 @@ few small operations each, so at T = 32k the profiler's bookkeeping alone passed
 was killed, while the kernel's tensors needed ~0.2 GB. The kernel's high-water mark costs nothing per
 operation, and it also counts what the profiler cannot see (the allocator's slack, buffers outside
 torch's allocator).
+
+On a GPU (``peak_mib_on`` with a CUDA device) the measure is the caching allocator's own high-water mark,
+``max_memory_allocated - memory_allocated`` before the call, after a reset of the peak statistics.
 """
 
 from __future__ import annotations
@@ -61,3 +64,19 @@ def peak_rss_mib(call: Callable[[], object]) -> float | None:
         return None
     call()
     return max(0.0, _status_mib("VmHWM") - before)
+
+
+def peak_mib_on(call: Callable[[], object], device: str = "cpu") -> float | None:
+    """MiB that ``call()`` added at its peak on ``device``: the resident high-water mark on a CPU
+    (``peak_rss_mib``), the CUDA caching allocator's on a GPU (the call is synchronised before the read)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return peak_rss_mib(call)
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    before = torch.cuda.memory_allocated(dev)
+    call()
+    torch.cuda.synchronize(dev)
+    return max(0.0, (torch.cuda.max_memory_allocated(dev) - before) / 2**20)

@@ -147,12 +147,18 @@ def train(arm: str, k: int, seed: int, lr: float, s: dict[str, Any]) -> dict[str
             "steps": history[-1][0] if history else s["max_steps"]}
 
 
-def forward_times(lengths: tuple[int, ...], repeats: int) -> dict[str, dict[str, list[float]]]:
-    """Seconds per forward pass of one sequence (batch 1, inference), LSTM and transformer, repeats interleaved."""
-    nets = {arm: build(arm, max(lengths)).eval() for arm in ("lstm", "transformer")}
-    inputs = {T: torch.zeros(1, T, dtype=torch.long) for T in lengths}
-    steps = {(arm, T): (lambda net=net, idx=inputs[T]: last_logits(net, net.tok_emb(idx)))
-             for arm, net in nets.items() for T in lengths}
+def forward_times(lengths: tuple[int, ...], repeats: int, device: str = "cpu") -> dict[str, dict[str, list[float]]]:
+    """Seconds per forward pass of one sequence (batch 1, inference), LSTM and transformer, repeats interleaved;
+    on a GPU each pass ends with a synchronisation, so its time is the kernels' and not the launch's."""
+    nets = {arm: build(arm, max(lengths)).to(device).eval() for arm in ("lstm", "transformer")}
+    inputs = {T: torch.zeros(1, T, dtype=torch.long, device=device) for T in lengths}
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+    def forward(net: nn.Module, idx: Tensor) -> None:
+        last_logits(net, net.tok_emb(idx))
+        sync()
+
+    steps = {(arm, T): (lambda net=net, idx=inputs[T]: forward(net, idx)) for arm, net in nets.items() for T in lengths}
     with torch.no_grad():
         for step in steps.values():  # warm up every shape
             step()
@@ -206,10 +212,15 @@ def _decide(by_k: dict[str, Any], ks: tuple[int, ...], slopes: dict[str, tuple[f
     else:
         out["lstm_longer"] = {"rule": _rules_text()[2], "verdict": UNDECIDED, "k": None,
                               "note": "the RNN is above 0.9 at every k: nothing to compare at this budget"}
+    out["parallel"] = parallel_outcome(slopes)
+    return out
+
+
+def parallel_outcome(slopes: dict[str, tuple[float, float, float]]) -> dict[str, Any]:
+    """The parallel rule on the (slope, low, high) of the transformer's and the LSTM's time against T."""
     (ts, tl, th), (ls, ll, lh) = slopes["transformer"], slopes["lstm"]
     parallel = HELD if th < ll else NOT_HELD if tl > lh else UNDECIDED
-    out["parallel"] = {"rule": _rules_text()[3], "verdict": parallel, "transformer": [ts, tl, th], "lstm": [ls, ll, lh]}
-    return out
+    return {"rule": _rules_text()[3], "verdict": parallel, "transformer": [ts, tl, th], "lstm": [ls, ll, lh]}
 
 
 def _report(s, grads, by_k, times, slopes, outcomes, protocol) -> str:

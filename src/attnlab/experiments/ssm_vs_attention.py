@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from attnlab.bench.memory import peak_rss_mib
+from attnlab.bench.memory import peak_mib_on
 from attnlab.experiments.base import (
     interleaved_seconds,
     label_axes,
@@ -86,9 +86,10 @@ def probe_model(mixer: str, T: int) -> GPT:
                          **MIXERS[mixer]))
 
 
-def cost(s: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+def cost(s: dict[str, Any], device: str = "cpu") -> dict[str, dict[str, dict[str, Any]]]:
     """Seconds per step (``reps`` each, mixers interleaved per length) and peak MiB of every mixer at every length
-    it reaches; the lengths a mixer skipped are recorded with the reason."""
+    it reaches, on ``device`` (benchmarks/long_context_cost.py runs it on a GPU); the lengths a mixer skipped are
+    recorded with the reason."""
     rng, out = random.Random(0), {m: {} for m in MIXERS}
     active = set(MIXERS)
     for T in s["lengths"]:
@@ -104,8 +105,8 @@ def cost(s: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
                                              f"{seconds:,.1f} s a step (cap {s['max_step_s']:g})"}
         if not active:
             break
-        models = {m: probe_model(m, T) for m in sorted(active)}
-        x = torch.randint(65, (1, T), generator=torch.Generator().manual_seed(T))
+        models = {m: probe_model(m, T).to(device) for m in sorted(active)}
+        x = torch.randint(65, (1, T), generator=torch.Generator().manual_seed(T)).to(device)
         out_T = _measure(models, x, s["reps"], rng)
         for m, v in out_T.items():
             out[m][str(T)] = v
@@ -131,9 +132,12 @@ def extrapolated(measured: dict[str, dict[str, Any]], T: int, key: str) -> float
 
 
 def _step(model: GPT, x: torch.Tensor) -> None:
-    """One forward + backward (the loss on the input itself; only the cost matters)."""
+    """One forward + backward (the loss on the input itself; only the cost matters); on a GPU it waits for
+    the kernels, so a timed step is the device's time."""
     model.zero_grad(set_to_none=True)
     model(x, targets=x).loss.backward()
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
 
 
 def _measure(models: dict[str, GPT], x: torch.Tensor, reps: int, rng: random.Random) -> dict[str, dict[str, Any]]:
@@ -141,7 +145,7 @@ def _measure(models: dict[str, GPT], x: torch.Tensor, reps: int, rng: random.Ran
     peaks = {}
     for m, model in models.items():
         _step(model, x)
-        peaks[m] = peak_rss_mib(lambda model=model: _step(model, x))
+        peaks[m] = peak_mib_on(lambda model=model: _step(model, x), str(x.device))
     seconds = interleaved_seconds({m: (lambda model=model: _step(model, x)) for m, model in models.items()}, reps, rng)
     return {m: {"peak_mib": peaks[m], "seconds": seconds[m]} for m in models}
 
@@ -212,11 +216,7 @@ def _conclude(out: Path, raw: dict[str, Any], protocol: Protocol, started: float
     fitted = {m: {k: slopes(measured[m], k, start) for k in ("seconds", "peak_mib")} for m in MIXERS}
     loss_rule = Difference("ssm", "attention", "test_loss", higher_is_better=False,
                            margin=-0.02 * arms["attention"]["test_loss"]["mean"])
-    outcomes = [slope_rule("SSM time linear", "ssm", "seconds", fitted["ssm"]["seconds"], above=False),
-                slope_rule("attention time quadratic", "sdpa", "seconds", fitted["sdpa"]["seconds"], above=True),
-                slope_rule("SSM memory linear", "ssm", "peak_mib", fitted["ssm"]["peak_mib"], above=False),
-                slope_rule("eager memory quadratic", "eager", "peak_mib", fitted["eager"]["peak_mib"], above=True),
-                {**loss_rule.decide(arms), "part": "loss within 2% at equal parameters"}]
+    outcomes = [*cost_outcomes(fitted), {**loss_rule.decide(arms), "part": "loss within 2% at equal parameters"}]
     results = {**raw, "slopes": fitted, "outcomes": outcomes}
     _plot(measured, out)
     report = _report(s, start, measured, fitted, raw["widths"], arms, outcomes, protocol, raw["cost_threads"])
@@ -224,6 +224,14 @@ def _conclude(out: Path, raw: dict[str, Any], protocol: Protocol, started: float
         report += f"\n\n**Re-analysed** from this run's raw measurements: {raw['reanalysed']}"
     return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, report, started, quick,
                          protocol=protocol.as_dict())
+
+
+def cost_outcomes(fitted: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The four cost rules on the fitted slopes (mixer -> {"seconds", "peak_mib"} -> a ``slopes`` result)."""
+    return [slope_rule("SSM time linear", "ssm", "seconds", fitted["ssm"]["seconds"], above=False),
+            slope_rule("attention time quadratic", "sdpa", "seconds", fitted["sdpa"]["seconds"], above=True),
+            slope_rule("SSM memory linear", "ssm", "peak_mib", fitted["ssm"]["peak_mib"], above=False),
+            slope_rule("eager memory quadratic", "eager", "peak_mib", fitted["eager"]["peak_mib"], above=True)]
 
 
 def _rules_text() -> list[str]:

@@ -53,8 +53,13 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = True,
 @torch.no_grad()
 def state_is_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
     """Every weight and every floating-point optimiser state (Adam's moments) is finite: one host sync.
-    Under FSDP this rank's shards only (DTensor.to_local); the trainer combines the ranks' answers."""
+    Under FSDP this rank's shards only (DTensor.to_local); the trainer combines the ranks' answers.
+    The states may sit on two devices (torch's AdamW keeps its float ``step`` counter on the CPU while the
+    moments are on the GPU), so each tensor's flag is brought to the first tensor's device before they meet."""
     tensors = [*model.parameters()] + [v for st in optimizer.state.values() for v in st.values()
                                        if torch.is_tensor(v) and v.is_floating_point()]
     local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
-    return not local or bool(torch.stack([t.isfinite().all() for t in local]).all())
+    if not local:
+        return True
+    device = local[0].device
+    return bool(torch.stack([t.isfinite().all().to(device, non_blocking=True) for t in local]).all())
