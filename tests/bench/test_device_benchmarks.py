@@ -1,0 +1,56 @@
+"""benchmarks/parallel_time.py and benchmarks/long_context_cost.py: the timing parts of long-range and
+ssm-vs-attention, run on any device (docs/gpu/ holds their H100 runs). On the CPU here: tiny lengths, the
+JSON they write, the experiments' own rules applied, and bad input refused in one line before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnlab.cli import main
+
+
+def test_parallel_time_measures_both_arms_and_applies_the_long_range_rule(tmp_path, capfd):
+    assert main(["bench", "parallel_time", "--device", "cpu", "--lengths", "16", "32", "64", "--repeats", "3",
+                 "--results", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "parallel_time_cpu.json").read_text())
+    assert set(record["forward_seconds"]) == {"lstm", "transformer"}
+    assert all(len(v) == 3 and all(len(r) == 3 for r in v.values()) for v in record["forward_seconds"].values())
+    outcome = record["outcome"]
+    assert outcome["verdict"] in ("held", "not held", "not decidable")
+    slope, low, high = outcome["transformer"]
+    assert low <= slope <= high
+    assert outcome["verdict"] in capfd.readouterr().out
+
+
+def test_long_context_cost_records_every_mixer_and_the_four_cost_rules(tmp_path):
+    assert main(["bench", "long_context_cost", "--device", "cpu", "--lengths", "64", "128", "256", "--reps", "2",
+                 "--max-step-s", "5", "--results", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "long_context_cost_cpu.json").read_text())
+    assert set(record["cost"]) == {"eager", "sdpa", "tiled", "ssm"}
+    assert all(len(v["seconds"]) == 2 and v["peak_mib"] is not None
+               for m in record["cost"].values() for v in m.values())
+    # every length is under the rule's 2k, so no slope: each of the four parts says so rather than guessing
+    assert [o["part"] for o in record["outcomes"]] == ["SSM time linear", "attention time quadratic",
+                                                        "SSM memory linear", "eager memory quadratic"]
+    assert all(o["verdict"] == "not decidable" for o in record["outcomes"])
+
+
+@pytest.mark.parametrize("argv", [
+    ["parallel_time", "--lengths", "16", "32"],
+    ["parallel_time", "--repeats", "1"],
+    ["parallel_time", "--device", "cuda"],
+    ["long_context_cost", "--lengths", "64", "128"],
+    ["long_context_cost", "--max-step-s", "0"],
+    ["long_context_cost", "--device", "cuda"],
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capfd, argv):
+    import torch
+
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("a CUDA device is there, so --device cuda is good input")
+    assert main(["bench", *argv, "--results", str(tmp_path)]) == 2
+    err = capfd.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert not any(tmp_path.iterdir())
