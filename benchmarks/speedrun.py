@@ -193,9 +193,13 @@ def plot(rounds: list[dict], target: float, out: Path, label: str = CPU["label"]
             ax.plot([p["seconds"] for p in c], [p["val_loss"] for p in c], "o-", color=colour, alpha=0.8,
                     label=f"{name} ({label if name == 'nanogpt' else 'speed-run preset'})" if i == 0 else None)
     ax.axhline(target, ls="--", color="tab:red", lw=1, label=f"val {target}")
+    losses = [p["val_loss"] for r in rounds for n in ("nanogpt", "attnlab") for p in r[n]["curve"]]
+    if losses:  # the region near the target, where the curves are told apart (the first evaluations sit above)
+        ax.set_ylim(min(losses) - 0.03, min(max(losses), target + 0.4) + 0.03)
     ax.set_xlabel("wall seconds since the process started")
     ax.set_ylabel("val loss (nats/char)")
-    ax.set_title("tinyshakespeare, whole processes, alternating rounds")
+    ax.set_title(f"tinyshakespeare, whole processes, {len(rounds)} "
+                 + ("alternating rounds" if len(rounds) > 1 else "round"))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
