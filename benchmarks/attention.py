@@ -30,6 +30,7 @@ import argparse
 import gc
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from attnlab.bench.attention import (
     predicted_peak_mib,
     tune_block,
 )
+from attnlab.bench.devices import resolve_device
 
 OUT, PLOT = "benchmarks/results/attention.json", "docs/attention_memory.png"
 
@@ -134,7 +136,7 @@ def summary_at(rows: list[dict], T: int) -> dict | None:
 # -------------------------------------------------------------------------------------- main
 
 
-def main() -> None:
+def main() -> int | None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", type=int, nargs="+", default=None, help=f"default {LENGTHS}")
     ap.add_argument("--quick", action="store_true", help=f"T = {QUICK_LENGTHS} only, shorter timing")
@@ -153,6 +155,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help=f"JSON results (default {OUT}; none with --quick)")
     ap.add_argument("--plot", default=None, help=f"PNG plot (default {PLOT}; none with --quick)")
     args = ap.parse_args()
+    if resolve_device(args.device, "attention") is None:
+        return 2
     if not args.quick:  # a quick check never overwrites the full results
         args.out, args.plot = args.out or OUT, args.plot or PLOT
     torch.set_num_threads(args.threads)
@@ -231,4 +235,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -24,14 +24,17 @@ import argparse
 import copy
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from attnlab.bench.devices import resolve_device
 
-def main() -> None:
+
+def main() -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -44,7 +47,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device, "generation")
+    if device is None:
+        return 2
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     import transformers
 
@@ -159,4 +164,4 @@ def per_token_latency(ours, hf, args, device: torch.device, sync) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab.bench.devices import resolve_device
 from attnlab.experiments.base import slope_text, slopes
 from attnlab.experiments.ssm_vs_attention import FULL, MIXERS, SLOPE_FROM, cost, cost_outcomes
 
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda where torch sees one)")
     ap.add_argument("--lengths", type=int, nargs="+", default=list(FULL["lengths"]))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-step-s", type=float, default=3.0, help="no step predicted to take longer is started")
@@ -41,9 +42,8 @@ def main() -> int:
     ap.add_argument("--eager-max-mib", type=float, default=8192, help="cap on eager's (4, T, T) probabilities")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("long_context_cost: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+    device = resolve_device(args.device, "long_context_cost")
+    if device is None:
         return 2
     if len(args.lengths) < 3 or min(args.lengths) < 16 or args.reps < 2 or args.max_step_s <= 0:
         print("long_context_cost: give >= 3 lengths (each >= 16), --reps >= 2 and --max-step-s > 0", file=sys.stderr)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab.bench.devices import resolve_device
 from attnlab.experiments.base import slope_interval
 from attnlab.experiments.long_range import forward_times, parallel_outcome
 
@@ -31,14 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda where torch sees one)")
     ap.add_argument("--lengths", type=int, nargs="+", help="default: 64 256 1024 4096 (a GPU: and 16384)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("parallel_time: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+    device = resolve_device(args.device, "parallel_time")
+    if device is None:
         return 2
     lengths = args.lengths or ([64, 256, 1024, 4096, 16384] if device.type == "cuda" else [64, 256, 1024, 4096])
     if len(lengths) < 3 or min(lengths) < 2 or args.repeats < 3:

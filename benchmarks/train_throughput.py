@@ -25,10 +25,13 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+from attnlab.bench.devices import resolve_device
 
 SHAPES = {
     # nanoGPT's shakespeare-char CPU recipe
@@ -103,7 +106,7 @@ def time_steps(model, opt, loss_fn, batches, dtype: str, device: torch.device) -
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def main() -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
@@ -119,7 +122,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device, "train_throughput")
+    if device is None:
+        return 2
     flush = device.type == "cpu" and not args.keep_denormals
     if flush:  # as the trainer does on a CPU, for every contender alike
         from attnlab.core.runtime import flush_denormals
@@ -185,4 +190,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -44,13 +44,27 @@ def test_long_context_cost_records_every_mixer_and_the_four_cost_rules(tmp_path)
     ["long_context_cost", "--lengths", "64", "128"],
     ["long_context_cost", "--max-step-s", "0"],
     ["long_context_cost", "--device", "cuda"],
+    ["long_context_cost", "--device", "banana"],
+    ["parallel_time", "--device", "mps"],
+    ["parallel_time", "--device", "cuda:7"],
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capfd, argv):
     import torch
 
-    if "cuda" in argv and torch.cuda.is_available():
+    if "cuda" in argv and torch.cuda.is_available():  # (cuda:7 stays bad input on a machine with fewer GPUs)
         pytest.skip("a CUDA device is there, so --device cuda is good input")
     assert main(["bench", *argv, "--results", str(tmp_path)]) == 2
     err = capfd.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv", [
+    ["train_throughput", "--device", "banana"],
+    ["generation", "--device", "cuda:7"],
+    ["attention", "--device", "mps"],
+])
+def test_the_older_benchmarks_refuse_a_device_this_machine_lacks_in_one_line(capfd, argv):
+    assert main(["bench", *argv]) == 2
+    err = capfd.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--device" in err, err
