@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab.bench.memory import peak_mib_on
 from attnlab.nn.attention import causal_mask, scaled_dot_product_attention, sdpa_attention
 from attnlab.nn.attention.tiled import tiled_attention
 
@@ -105,24 +106,14 @@ def memory(fn: Attention, q, k, v, grad) -> tuple[float | None, float]:
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    if q.is_cuda:  # the caching allocator's own high-water mark, above what was live before
-        _sync(q)
-        torch.cuda.reset_peak_memory_stats(q.device)
-        before = torch.cuda.memory_allocated(q.device)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = _forward(fn, q, k, v)
-        out.backward(grad)
-        del out
-        _sync(q)
-        return (torch.cuda.max_memory_allocated(q.device) - before) / MiB, sum(storages.values()) / MiB
-
     def step() -> None:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = _forward(fn, q, k, v)
         out.backward(grad)
         del out
 
-    peak = peak_mib(step)
+    # on a GPU the caching allocator's own high-water mark (bench.memory.peak_mib_on), on a CPU the profiler's
+    peak = peak_mib_on(step, str(q.device)) if q.is_cuda else peak_mib(step)
     return peak, sum(storages.values()) / MiB
 
 
