@@ -150,6 +150,27 @@ def test_moe_vs_dense(tmp_path):
     assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
+def test_moe_vs_dense_report_names_the_held_out_seed_and_the_last_rate_gain():
+    from attnlab.experiments import moe_vs_dense as m
+    from attnlab.experiments.study import Difference, Protocol
+
+    def arm(lr, val_by_lr, test, held_out, edge):
+        by_lr = {f"{r:g}": {"val_loss": {"mean": v}} for r, v in val_by_lr.items()}
+        return {"lr": lr, "by_lr": by_lr, "val_loss": {"mean": val_by_lr[lr]}, "at_sweep_edge": edge,
+                "test_loss": {"mean": sum(test) / 3, "sd": 0.01, "n": 3, "values": test},
+                "confirmation": {"test_loss": {"values": [held_out]}}}
+
+    arms = {"dense": arm(0.009, {0.003: 1.80, 0.009: 1.75}, [1.90, 1.91, 1.92], 1.91, True),
+            "moe-4-top1": arm(0.003, {0.003: 1.70, 0.009: 1.72}, [1.80, 1.81, 1.82], 1.95, False)}
+    outcomes = [Difference("moe-4-top1", "dense", "test_loss", higher_is_better=False).decide(arms)]
+    assert outcomes[0]["difference"] > 0  # the MoE's mean is better; its held-out seed is worse
+    protocol = Protocol(seeds=[0, 1, 2], budget={}, lr_sweep={}, verdict_rule=[], confirm_seeds=[3])
+    text = m._held_out_text(arms, outcomes, protocol)
+    assert "moe-4-top1 -0.0400" in text and "agrees with the mean difference in 0 of 1" in text
+    assert m._last_gain_text(arms).endswith("(negative: still improving): dense -0.050 (0.003 to 0.009).")
+    assert m._rates_run(arms) == "0.003, 0.009"
+
+
 def test_ssm_vs_attention(tmp_path):
     import statistics
 

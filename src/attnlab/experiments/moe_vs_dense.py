@@ -161,6 +161,7 @@ def _report(s, arms, outcomes, others, results, protocol) -> str:
         f"{a['flops_per_token']['mean'] / 1e6:.2f} | {a['lr']:g} | {fmt(a['test_loss'], 4)} | "
         f"{a['test_loss']['mean'] - dense:+.4f} | {a['confirmation']['test_loss']['values'][0]:.4f} | "
         f"{results['time_ratio_to_dense'][arm]:.2f} |" for arm, a in arms.items())
+    held_out = _held_out_text(arms, outcomes, protocol)
     reported = "\n".join(f"- {arm} vs dense: difference {o['difference']:+.4f} in dense's favour if negative, 95% "
                          f"interval [{o['interval'][0]:+.4f}, {o['interval'][1]:+.4f}] ({o['verdict']} as "
                          f"'{arm} beats dense')" for arm, o in others.items())
@@ -171,8 +172,10 @@ interval lies wholly short of 0, else not decidable.
 **Setup.** Char-level Shakespeare, GPT with {s['n_layer']} layers, d_model {s['d_model']}, 4 heads, context
 {s['context']}, batch {s['batch']}; {s['steps']} steps ({s['steps'] * s['batch'] * s['context']:,} characters, the
 same for every arm), AdamW (0.9, 0.95, weight decay 0.1), warmup 50 steps and cosine to 10%, clip 1.0; rates
-{s['lrs']} per arm chosen on validation loss; seed {protocol.confirm_seeds[0]} held out. MoE: experts of width 4d,
-capacity factor 1.25, load-balancing weight 0.01, router z-loss 0.001. FLOPs per token C = 6 (N_active + n_layer T d).
+{s['lrs']} per arm chosen on validation loss, a best rate at the top of its sweep extended by the sweep's ratio up
+to {protocol.extend_edges} times (rates run: {_rates_run(arms)}); seed {protocol.confirm_seeds[0]} held out.
+MoE: experts of width 4d, capacity factor 1.25, load-balancing weight 0.01, router z-loss 0.001. FLOPs per token
+C = 6 (N_active + n_layer T d).
 Step time: one training step at batch {s['batch']}, arms interleaved over {s['time_rounds']} shuffled rounds,
 median ratio to dense (both cores' load lands on every arm alike).
 
@@ -182,7 +185,9 @@ median ratio to dense (both cores' load lands on every arm alike).
 
 {outcome_lines(outcomes)}
 
-{edge_text(arms)}
+{edge_text(arms)}{_last_gain_text(arms)}
+
+{held_out}
 
 Reported beside the rule:
 {reported}
@@ -192,6 +197,40 @@ Reported beside the rule:
 characters are shared by up to 16 experts per layer of a {s['n_layer']}-layer model on one small text, so each
 expert sees a fraction of an epoch's tokens. Plot: `curves.png` (validation loss against training FLOPs, mean of
 the 3 seeds at each arm's rate)."""
+
+
+def _rates_run(arms: dict[str, Any]) -> str:
+    """The rates some arm was trained at, in order."""
+    return ", ".join(f"{r:g}" for r in sorted({float(lr) for a in arms.values() for lr in a["by_lr"]}))
+
+
+def _last_gain_text(arms: dict[str, Any]) -> str:
+    """For arms chosen at the top of their sweep: how much the last rate changed validation loss, so a reader
+    sees whether the optimum is near (a gain of ~0 says the curve has flattened) or still far."""
+    gains = []
+    for name, a in arms.items():
+        rates = sorted(a["by_lr"], key=float)
+        if a.get("at_sweep_edge") and len(rates) > 1 and f"{a['lr']:g}" == rates[-1]:
+            before = a["by_lr"][rates[-2]]["val_loss"]["mean"]
+            gains.append(f"{name} {a['val_loss']['mean'] - before:+.3f} ({rates[-2]} to {rates[-1]})")
+    if not gains:
+        return ""
+    return " Validation loss changed by the last rate (negative: still improving): " + ", ".join(gains) + "."
+
+
+def _held_out_text(arms: dict[str, Any], outcomes: list[dict[str, Any]], protocol: Protocol) -> str:
+    """The held-out seed's own difference for each ruled arm (one seed: a check on the direction, not an
+    interval), and whether its sign agrees with the mean difference the rule judged."""
+    dense = arms["dense"]["confirmation"]["test_loss"]["values"][0]
+    parts, agree = [], 0
+    for o in outcomes:
+        arm = o["rule"].split(" ", 1)[0]
+        diff = dense - arms[arm]["confirmation"]["test_loss"]["values"][0]  # > 0: the MoE is better
+        agree += (diff > 0) == (o["difference"] > 0)
+        parts.append(f"{arm} {diff:+.4f}")
+    return (f"Held-out seed {protocol.confirm_seeds[0]} (not used to choose any rate), dense minus MoE test loss at "
+            f"the chosen rates: {', '.join(parts)}; its sign agrees with the mean difference in {agree} of "
+            f"{len(outcomes)}.")
 
 
 def _plot(curves: dict[str, list[list[tuple[float, float]]]], arms: dict[str, Any], out: Path) -> None:
