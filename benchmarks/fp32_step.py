@@ -1,0 +1,191 @@
+"""The fp32 step of nanoGPT's own model: nanoGPT's training step against attnlab's, in one process, alternating.
+
+Issue 23's bar: nanoGPT's exact model (4 layers, 4 heads, 128 dims, block 64, batch 12, learned positions,
+LayerNorm, exact GELU, no biases, vocabulary 65) trained by attnlab in float32 at >= 1.3x nanoGPT's
+iterations per second. ``benchmarks/speedrun.py`` measures it between whole processes (each program's own
+log); this measures the step alone, the contenders alternating in blocks of ``--block`` steps within one
+process (the order reversed every round), so the machine's drift lands on all of them alike.
+
+Contenders (each a full optimisation step on the same batches of tinyshakespeare characters):
+
+    nanogpt                    model.py of the checkout given by --nanogpt (imported from there; nothing of it
+                               enters this repository), its configure_optimizers (AdamW, foreach on a CPU),
+                               forward, backward, clip to 1.0, step, zero_grad: its train.py loop
+    attnlab                    the same model built by attnlab (positions=learned, bias=false), the trainer's
+                               optimiser (make_optimizer: fused AdamW) and its step (training.loop.train_step)
+    attnlab-compiled           the same, the model under torch.compile (compile=true)
+    attnlab-compiled-eager-attn  the same with attn_backend=eager: attention as plain ops, which inductor fuses
+                               (no flash kernel)
+    attnlab-compiled-opt       attnlab-compiled with the optimiser step under torch.compile too
+
+Compilation happens in the warm-up steps, outside the timing. Subnormal floats are flushed for every contender
+(``attnlab train`` does so on a CPU; nanoGPT does not, but one process has one setting; on real text it makes
+no difference at this size). Reported: median ms per step, the speed-up over nanoGPT (nanoGPT's median over the
+contender's), and the range of the per-round speed-ups.
+
+    python benchmarks/fp32_step.py --nanogpt PATH [--rounds 8] [--block 20] [--threads N] [--data FILE]
+
+Writes benchmarks/results/fp32_step.json (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+SHAPE = dict(n_layer=4, n_head=4, d_model=128, block_size=64, batch_size=12)
+CONTENDERS = ("nanogpt", "attnlab", "attnlab-compiled", "attnlab-compiled-eager-attn", "attnlab-compiled-opt")
+BAR = 1.3
+
+
+def batches(text: str, n: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+    """n random (x, y) windows of the first 90% of the text's characters (12 x 64), as nanoGPT's get_batch
+    draws them from train.bin; the vocabulary is the text's characters (65 for tinyshakespeare)."""
+    chars = sorted(set(text))
+    index = {c: i for i, c in enumerate(chars)}
+    ids = torch.tensor([index[c] for c in text[: int(0.9 * len(text))]], dtype=torch.long)
+    gen = torch.Generator().manual_seed(0)
+    B, T = SHAPE["batch_size"], SHAPE["block_size"]
+    out = []
+    for _ in range(n):
+        ix = torch.randint(len(ids) - T - 1, (B,), generator=gen)
+        out.append((torch.stack([ids[i:i + T] for i in ix]), torch.stack([ids[i + 1:i + 1 + T] for i in ix])))
+    return out, len(chars)
+
+
+def nanogpt_step(checkout: Path, vocab: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """nanoGPT's model and optimiser from its checkout; one step of its train.py loop."""
+    spec = importlib.util.spec_from_file_location("nanogpt_model", checkout / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.GPTConfig(block_size=SHAPE["block_size"], vocab_size=vocab, n_layer=SHAPE["n_layer"],
+                           n_head=SHAPE["n_head"], n_embd=SHAPE["d_model"], dropout=0.0, bias=False)
+    model = module.GPT(cfg)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """attnlab's build of the same model, the trainer's optimiser and its train_step."""
+    from attnlab.models import GPTConfig, build_model
+    from attnlab.training.config import TrainConfig
+    from attnlab.training.loop import train_step
+    from attnlab.training.optim import make_optimizer
+
+    cfg = GPTConfig(vocab_size=vocab, block_size=SHAPE["block_size"], n_layer=SHAPE["n_layer"],
+                    n_head=SHAPE["n_head"], d_model=SHAPE["d_model"], dropout=0.0, bias=False, positions="learned",
+                    activation="gelu", norm="layernorm", attn_backend="eager" if "eager-attn" in name else "sdpa")
+    model = build_model(cfg)
+    opt = make_optimizer(model, TrainConfig(lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.99))
+    forward = torch.compile(model) if "compiled" in name else model
+    if name.endswith("-opt"):
+        opt.step = torch.compile(opt.step)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        train_step(model, opt, [(x, y)], lambda b: forward(b[0], b[1]), grad_clip=1.0)
+
+    return step
+
+
+def run(steps: dict[str, Callable], data: list, rounds: int, block: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds of every step, contenders alternating in blocks (order reversed every other round)."""
+    for step in steps.values():  # warm-up and compilation, untimed
+        for x, y in data[:warmup]:
+            step(x, y)
+    seconds: dict[str, list[list[float]]] = {name: [] for name in steps}
+    order = list(steps)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            block_times = []
+            for i in range(block):
+                x, y = data[(r * block + i) % len(data)]
+                t0 = time.perf_counter()
+                steps[name](x, y)
+                block_times.append(time.perf_counter() - t0)
+            seconds[name].append(block_times)
+    return seconds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nanogpt", required=True, help="path to a checkout of karpathy/nanoGPT (its model.py is used)")
+    ap.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--block", type=int, default=20, help="steps per contender per round")
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fp32_step.json"))
+    args = ap.parse_args()
+    checkout, data_path = Path(args.nanogpt), Path(args.data)
+    if not (checkout / "model.py").is_file():
+        print(f"fp32_step: {checkout} is not a nanoGPT checkout (no model.py)", file=sys.stderr)
+        return 2
+    if not data_path.is_file():
+        print(f"fp32_step: no data file at {data_path} (--data)", file=sys.stderr)
+        return 2
+    if min(args.rounds, args.block, args.warmup) < 1 or (args.threads is not None and args.threads < 1):
+        print("fp32_step: --rounds, --block, --warmup and --threads must be >= 1", file=sys.stderr)
+        return 2
+    if "nanogpt" not in args.contenders:
+        print("fp32_step: the speed-ups are against nanogpt; keep it among --contenders", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from attnlab.core.runtime import flush_denormals
+
+    flush_denormals()
+    data, vocab = batches(data_path.read_text(encoding="utf-8"), 200)
+    torch.manual_seed(0)
+    steps = {name: nanogpt_step(checkout, vocab) if name == "nanogpt" else attnlab_step(name, vocab)
+             for name in args.contenders}
+    seconds = run(steps, data, args.rounds, args.block, args.warmup)
+
+    base = statistics.median(t for block in seconds["nanogpt"] for t in block)
+    print(f"\nfp32 step of nanoGPT's model (L=4 H=4 C=128 T=64 B=12), CPU, {torch.get_num_threads()} threads, "
+          f"{args.rounds} rounds x {args.block} steps, alternating in one process\n")
+    print(f"{'contender':<30}{'ms/step':>9}{'speed-up':>10}{'per-round range':>18}")
+    rows = []
+    for name, blocks in seconds.items():
+        med = statistics.median(t for block in blocks for t in block)
+        per_round = [statistics.median(b0) / statistics.median(b) for b0, b in zip(seconds["nanogpt"], blocks)]
+        rows.append(dict(contender=name, ms_per_step=1000 * med, speedup=base / med,
+                         speedup_per_round=per_round, ms_per_step_per_round=[1000 * statistics.median(b)
+                                                                              for b in blocks]))
+        print(f"{name:<30}{1000 * med:>9.2f}{base / med:>9.3f}x{min(per_round):>10.3f}-{max(per_round):.3f}")
+    best = max((r for r in rows if r["contender"] != "nanogpt"), key=lambda r: r["speedup"], default=None)
+    if best is not None:
+        met = "met" if best["speedup"] >= BAR else "not met"
+        print(f"\nthe bar (>= {BAR}x nanoGPT's steps per second): {met}; best {best['contender']} "
+              f"{best['speedup']:.3f}x")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(**SHAPE, vocab_size=vocab, rounds=args.rounds, block=args.block, warmup=args.warmup,
+                threads=torch.get_num_threads(), flush_denormals=True, torch=torch.__version__,
+                machine=platform.machine(), processor=platform.processor(), bar=BAR)
+    out.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
