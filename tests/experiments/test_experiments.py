@@ -137,6 +137,8 @@ def test_moe_vs_dense(tmp_path):
             assert extra == r["settings"]["n_layer"] * r["settings"]["d_model"] * m.ARMS[name]["experts"]
             assert arm["total_params"]["mean"] > 2 * dense["total_params"]["mean"]
         assert len(r["curves"][name]) == 3 and len(r["step_seconds"][name]) == r["settings"]["time_rounds"]
+        low, high = r["time_ratio_range"][name]
+        assert low <= high and (name != "dense" or low == high == 1.0)
     # top-2 uses twice the experts' parameters of top-1; dense-wide holds moe-4-top1's expert parameters, all active
     top1, top2 = arms["moe-8-top1"]["active_params"]["mean"], arms["moe-8-top2"]["active_params"]["mean"]
     ffn = r["settings"]["n_layer"] * (2 * 4 * r["settings"]["d_model"] ** 2 + 5 * r["settings"]["d_model"])

@@ -148,7 +148,10 @@ def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
     times = step_times(s, vocab)
     results = {"settings": s, "arms": arms, "outcomes": outcomes, "reported": others, "step_seconds": times,
                "time_ratio_to_dense": {arm: statistics.median(t) / statistics.median(times["dense"])
-                                       for arm, t in times.items()}, "curves": curves}
+                                       for arm, t in times.items()},
+               "time_ratio_range": {arm: [min(r), max(r)] for arm, t in times.items()
+                                    if (r := [a / d for a, d in zip(t, times["dense"])])},  # paired by round
+               "curves": curves}
     _plot(curves, arms, out)
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, arms, outcomes, others, results, protocol),
                          started, quick, protocol=protocol.as_dict())
@@ -160,7 +163,7 @@ def _report(s, arms, outcomes, others, results, protocol) -> str:
         f"| {arm} | {int(a['total_params']['mean']):,} | {int(a['active_params']['mean']):,} | "
         f"{a['flops_per_token']['mean'] / 1e6:.2f} | {a['lr']:g} | {fmt(a['test_loss'], 4)} | "
         f"{a['test_loss']['mean'] - dense:+.4f} | {a['confirmation']['test_loss']['values'][0]:.4f} | "
-        f"{results['time_ratio_to_dense'][arm]:.2f} |" for arm, a in arms.items())
+        f"{results['time_ratio_to_dense'][arm]:.2f} ({_range(results, arm)}) |" for arm, a in arms.items())
     held_out = _held_out_text(arms, outcomes, protocol)
     reported = "\n".join(f"- {arm} vs dense: difference {o['difference']:+.4f} in dense's favour if negative, 95% "
                          f"interval [{o['interval'][0]:+.4f}, {o['interval'][1]:+.4f}] ({o['verdict']} as "
@@ -177,7 +180,7 @@ to {protocol.extend_edges} times (rates run: {_rates_run(arms)}); seed {protocol
 MoE: experts of width 4d, capacity factor 1.25, load-balancing weight 0.01, router z-loss 0.001. FLOPs per token
 C = 6 (N_active + n_layer T d).
 Step time: one training step at batch {s['batch']}, arms interleaved over {s['time_rounds']} shuffled rounds,
-median ratio to dense (both cores' load lands on every arm alike).
+median ratio to dense (both cores' load lands on every arm alike), and the range of the ratios over the rounds.
 
 | arm | parameters | active (non-emb.) | MFLOPs/token | lr | test loss | minus dense | held-out seed | time / dense |
 |---|---|---|---|---|---|---|---|---|
@@ -197,6 +200,12 @@ Reported beside the rule:
 characters are shared by up to 16 experts per layer of a {s['n_layer']}-layer model on one small text, so each
 expert sees a fraction of an epoch's tokens. Plot: `curves.png` (validation loss against training FLOPs, mean of
 the 3 seeds at each arm's rate)."""
+
+
+def _range(results: dict[str, Any], arm: str) -> str:
+    """ "low-high" of an arm's per-round time ratios to dense (records made before them: "-")."""
+    low_high = results.get("time_ratio_range", {}).get(arm)
+    return f"{low_high[0]:.2f}-{low_high[1]:.2f}" if low_high else "-"
 
 
 def _rates_run(arms: dict[str, Any]) -> str:
