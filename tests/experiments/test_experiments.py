@@ -164,10 +164,11 @@ def test_moe_vs_dense_report_names_the_held_out_seed_and_the_last_rate_gain():
 
     arms = {"dense": arm(0.009, {0.003: 1.80, 0.009: 1.75}, [1.90, 1.91, 1.92], 1.91, True),
             "moe-4-top1": arm(0.003, {0.003: 1.70, 0.009: 1.72}, [1.80, 1.81, 1.82], 1.95, False)}
-    outcomes = [Difference("moe-4-top1", "dense", "test_loss", higher_is_better=False).decide(arms)]
+    rules = [Difference("moe-4-top1", "dense", "test_loss", higher_is_better=False)]
+    outcomes = [rules[0].decide(arms)]
     assert outcomes[0]["difference"] > 0  # the MoE's mean is better; its held-out seed is worse
     protocol = Protocol(seeds=[0, 1, 2], budget={}, lr_sweep={}, verdict_rule=[], confirm_seeds=[3])
-    text = m._held_out_text(arms, outcomes, protocol)
+    text = m._held_out_text(arms, rules, outcomes, protocol)
     assert "moe-4-top1 -0.0400" in text and "agrees with the mean difference in 0 of 1" in text
     assert m._last_gain_text(arms).endswith("(negative: still improving): dense -0.050 (0.003 to 0.009).")
     assert m._rates_run(arms) == "0.003, 0.009"

@@ -146,11 +146,11 @@ def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
     others = {arm: Difference(arm, "dense", "test_loss", higher_is_better=False).decide(arms)
               for arm in ("moe-8-top2", "dense-wide")}
     times = step_times(s, vocab)
+    ratios = {arm: [a / d for a, d in zip(t, times["dense"])] for arm, t in times.items()}  # paired by round
     results = {"settings": s, "arms": arms, "outcomes": outcomes, "reported": others, "step_seconds": times,
                "time_ratio_to_dense": {arm: statistics.median(t) / statistics.median(times["dense"])
                                        for arm, t in times.items()},
-               "time_ratio_range": {arm: [min(r), max(r)] for arm, t in times.items()
-                                    if (r := [a / d for a, d in zip(t, times["dense"])])},  # paired by round
+               "time_ratio_range": {arm: [min(r), max(r)] for arm, r in ratios.items()},
                "curves": curves}
     _plot(curves, arms, out)
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, arms, outcomes, others, results, protocol),
@@ -164,7 +164,7 @@ def _report(s, arms, outcomes, others, results, protocol) -> str:
         f"{a['flops_per_token']['mean'] / 1e6:.2f} | {a['lr']:g} | {fmt(a['test_loss'], 4)} | "
         f"{a['test_loss']['mean'] - dense:+.4f} | {a['confirmation']['test_loss']['values'][0]:.4f} | "
         f"{results['time_ratio_to_dense'][arm]:.2f} ({_range(results, arm)}) |" for arm, a in arms.items())
-    held_out = _held_out_text(arms, outcomes, protocol)
+    held_out = _held_out_text(arms, RULES, outcomes, protocol)
     reported = "\n".join(f"- {arm} vs dense: difference {o['difference']:+.4f} in dense's favour if negative, 95% "
                          f"interval [{o['interval'][0]:+.4f}, {o['interval'][1]:+.4f}] ({o['verdict']} as "
                          f"'{arm} beats dense')" for arm, o in others.items())
@@ -227,13 +227,14 @@ def _last_gain_text(arms: dict[str, Any]) -> str:
     return " Validation loss changed by the last rate (negative: still improving): " + ", ".join(gains) + "."
 
 
-def _held_out_text(arms: dict[str, Any], outcomes: list[dict[str, Any]], protocol: Protocol) -> str:
+def _held_out_text(arms: dict[str, Any], rules: list[Difference], outcomes: list[dict[str, Any]],
+                   protocol: Protocol) -> str:
     """The held-out seed's own difference for each ruled arm (one seed: a check on the direction, not an
     interval), and whether its sign agrees with the mean difference the rule judged."""
     dense = arms["dense"]["confirmation"]["test_loss"]["values"][0]
     parts, agree = [], 0
-    for o in outcomes:
-        arm = o["rule"].split(" ", 1)[0]
+    for rule, o in zip(rules, outcomes, strict=True):
+        arm = rule.a
         diff = dense - arms[arm]["confirmation"]["test_loss"]["values"][0]  # > 0: the MoE is better
         agree += (diff > 0) == (o["difference"] > 0)
         parts.append(f"{arm} {diff:+.4f}")
