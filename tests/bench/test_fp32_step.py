@@ -53,14 +53,17 @@ def checkout(tmp_path):
 def test_every_contender_is_timed_in_every_round_and_compared_with_nanogpt(checkout, capfd):
     out = checkout / "fp32_step.json"
     assert main(["bench", "fp32_step", "--nanogpt", str(checkout / "nanogpt"), "--data", str(checkout / "text.txt"),
-                 "--contenders", "nanogpt", "attnlab", "--rounds", "2", "--block", "2", "--warmup", "1",
+                 "--contenders", "nanogpt", "attnlab", "matmuls-only", "--rounds", "2", "--block", "2", "--warmup", "1",
                  "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     rows = {r["contender"]: r for r in record["results"]}
-    assert set(rows) == {"nanogpt", "attnlab"} and record["meta"]["vocab_size"] == 17  # the text's characters
+    assert set(rows) == {"nanogpt", "attnlab", "matmuls-only"} and record["meta"]["vocab_size"] == 17  # the text's characters
     assert rows["nanogpt"]["speedup"] == 1.0 and rows["nanogpt"]["speedup_per_round"] == [1.0, 1.0]
     assert len(rows["attnlab"]["ms_per_step_per_round"]) == 2 and rows["attnlab"]["ms_per_step"] > 0
-    assert "the bar (>= 1.3x" in capfd.readouterr().out
+    out = capfd.readouterr().out
+    assert "the bar (>= 1.3x" in out and "best attnlab " in out  # the floor is not a contender for the bar
+    ceiling = rows["matmuls-only"]["speedup"]
+    assert f"the ceiling (nanoGPT's step over its matrix products alone): {ceiling:.3f}x" in out
 
 
 @pytest.mark.parametrize("argv", [
