@@ -13,7 +13,9 @@ Contenders (each a full optimisation step on the same batches of tinyshakespeare
                                forward, backward, clip to 1.0, step, zero_grad: its train.py loop
     attnlab                    the same model built by attnlab (positions=learned, bias=false), the trainer's
                                optimiser (make_optimizer: fused AdamW) and its step (training.loop.train_step)
-    attnlab-compiled           the same, the model under torch.compile (compile=true)
+    attnlab-compiled           the same, the model compiled as compile=true compiles it (training.compiling: on a
+                               CPU inductor's C++ wrapper calls the kernels)
+    attnlab-compiled-python-wrapper  the same under plain torch.compile (inductor's Python wrapper)
     attnlab-compiled-eager-attn  the same with attn_backend=eager: attention as plain ops, which inductor fuses
                                (no flash kernel)
     attnlab-compiled-opt       attnlab-compiled with the optimiser step under torch.compile too
@@ -50,8 +52,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 SHAPE = dict(n_layer=4, n_head=4, d_model=128, block_size=64, batch_size=12)
-CONTENDERS = ("nanogpt", "attnlab", "attnlab-compiled", "attnlab-compiled-eager-attn", "attnlab-compiled-opt",
-              "matmuls-only")
+CONTENDERS = ("nanogpt", "attnlab", "attnlab-compiled", "attnlab-compiled-python-wrapper",
+              "attnlab-compiled-eager-attn", "attnlab-compiled-opt", "matmuls-only")
 FLOOR = "matmuls-only"
 BAR = 1.3
 
@@ -94,6 +96,7 @@ def nanogpt_step(checkout: Path, vocab: int) -> Callable[[torch.Tensor, torch.Te
 def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
     """attnlab's build of the same model, the trainer's optimiser and its train_step."""
     from attnlab.models import GPTConfig, build_model
+    from attnlab.training.compiling import compile_forward
     from attnlab.training.config import TrainConfig
     from attnlab.training.loop import train_step
     from attnlab.training.optim import make_optimizer
@@ -103,7 +106,11 @@ def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor]
                     activation="gelu", norm="layernorm", attn_backend="eager" if "eager-attn" in name else "sdpa")
     model = build_model(cfg)
     opt = make_optimizer(model, TrainConfig(lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.99))
-    forward = torch.compile(model) if "compiled" in name else model
+    forward = model
+    if name == "attnlab-compiled-python-wrapper":
+        forward = torch.compile(model)
+    elif "compiled" in name:
+        forward = compile_forward(model, "cpu")
     if name.endswith("-opt"):
         opt.step = torch.compile(opt.step)
 
@@ -135,6 +142,17 @@ def matmul_floor(vocab: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
             torch.bmm(probs, k), torch.bmm(probs.transpose(1, 2), q)
 
     return step
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux; platform.processor() elsewhere, often empty)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def run(steps: dict[str, Callable], data: list, rounds: int, block: int, warmup: int) -> dict[str, list[float]]:
@@ -216,7 +234,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(**SHAPE, vocab_size=vocab, rounds=args.rounds, block=args.block, warmup=args.warmup,
                 threads=torch.get_num_threads(), flush_denormals=True, torch=torch.__version__,
-                machine=platform.machine(), processor=platform.processor(), bar=BAR)
+                machine=platform.machine(), processor=cpu_name(), bar=BAR)
     out.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
     print(f"wrote {out}")
     return 0

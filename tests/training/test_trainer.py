@@ -281,3 +281,19 @@ def test_fit_stops_where_the_step_callback_returns_true():
 
     result = fit(model, opt, lambda step: torch.ones(4, 2), lambda x: model(x).pow(2).mean(), 10, after_step=after)
     assert seen == [0, 1, 2, 3] and len(result.losses) == 4
+
+
+def test_compile_true_trains_as_the_eager_model_does(corpus, tmp_path):
+    """compile=true (training.compiling: inductor with its C++ wrapper on a CPU) changes the kernels, not the
+    arithmetic's meaning: the same run's losses and final weights agree with the eager run's to float rounding."""
+    runs = {c: Trainer(tiny_config(corpus, tmp_path / "runs", name=f"compile-{c}", compile=c, max_iters=6,
+                                   log_interval=1, device="cpu")) for c in (False, True)}
+    assert hasattr(runs[True].forward, "_orig_mod") and not hasattr(runs[False].forward, "_orig_mod")
+    done = {c: t.train() for c, t in runs.items()}
+    eager, compiled = (_losses(done[c].run_dir) for c in (False, True))
+    assert len(eager) == len(compiled) >= 6
+    for (s0, a0, v0), (s1, a1, v1) in zip(eager, compiled, strict=True):
+        assert s0 == s1 and a0 == pytest.approx(a1, rel=1e-4) and (v0 is None) == (v1 is None)
+        assert v0 is None or v0 == pytest.approx(v1, rel=1e-4)
+    for (n, p), q in zip(_weights(done[False].run_dir).items(), _weights(done[True].run_dir).values(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=n)

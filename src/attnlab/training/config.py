@@ -172,7 +172,7 @@ class TrainConfig:
     # bfloat16 = autocast for matmuls; auto = bfloat16 where the device computes it natively (a GPU with bf16,
     # a CPU with AVX512-BF16 or AMX), else float32
     dtype: Literal["float32", "bfloat16", "auto"] = "float32"
-    compile: bool = False
+    compile: bool = False  # torch.compile the model (training/compiling.py: on a CPU with inductor's C++ wrapper)
     seed: int = 1337
     threads: int | None = None  # torch intra-op threads; None = torch's default
     # "auto" = this process's GPU (cuda:LOCAL_RANK) when CUDA is visible, else the CPU; or cpu, cuda, cuda:N, mps

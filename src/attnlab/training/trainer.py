@@ -25,6 +25,7 @@ from attnlab.core import runtime
 from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.training import checkpoint as ckpt
 from attnlab.training import distributed, runs
+from attnlab.training.compiling import compile_forward
 from attnlab.training.config import TrainConfig
 from attnlab.training.init_from import check_init_from, init_weights_line
 from attnlab.training.loggers import RunLog, evaluation_keys
@@ -105,8 +106,7 @@ class Trainer:
         self.model = build_model(cfg.model).to(self.device)
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process (global batches)
         torch.manual_seed(cfg.seed + self.dist.rank)  # dropout differs between replicas
-        self.step = 0
-        self.best_val: float | None = None
+        self.step, self.best_val = 0, None
         state = self._restore_weights(checkpoint) if checkpoint is not None else None
         if cfg.init_from and checkpoint is None:
             self.log(init_weights_line(self.model, cfg.init_from))
@@ -125,7 +125,8 @@ class Trainer:
         if state is not None:
             ckpt.check_trainer_state(state, self.optimizer, checkpoint)
             self._restore_state(state)
-        self.forward = torch.compile(self.ddp or self.model) if cfg.compile else (self.ddp or self.model)
+        net = self.ddp or self.model
+        self.forward = compile_forward(net, self.device.type) if cfg.compile else net
         self.flops_per_unit = self.task.flops_per_unit(self.model)
         # the peak is measured once per machine and cached; here, so it never pauses the training loop
         self.meter = (MFUMeter(self.flops_per_unit, self.dtype, self.device.type)
