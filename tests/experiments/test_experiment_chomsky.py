@@ -143,7 +143,19 @@ def test_verdict_rule_is_the_papers_hierarchy():
         assert family in (("rnn", "lstm") if regular else ("rnn", "transformer"))
     # every cell of the paper's table is quoted and marked; the claim's numbers are not among its inputs
     assert set(p.PAPER_TABLE2) == set(TASKS) and all(set(v) == set(p.FAMILIES) for v in p.PAPER_TABLE2.values())
-    assert {(t, f) for t in TASKS for f in p.FAMILIES} >= p.QUOTED
+    assert {(t, f) for t in TASKS for f in p.FAMILIES} >= p.QUOTED | p.REPRINTED
+
+
+def test_each_paper_cell_names_the_secondary_sources_it_agrees_with():
+    """The paper's cells in the report carry q (issue 7's quotation), r (the DeltaFormer reprint), both, or no
+    mark (recalled); the source line says what the marks mean."""
+    from attnlab.experiments.chomsky_report import _paper
+
+    assert _paper("parity_check", "transformer") == "52.0 qr"  # in both quotations
+    assert _paper("parity_check", "rnn") == "100.0 r"
+    assert _paper("even_pairs", "transformer") == "96.4 q"
+    assert _paper("bucket_sort", "rnn") == "27.9"
+    assert "marked q" in p.PAPER_SOURCE and "marked r" in p.PAPER_SOURCE and "recalled" in p.PAPER_SOURCE
 
 
 def _fake(monkeypatch, scores):

@@ -28,8 +28,11 @@ SOLVED = 0.9  # "generalizes": mean test score above this line
 # rates and, for the Transformer, positional encodings: a selection on the test score). The RNN, LSTM and
 # Transformer columns (the paper also has Stack-RNN and Tape-RNN). NO cell could be checked against the paper's
 # text here (no primary full text is readable from this environment): every cell is from recollection of the
-# paper, and QUOTED marks the cells that agree with the independent quotation in attnlab's issue 7 (itself
-# secondary). The verdict uses none of these numbers; the report shows them beside the measurements.
+# paper, QUOTED marks the cells that agree with the independent quotation in attnlab's issue 7, and REPRINTED
+# those that agree with the reprint of the table's RNN, Stack-RNN, Tape-RNN, Transformer and LSTM columns for six
+# tasks in Xu et al. (2025), "DeltaFormer: Unlock the State Space of Transformer" (ByteDance Seed), appendix D,
+# Table 5 (all 18 of its cells agree). Both are secondary. The verdict uses none of these numbers; the report
+# shows them beside the measurements.
 PAPER_TABLE2: dict[str, dict[str, float]] = {
     "even_pairs": {"rnn": 100.0, "lstm": 100.0, "transformer": 96.4},
     "modular_arithmetic": {"rnn": 100.0, "lstm": 100.0, "transformer": 24.2},
@@ -51,9 +54,13 @@ QUOTED = {*((t, "transformer") for t in ("even_pairs", "cycle_navigation", "pari
                                           "reverse_string", "stack_manipulation", "duplicate_string", "odds_first",
                                           "bucket_sort")),
           ("even_pairs", "lstm"), ("parity_check", "lstm")}
+REPRINTED = {(t, f) for t in ("modular_arithmetic", "parity_check", "stack_manipulation", "reverse_string",
+                              "duplicate_string", "odds_first") for f in ("rnn", "lstm", "transformer")}
 PAPER_SOURCE = ("Delétang et al. (2023), Neural Networks and the Chomsky Hierarchy, ICLR 2023, Table 2 (RNN, LSTM "
                 "and Transformer columns); not verified against the paper here: cells marked q agree with the "
-                "quotation in attnlab's issue 7, the others are recalled")
+                "quotation in attnlab's issue 7, cells marked r with the reprint of six of its rows in Xu et al. "
+                "(2025), DeltaFormer: Unlock the State Space of Transformer, appendix D, Table 5 (both secondary "
+                "sources); unmarked cells are recalled")
 
 # the paper's five positional encodings for its Transformer encoder, each an arm of the transformer's sweep:
 # none; sin/cos counted down to the last token (its Transformer-XL style ``pos_seq = arange(L, 0, -1)``, so

@@ -13,6 +13,7 @@ from attnlab.experiments.chomsky_protocol import (
     PAPER_SOURCE,
     PAPER_TABLE2,
     QUOTED,
+    REPRINTED,
     SOLVED,
     TRAIN_MAX_LENGTH,
     TRANSFORMERS,
@@ -26,7 +27,8 @@ def _pct(summary: dict[str, Any]) -> str:
 
 def _paper(task: str, fam: str) -> str:
     value = PAPER_TABLE2.get(task, {}).get(fam)
-    return "–" if value is None else f"{value:.1f}{' q' if (task, fam) in QUOTED else ''}"
+    marks = ("q" if (task, fam) in QUOTED else "") + ("r" if (task, fam) in REPRINTED else "")
+    return "–" if value is None else f"{value:.1f}{' ' + marks if marks else ''}"
 
 
 def report(r: dict[str, Any], s: dict[str, Any]) -> str:
