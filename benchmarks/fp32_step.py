@@ -144,17 +144,6 @@ def matmul_floor(vocab: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
     return step
 
 
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux; platform.processor() elsewhere, often empty)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def run(steps: dict[str, Callable], data: list, rounds: int, block: int, warmup: int) -> dict[str, list[float]]:
     """Seconds of every step, contenders alternating in blocks (order reversed every other round)."""
     for step in steps.values():  # warm-up and compilation, untimed
@@ -200,6 +189,7 @@ def main() -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    from attnlab.bench.attention import cpu_model
     from attnlab.core.runtime import flush_denormals
 
     flush_denormals()
@@ -234,7 +224,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(**SHAPE, vocab_size=vocab, rounds=args.rounds, block=args.block, warmup=args.warmup,
                 threads=torch.get_num_threads(), flush_denormals=True, torch=torch.__version__,
-                machine=platform.machine(), processor=cpu_name(), bar=BAR)
+                machine=platform.machine(), processor=cpu_model(), bar=BAR)
     out.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
     print(f"wrote {out}")
     return 0

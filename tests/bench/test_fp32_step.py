@@ -59,6 +59,7 @@ def test_every_contender_is_timed_in_every_round_and_compared_with_nanogpt(check
     rows = {r["contender"]: r for r in record["results"]}
     assert set(rows) == {"nanogpt", "attnlab", "matmuls-only"}
     assert record["meta"]["vocab_size"] == 17  # the text's characters
+    assert record["meta"]["processor"]  # which CPU gave the numbers
     assert rows["nanogpt"]["speedup"] == 1.0 and rows["nanogpt"]["speedup_per_round"] == [1.0, 1.0]
     assert len(rows["attnlab"]["ms_per_step_per_round"]) == 2 and rows["attnlab"]["ms_per_step"] > 0
     out = capfd.readouterr().out
