@@ -109,6 +109,20 @@ def test_peak_is_measured_once_and_cached(monkeypatch, fresh_cache):
     assert cached == {"float32": 1e11}
 
 
+def test_a_peak_cached_on_one_cpu_is_not_used_on_another(monkeypatch, fresh_cache):
+    """The cache is keyed by the CPU's model name and flags, not by the host name alone (a virtual machine keeps
+    its name on other hardware): another CPU measures its own peak."""
+    monkeypatch.setattr(mfu_module, "measure_peak_flops", lambda dtype, device: 1e11)
+    monkeypatch.setattr(mfu_module, "_cpuinfo_text", lambda: "model name\t: CPU A\nflags\t\t: fpu avx2 fma\n")
+    assert peak_flops(torch.float32) == 1e11
+    first = mfu_module._peak_cache_file("cpu")
+    monkeypatch.setattr(mfu_module, "measure_peak_flops", lambda dtype, device: 3e11)
+    monkeypatch.setattr(mfu_module, "_cpuinfo_text", lambda: "model name\t: CPU B\nflags\t\t: fpu avx512f\n")
+    assert mfu_module._peak_cache_file("cpu") != first
+    assert peak_flops(torch.float32) == 3e11  # measured anew, not read from CPU A's file
+    assert json.loads(first.read_text()) == {"float32": 1e11}
+
+
 def test_refresh_keeps_the_best_measurement(monkeypatch, fresh_cache):
     """A peak first measured on a busy machine is raised by a later quiet measurement, never lowered."""
     values = iter([1e10, 5e10, 2e10])

@@ -18,7 +18,8 @@ MFU = tokens/s x F / peak, against the peak of the dtype the run computes in. Th
   and computed in fp32) and the clock the maximum the kernel reports (cpufreq's maximum where there is
   one, else the largest "cpu MHz"). An upper bound by construction, and independent of the load;
 * **the best matmul measured** on this machine (fp32 and bf16 separately; the only peak on a GPU),
-  cached under the attnlab cache folder (``peak_flops/*.json``), keeping the best of all
+  cached under the attnlab cache folder (``peak_flops/*.json``, one file per CPU model and flags, torch
+  version and thread count; per GPU model), keeping the best of all
   measurements: ``peak_flops(..., refresh=True)`` (called by the trainer when it sees MFU above 100%,
   and by the throughput benchmark) measures again and keeps the larger value.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import platform
 import time
@@ -64,11 +66,19 @@ def flops_per_token(model: torch.nn.Module) -> float:
     return 6.0 * active_parameters(model) + 12.0 * attention_layers * c.d_model * c.block_size
 
 
+def _cpu_signature() -> str:
+    """A digest of the CPU's model name and flags: a virtual machine keeps its host name when it moves to other
+    hardware, and a peak measured on one CPU must not stand for another."""
+    info = _cpuinfo_text()
+    lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    return hashlib.sha256("\n".join(sorted(set(lines))).encode()).hexdigest()[:12]
+
+
 def _peak_cache_file(device: str) -> Path:
     if device.startswith("cuda"):
         where = torch.cuda.get_device_name()
     else:
-        where = "mps" if device.startswith("mps") else f"{torch.get_num_threads()}t"
+        where = "mps" if device.startswith("mps") else f"cpu{_cpu_signature()}-{torch.get_num_threads()}t"
     key = f"{platform.machine()}-{platform.node()}-torch{torch.__version__}-{where}".replace(" ", "_")
     return default_cache_dir() / "peak_flops" / f"{key}.json"
 
