@@ -63,3 +63,6 @@ def test_the_budget_is_epochs_of_the_fraction_capped():
     s = {"epochs": 40, "max_steps": 4000, "batch_size": 64, "eval_every": 200}
     assert vit_vs_cnn.budget(s, 540) == 338 and vit_vs_cnn.budget(s, 54_000) == 4000
     assert vit_vs_cnn.budget(s, 10) == 200  # never fewer than one evaluation
+    floor = {**s, "min_steps": 2000}  # the full run's floor: a small fraction still gets room to converge
+    assert vit_vs_cnn.budget(floor, 540) == 2000 and vit_vs_cnn.budget(floor, 54_000) == 4000
+    assert vit_vs_cnn.FULL["min_steps"] == 2000 and vit_vs_cnn.budget(vit_vs_cnn.FULL, 540) == 2000
