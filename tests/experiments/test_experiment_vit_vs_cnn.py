@@ -59,6 +59,15 @@ def test_last_gain_is_the_rise_of_the_best_over_the_last_evaluations():
     assert vit_vs_cnn.last_gain([[200, 0.5]], 5) == 0.0
 
 
+def test_at_budget_names_the_arms_whose_runs_ended_at_their_step_budget():
+    def arm(steps, budgets):
+        return {"steps": {"values": steps}, "budget": {"values": budgets}}
+
+    summary = {"a": arm([2000, 1400, 2000], [2000, 2000, 2000]), "b": arm([800, 1200, 600], [2000] * 3),
+               "probe": {"test_accuracy": {"values": [0.5]}}}
+    assert vit_vs_cnn.at_budget(summary) == {"a": (2, 3)}
+
+
 def test_the_budget_is_epochs_of_the_fraction_capped():
     s = {"epochs": 40, "max_steps": 4000, "batch_size": 64, "eval_every": 200}
     assert vit_vs_cnn.budget(s, 540) == 338 and vit_vs_cnn.budget(s, 54_000) == 4000

@@ -28,6 +28,13 @@ def test_ssl_recipe_quick(tmp_path):
     assert t["arms"]["scratch@60"]["init_tensors"]["mean"] == 0
     assert {o["dataset"] for o in r["outcomes"]} == {"digits"} and len(r["outcomes"]) == 2
     assert len(t["pretrain_final_loss"]) == 3
+    # the report names every trained arm that ran to its step budget (the probe is not trained by steps)
+    from attnlab.experiments.vit_vs_cnn import at_budget
+
+    report, capped = (tmp_path / "report.md").read_text(), at_budget(t["arms"])
+    assert all(f"digits: {arm} ({n} of 3 seeds)" in report for arm, (n, _) in capped.items())
+    assert ("Every trained arm stopped on a plateau" in report) == (not capped)
+    assert not any(arm.startswith("probe") for arm in capped)
 
 
 def test_ssl_recipe_resumes_by_dataset(tmp_path, monkeypatch):

@@ -211,6 +211,18 @@ def last_gain(curve: list[list[float]], evaluations: int) -> float:
     return max(accs) - max(before)
 
 
+def at_budget(summary: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Arms some of whose runs reached their step budget before the plateau rule stopped them:
+    arm -> (runs at the budget, runs). Arms without steps (a probe) are not trained by steps."""
+    out = {}
+    for arm, a in summary.items():
+        if "steps" in a and "budget" in a:
+            n = sum(st >= b for st, b in zip(a["steps"]["values"], a["budget"]["values"]))
+            if n:
+                out[arm] = (n, len(a["steps"]["values"]))
+    return out
+
+
 def _report(settings, summary, gaps, outcomes, params, configs, protocol, curves) -> str:
     rows = []
     for fr in settings["fractions"]:
@@ -222,10 +234,9 @@ def _report(settings, summary, gaps, outcomes, params, configs, protocol, curves
                     f"{c['confirmation']['test_accuracy']['values'][0]:.4f} |")
     table = "\n".join(rows)
     k = settings["patience"]
-    capped = [f"{arm} ({n} of {len(a['steps']['values'])} seeds; best validation accuracy gained "
+    capped = [f"{arm} ({n} of {total} seeds; best validation accuracy gained "
               f"{max(last_gain(c, k) for c in curves[arm]):.4f} at most over the last {k} evaluations)"
-              for arm, a in summary.items()
-              if (n := sum(st >= b for st, b in zip(a["steps"]["values"], a["budget"]["values"])))]
+              for arm, (n, total) in at_budget(summary).items()]
     cap_line = (f"Arms that reached their step budget before a plateau (their accuracy may still have been rising): "
                 f"{', '.join(capped)}." if capped else "Every arm stopped on a plateau before its step budget.")
     s = settings
