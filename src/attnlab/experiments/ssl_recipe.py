@@ -49,7 +49,7 @@ DATASETS = {
     "micrographs": dict(data="generated:micrograph-types", n_generated=6000, image_size=32, patch_size=4),
     "fashion-mnist": dict(data="fashion-mnist", image_size=28, patch_size=7),
 }
-# min_steps: 30 epochs of 500 labels are 235 steps, one validation point; the first full run trained its
+# min_steps: 30 epochs of 500 labels are 235 steps (validation at 200 and 235); the first full run trained its
 # 500-label arms that long and left fine-tuning and scratch at chance on the micrographs (0.33 for 3 classes)
 FULL = dict(labels=(500, 5000, None), pretrain_steps=2000, pretrain_lr=1.5e-3, epochs=30, min_steps=2000,
             max_steps=3000, eval_every=200, patience=4, batch_size=64, lrs=[1e-3, 3e-3], probe_c=[0.1, 1.0],
