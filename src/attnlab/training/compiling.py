@@ -7,7 +7,7 @@ share of it: nanoGPT's CPU model (4 layers, 128 dims, batch 12 x 64, fp32, 2 thr
 rate compiled with the Python wrapper and 1.18x with the C++ one (medians of 16 alternating rounds of
 ``benchmarks/fp32_step.py``, contenders ``attnlab-compiled-python-wrapper`` and ``attnlab-compiled``;
 docs/fp32_step.json), at the same compile time (~25 s cold, ~4 s from inductor's cache). On a GPU inductor's
-default wrapper is kept (CUDA graphs and its launch path are tuned for it).
+default wrapper is kept: the C++ one has not been measured there.
 """
 
 from __future__ import annotations
