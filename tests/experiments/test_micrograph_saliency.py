@@ -1,9 +1,13 @@
-"""micrograph-saliency in quick mode: the protocol, every map scored against the defect masks, the figures."""
+"""micrograph-saliency in quick mode: the protocol, every map scored against the defect masks, the figures, and a
+run cut off in the middle taken up again with --resume."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 
+import attnlab.experiments.micrograph_saliency as ms
 from attnlab.experiments.micrograph_saliency import GRID, region_patches
 from tests.helpers import run_quick_experiment
 
@@ -16,9 +20,41 @@ def test_region_patches_are_the_patches_a_mask_touches():
 
 def test_quick_run_scores_every_map(tmp_path):
     record, results = run_quick_experiment("micrograph-saliency", tmp_path)
-    assert record["protocol"]["seeds"] == [0, 1, 2] and record["verdict"] in ("held", "not held", "not decidable")
+    protocol = record["protocol"]
+    assert protocol["seeds"] == [0, 1, 2] and protocol["confirm_seeds"] == [3]
+    assert protocol["select_on"] == "val_accuracy" and set(protocol["lr_sweep"]) == {"vit", "cnn"}
+    assert record["verdict"] in ("held", "not held", "not decidable")
     for m in ("attention", "rollout", "gradcam", "random_vit", "random_cnn"):
         row = results["methods"][m]
         assert 0 <= row["pointing"]["mean"] <= 1 and 0 < row["chance"]["mean"] < 1 and len(row["auc"]["values"]) == 3
+    for arm in ("vit", "cnn"):  # each model trained to its budget or a plateau, with a held-out seed
+        a = results["arms"][arm]
+        assert a["steps"]["values"] == [20, 20, 20] and len(a["confirmation"]["test_accuracy"]["values"]) == 1
+        assert results["methods"]["gradcam" if arm == "cnn" else "rollout"]["accuracy"] == a["test_accuracy"]
     assert {o["rule"].split("'")[0] for o in results["outcomes"]} == {"attention", "rollout", "gradcam"}
     assert (tmp_path / "maps.png").stat().st_size > 5000
+    assert not (tmp_path / ".runs").exists()  # the kept runs (and seed 0's weights) go once the run is whole
+
+
+def test_a_run_cut_off_resumes_from_its_kept_runs(tmp_path, monkeypatch):
+    from attnlab.cli import main
+
+    done: list[tuple[str, int, float]] = []
+    real = ms.seed_run
+
+    def cut(family, seed, lr, *rest):
+        if len(done) == 3:
+            raise KeyboardInterrupt  # the sitting ends during the 4th run
+        done.append((family, seed, lr))
+        return real(family, seed, lr, *rest)
+
+    monkeypatch.setattr(ms, "seed_run", cut)
+    assert main(["experiment", "micrograph-saliency", "--quick", "--out", str(tmp_path)]) == 130  # interrupted
+    assert len(list((tmp_path / ".runs").glob("*/*.json"))) == 3 + 1  # 3 runs and the sittings record
+    done.clear()
+    monkeypatch.setattr(ms, "seed_run", lambda *a: (done.append(a[:3]), real(*a))[1])
+    assert main(["experiment", "micrograph-saliency", "--quick", "--resume", "--out", str(tmp_path)]) == 0
+    assert len(done) == 2 * 4 - 3  # 2 families x (3 seeds + the held-out one), less the 3 kept
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert len(record["results"]["arms"]["vit"]["test_accuracy"]["values"]) == 3
+    assert (tmp_path / "maps.png").stat().st_size > 5000  # drawn from seed 0's weights kept by the first sitting

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +94,14 @@ def budget(settings: dict[str, Any], n_train: int) -> int:
 
 
 def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: float, seed: int,
-                   lr: float, init: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+                   lr: float, init: dict[str, torch.Tensor] | None = None,
+                   then: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Train one model on ``fraction`` of the training split to a plateau; validation and test accuracy of
     the best validation checkpoint, steps used and the validation curve. ``init``: tensors to start from (those
-    whose names and shapes fit, e.g. a masked autoencoder's encoder; the rest start fresh). ``settings``: data,
-    batch_size, epochs, max_steps, eval_every, patience, and for generated data n_generated."""
+    whose names and shapes fit, e.g. a masked autoencoder's encoder; the rest start fresh). ``then(model)``:
+    more measurements of the best checkpoint (in eval mode), merged into the result. ``settings``: data,
+    batch_size, epochs, (min_steps,) max_steps, eval_every, patience, (flip: random horizontal flips,) and for
+    generated data n_generated."""
     from attnlab.models.registry import build_model
     from attnlab.training.config import ImageOptions, TrainConfig
     from attnlab.training.optim import make_optimizer
@@ -107,6 +111,7 @@ def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: f
     cfg = TrainConfig(data=settings["data"], batch_size=settings["batch_size"], lr=lr, weight_decay=0.05,
                       model=dataclasses.replace(model_cfg),
                       images=ImageOptions(shift=2 if model_cfg.image_size >= 16 else 1, train_fraction=fraction,
+                                          flip=settings.get("flip", False),
                                           n_generated=settings.get("n_generated", ImageOptions.n_generated)))
     task = ImageClassificationTask(cfg)
     steps = budget(settings, len(task.data["train"]))
@@ -139,10 +144,11 @@ def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: f
         steps, lr=lambda step: lr_at(step, lr, lr / 20, max(1, steps // 20), steps), grad_clip=1.0,
         after_step=check)
     model.load_state_dict(best["state"])
-    return {"val_accuracy": best["accuracy"], "test_accuracy": accuracy("test"), "best_step": best["step"],
-            "steps": curve[-1][0], "budget": steps, "n_train": len(task.data["train"]),
-            "n_test": len(task.data["test"]), "init_tensors": len(loaded), "train_s": time.perf_counter() - started,
-            "curve": curve}
+    result = {"val_accuracy": best["accuracy"], "test_accuracy": accuracy("test"), "best_step": best["step"],
+              "steps": curve[-1][0], "budget": steps, "n_train": len(task.data["train"]),
+              "n_test": len(task.data["test"]), "init_tensors": len(loaded),
+              "train_s": time.perf_counter() - started, "curve": curve}
+    return result | (then(model.eval()) if then is not None else {})
 
 
 def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
