@@ -26,8 +26,9 @@ def test_vit_vs_cnn_quick(tmp_path):
         assert arm["test_accuracy"]["n"] == 3 and 0 <= arm["test_accuracy"]["mean"] <= 1
         best = max(arm["by_lr"], key=lambda lr: arm["by_lr"][lr]["val_accuracy"]["mean"])
         assert float(best) == arm["lr"], name  # chosen on validation
-        # a run stops at its budget or at a plateau, and keeps a checkpoint it evaluated
-        assert all(b <= steps <= budget for b, steps, budget in
+        # a run stops at its budget or at a plateau (never in the schedule's first half), and keeps a checkpoint
+        # it evaluated
+        assert all(b <= steps <= budget and 2 * steps >= budget for b, steps, budget in
                    zip(arm["best_step"]["values"], arm["steps"]["values"], arm["budget"]["values"]))
         assert arm["budget"]["values"][0] == vit_vs_cnn.budget(s, int(arm["n_train"]["values"][0]))
     small, large = (f"{x:g}" for x in (s["fractions"][0], s["fractions"][-1]))
@@ -75,3 +76,9 @@ def test_the_budget_is_epochs_of_the_fraction_capped():
     floor = {**s, "min_steps": 2000}  # the full run's floor: a small fraction still gets room to converge
     assert vit_vs_cnn.budget(floor, 540) == 2000 and vit_vs_cnn.budget(floor, 54_000) == 4000
     assert vit_vs_cnn.FULL["min_steps"] == 2000 and vit_vs_cnn.budget(vit_vs_cnn.FULL, 540) == 2000
+
+
+def test_the_plateau_rule_waits_for_the_schedules_second_half():
+    # early, at a high rate, validation accuracy swings; a run may stop on a plateau only once the rate anneals
+    assert not vit_vs_cnn.annealing(3200, 10_000) and not vit_vs_cnn.annealing(4999, 10_000)
+    assert vit_vs_cnn.annealing(5000, 10_000) and vit_vs_cnn.annealing(10_000, 10_000)

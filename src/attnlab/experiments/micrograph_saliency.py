@@ -19,10 +19,10 @@ class, every map scored on the ViT's patch grid:
 
 Each model is trained as vit-vs-cnn trains its arms (``vit_vs_cnn.train_and_test``): AdamW, warmup and a cosine
 schedule over ``epochs`` passes (at least ``min_steps``, at most ``max_steps``), random shifts and flips, validation
-every ``eval_every`` steps, stopped after ``patience`` evaluations without a gain of 0.002, the best validation
-checkpoint kept; the peak rate swept per family (chosen on validation accuracy, extended past an edge), seeds
-0-2 and a held-out seed 3 at the chosen rate (experiments/study.py). The maps are scored on the chosen rate's
-models.
+every ``eval_every`` steps, stopped in the schedule's second half after ``patience`` evaluations without a gain
+of 0.002, the best validation checkpoint kept; the peak rate swept per family (chosen on validation accuracy,
+extended past an edge), seeds 0-2 and a held-out seed 3 at the chosen rate (experiments/study.py). The maps are
+scored on the chosen rate's models.
 
 Verdict rule, fixed before the run (3 seeds, 95% t intervals of the per-seed means): for attention, rollout and
 Grad-CAM, ``over_chance`` above 0. Accuracy is reported beside: a map of a model that has not learnt the task
@@ -223,8 +223,9 @@ interval.
 pore, `data={s['data']}`), 20% held out for test and 10% of the rest for validation; ViT ({params['vit']:,}
 parameters, {GRID}x{GRID} patches) and CNN ({params['cnn']:,} parameters, width matched). Each model: AdamW (weight
 decay 0.05, warmup 5%, cosine to 1/20 of the peak over {s['epochs']} epochs{floor} and at most {s['max_steps']:,}
-steps), batch {s['batch_size']}, random shifts and flips; validation every {s['eval_every']} steps, stopped after
-{k} evaluations without a gain of 0.002, the best validation checkpoint kept. Peak rate per family from
+steps), batch {s['batch_size']}, random shifts and flips; validation every {s['eval_every']} steps, stopped (in
+the schedule's second half only) after {k} evaluations without a gain of 0.002, the best validation checkpoint
+kept. Peak rate per family from
 {s['lrs']}{extend}, chosen on validation accuracy. {trained}. {s['n_test']} test images per seed,
 each explained for its true class, scored on the {GRID}x{GRID} patch grid.
 

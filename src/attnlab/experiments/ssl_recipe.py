@@ -13,8 +13,9 @@ and all), four ways to a classifier:
     cnn        a ResNet of matched parameter count (``models.cnn.match_width``)
 
 finetune, scratch and cnn train to a plateau as in vit-vs-cnn (cosine over ``epochs`` passes, at most
-``max_steps``, early stop on validation, best checkpoint kept). Every arm (method x labels) has its own sweep,
-chosen on the validation split, 3 seeds and a held-out seed (experiments/study.py); test accuracy on the test split.
+``max_steps``, early stop on validation in the schedule's second half, best checkpoint kept). Every arm
+(method x labels) has its own sweep, chosen on the validation split, 3 seeds and a held-out seed
+(experiments/study.py); test accuracy on the test split.
 
 Verdict rule, fixed before the run, per dataset at the smallest label budget (95% Welch intervals): the probe beats
 the ViT from scratch, and the probe beats the CNN. The claim holds if all four comparisons (two datasets) hold.
@@ -220,9 +221,9 @@ setting); the claim holds if all comparisons hold.
 **Setup.** MAE pre-training on each dataset's training images without labels ({s['pretrain_steps']} steps, batch
 {s['batch_size']}, 75% of patches masked, one MAE per seed); ViT {s['vit']}. Fine-tuning, scratch and CNN: AdamW,
 cosine over {s['epochs']} epochs of the labelled images ({floor}at most {s['max_steps']:,} steps), early stop on
-validation (every {s['eval_every']} steps, patience {s['patience']}), best checkpoint; rates {s['lrs']} for each of the
-three; the probe's C from {s['probe_c']}. Test accuracy, mean +- sd over 3 seeds (the chosen
-rate or C in brackets):
+validation in the schedule's second half (every {s['eval_every']} steps, patience {s['patience']}), best
+checkpoint; rates {s['lrs']} for each of the three; the probe's C from {s['probe_c']}. Test accuracy, mean +- sd
+over 3 seeds (the chosen rate or C in brackets):
 
 {tables_md}
 
