@@ -178,7 +178,7 @@ def _run(out: Path, quick: bool, s: dict[str, Any], resume: bool) -> dict[str, A
         models = {}
         for a in METHODS:
             models[a] = build_model(model_config(a, s))
-            models[a].load_state_dict(torch.load(folder / f"{a}_{arms[a]['lr']:g}_0.pt"))
+            models[a].load_state_dict(torch.load(folder / f"{a}_{arms[a]['lr']:g}_0.pt", weights_only=True))
             models[a].eval()
         _plot(method_table(arms), d, s, out, models)  # drawn here: the kept weights go with the kept runs
         curves = {a: [record[(a, arms[a]["lr"], seed)]["curve"] for seed in protocol.seeds] for a in METHODS}
