@@ -190,8 +190,7 @@ def _run(out: Path, quick: bool, s: dict[str, Any], resume: bool) -> dict[str, A
     outcomes = [rule.decide(table) for rule in RULES]
     verdict = verdict_of(outcomes)
     params = {a: build_model(model_config(a, s)).num_parameters() for a in METHODS}
-    results = {"settings": s, "parameters": params, "arms": {a: {k: v for k, v in arms[a].items()}
-                                                             for a in METHODS},
+    results = {"settings": s, "parameters": params, "arms": arms,
                "methods": table, "outcomes": outcomes, "val_curves": curves}
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, arms, table, outcomes, params, protocol,
                                                                      curves), started, quick,
