@@ -54,7 +54,7 @@ from attnlab.experiments.study import (
     run_arms,
     verdict_of,
 )
-from attnlab.experiments.vit_vs_cnn import at_budget, last_gain, train_and_test
+from attnlab.experiments.vit_vs_cnn import budget_text, train_and_test
 
 NAME = "micrograph-saliency"
 CLAIM = ("On micrographs with one defect each, a ViT's [CLS] attention and rollout and a parameter-matched CNN's "
@@ -207,11 +207,6 @@ def _report(s, arms, table, outcomes, params, protocol, curves) -> str:
         f"held-out seed {protocol.confirm_seeds[0]}: test accuracy "
         f"{arms[a]['confirmation']['test_accuracy']['values'][0]:.3f}" for a in METHODS)
     k = s["patience"]
-    capped = [f"{a} ({n} of {total} seeds; best validation accuracy gained "
-              f"{max(last_gain(c, k) for c in curves[a]):.4f} at most over the last {k} evaluations)"
-              for a, (n, total) in at_budget(arms).items()]
-    cap_line = (f"Reached the step budget before a plateau: {', '.join(capped)}." if capped
-                else "Every model stopped on a plateau before its step budget.")
     floor = f", at least {s['min_steps']:,}" if s.get("min_steps") else ""
     extend = f" (extended past an edge up to {protocol.extend_edges} times)" if protocol.extend_edges else ""
     return f"""**Verdict rule, fixed before the run.** For attention, rollout and Grad-CAM, on seeds {protocol.seeds}:
@@ -224,15 +219,14 @@ parameters, {GRID}x{GRID} patches) and CNN ({params['cnn']:,} parameters, width 
 decay 0.05, warmup 5%, cosine to 1/20 of the peak over {s['epochs']} epochs{floor} and at most {s['max_steps']:,}
 steps), batch {s['batch_size']}, random shifts and flips; validation every {s['eval_every']} steps, stopped (in
 the schedule's second half only) after {k} evaluations without a gain of 0.002, the best validation checkpoint
-kept. Peak rate per family from
-{s['lrs']}{extend}, chosen on validation accuracy. {trained}. {s['n_test']} test images per seed,
-each explained for its true class, scored on the {GRID}x{GRID} patch grid.
+kept. Peak rate per family from {s['lrs']}{extend}, chosen on validation accuracy. {trained}. {s['n_test']} test
+images per seed, each explained for its true class, scored on the {GRID}x{GRID} patch grid.
 
 | map | model test accuracy | pointing game | chance | pointing - chance | region AUC |
 |---|---|---|---|---|---|
 {rows}
 
-{cap_line} {edge_text(arms)}
+{budget_text(arms, curves, k)} {edge_text(arms)}
 
 {outcome_lines(outcomes)}
 

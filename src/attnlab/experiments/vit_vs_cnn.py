@@ -238,6 +238,17 @@ def at_budget(summary: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def budget_text(summary: dict[str, Any], curves: dict[str, list[Any]], patience: int) -> str:
+    """One sentence naming the arms some of whose runs ended at their step budget (``at_budget``), each with the
+    largest rise of its best validation accuracy over its seeds' last ``patience`` evaluations (``curves``: arm ->
+    one validation curve per seed), or saying that every arm stopped on a plateau."""
+    capped = [f"{arm} ({n} of {total} seeds; best validation accuracy gained "
+              f"{max(last_gain(c, patience) for c in curves[arm]):.4f} at most over the last {patience} evaluations)"
+              for arm, (n, total) in at_budget(summary).items()]
+    return (f"Arms that reached their step budget before a plateau (their accuracy may still have been rising): "
+            f"{', '.join(capped)}." if capped else "Every arm stopped on a plateau before its step budget.")
+
+
 def _report(settings, summary, gaps, outcomes, params, configs, protocol, curves) -> str:
     rows = []
     for fr in settings["fractions"]:
@@ -248,12 +259,7 @@ def _report(settings, summary, gaps, outcomes, params, configs, protocol, curves
                     f"{g['interval'][1]:+.4f}] | {v['confirmation']['test_accuracy']['values'][0]:.4f} / "
                     f"{c['confirmation']['test_accuracy']['values'][0]:.4f} |")
     table = "\n".join(rows)
-    k = settings["patience"]
-    capped = [f"{arm} ({n} of {total} seeds; best validation accuracy gained "
-              f"{max(last_gain(c, k) for c in curves[arm]):.4f} at most over the last {k} evaluations)"
-              for arm, (n, total) in at_budget(summary).items()]
-    cap_line = (f"Arms that reached their step budget before a plateau (their accuracy may still have been rising): "
-                f"{', '.join(capped)}." if capped else "Every arm stopped on a plateau before its step budget.")
+    cap_line = budget_text(summary, curves, settings["patience"])
     s = settings
     floor = f", at least {s['min_steps']:,}" if s.get("min_steps") else ""
     return f"""**Verdict rule, fixed before the run.** {' '.join(r['rule'] + '.' for r in outcomes)} Both must hold.
