@@ -2,7 +2,7 @@
 
 A ViT and a ResNet-style CNN with (almost) the same number of parameters (``models.cnn.match_width``) are
 trained on class-balanced fractions of the Fashion-MNIST training split (the official 60,000 images less a
-validation part), each fraction to a plateau: a cosine schedule over ``epochs`` passes through that
+validation part), each fraction to a plateau or its step budget: a cosine schedule over ``epochs`` passes through that
 fraction's images (at most ``max_steps``), scored on the validation split every ``eval_every`` steps, stopped
 in the schedule's second half after ``patience`` evaluations without a gain of 0.002 (``annealing``), and the
 best validation checkpoint kept. Each arm
@@ -304,5 +304,5 @@ def _plot(summary: dict[str, Any], fractions: list[float], params: dict[str, int
                     label=f"{label}, {params[family]:,} params")
     ax.set_xscale("log")
     label_axes(ax, "training images (log scale)", "test accuracy (mean +- sd, 3 seeds)",
-               f"{settings['data']}: each fraction to a plateau, rate tuned per arm")
+               f"{settings['data']}: each fraction to a plateau or its step budget, rate tuned per arm")
     save_figure(fig, out / "accuracy_vs_data.png")
