@@ -304,5 +304,5 @@ def _plot(summary: dict[str, Any], fractions: list[float], params: dict[str, int
                     label=f"{label}, {params[family]:,} params")
     ax.set_xscale("log")
     label_axes(ax, "training images (log scale)", "test accuracy (mean +- sd, 3 seeds)",
-               f"{settings['data']}: each fraction to a plateau or its step budget, rate tuned per arm")
+               f"{settings['data']}: to a plateau or step budget, rate tuned per arm")
     save_figure(fig, out / "accuracy_vs_data.png")
