@@ -22,6 +22,17 @@ def test_experiment_list_and_unknown_name(capsys):
     assert capsys.readouterr().err.strip().endswith("--workers must be at least 1, got 0")
 
 
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    import attnlab.experiments as experiments
+
+    monkeypatch.setattr(experiments, "load", lambda name: pytest.fail("the experiment was loaded"))
+    (tmp_path / "a-file").write_text("x")
+    assert main(["experiment", "hand-trace", "--out", str(tmp_path / "a-file")]) == 2
+    assert capsys.readouterr().err.strip().endswith("exists and is not a folder")
+    assert main(["experiment", "hand-trace", "--out", str(tmp_path / "a-file" / "sub")]) == 2
+    assert "cannot write in the output folder" in capsys.readouterr().err
+
+
 def test_hand_trace(tmp_path, capsys):
     assert main(["experiment", "hand-trace", "--quick", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "results.json").read_text())

@@ -183,6 +183,15 @@ def test_checkpoints_are_pruned_and_verified(corpus, tmp_path):
     assert manifest["step"] == 20 and "attnlab_model.safetensors" in manifest["files"]
 
 
+def test_an_out_dir_that_cannot_be_written_is_refused_before_the_data(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    missing = tmp_path / "no-such-corpus.txt"  # the data would fail next: the folder is checked first
+    with pytest.raises(ConfigError, match="cannot write in out_dir"):
+        Trainer(tiny_config(missing, tmp_path / "a-file" / "runs", name="x"))
+    with pytest.raises(ConfigError, match="exists and is not a folder"):
+        Trainer(tiny_config(missing, tmp_path, name="a-file"))
+
+
 def test_existing_run_needs_resume_and_resume_needs_a_checkpoint(corpus, tmp_path):
     Trainer(tiny_config(corpus, tmp_path / "runs", name="x", max_iters=10)).train()
     with pytest.raises(ConfigError, match="already holds a run"):

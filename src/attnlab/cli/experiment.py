@@ -36,11 +36,13 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
     out = Path(args.out) if args.out else Path("runs") / "experiments" / args.name
+    from attnlab.core.errors import ConfigError
+    from attnlab.core.fileio import check_writable_folder
+
+    check_writable_folder(out, "the output folder", ConfigError)  # before any work
     module = load(args.name)
     if args.resume:
         import inspect
-
-        from attnlab.core.errors import ConfigError
 
         if "resume" not in inspect.signature(module.run).parameters:
             raise ConfigError(f"experiment {args.name!r} cannot resume; run it again without --resume")

@@ -54,3 +54,18 @@ def check_regular_file(path: Path, what: str, error: type[Exception]) -> None:
         raise error(f"{what} is a directory, not a file: {path}")
     if not path.is_file():
         raise error(f"{what} is not a regular file (a FIFO, device or socket): {path}")
+
+
+def check_writable_folder(path: Path, what: str, error: type[Exception]) -> None:
+    """Raise ``error`` in one line unless ``path`` is (or can be made) a folder this process can write in:
+    checked before any work, so that a run never computes for hours and then fails to save. The folder
+    (and its parents) are created when missing."""
+    if path.exists() and not path.is_dir():
+        raise error(f"{what} {path} exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise error(f"cannot write in {what} {path} ({err.strerror or err})") from None

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from attnlab.core.errors import CheckpointError, ConfigError
-from attnlab.core.fileio import atomic_write_text
+from attnlab.core.fileio import atomic_write_text, check_writable_folder
 from attnlab.core.schema import apply_overrides, from_dict, load_yaml
 
 RUN_CONFIG = "config.yaml"
@@ -101,3 +101,15 @@ def default_run_name(preset: str | None) -> str:
     """``<preset stem>-YYYYmmdd-HHMMSS`` (``run-...`` without a preset)."""
     stem = Path(preset).stem if preset else "run"
     return f"{stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_folder(out_dir: str | Path, name: str, check: bool) -> Path:
+    """``out_dir/name``. With ``check`` (the process that writes the run), ``out_dir`` must be a folder this
+    process can write in (created if missing) and ``name`` in it a folder or nothing: a one-line ConfigError
+    before the data, the model or any step, never a failed save at the end."""
+    run_dir = Path(out_dir) / name
+    if check:
+        check_writable_folder(Path(out_dir), "out_dir", ConfigError)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ConfigError(f"run folder {run_dir} exists and is not a folder; pass another name=")
+    return run_dir
