@@ -128,6 +128,16 @@ def test_a_non_empty_out_folder_is_refused(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
 
 
+def test_an_out_folder_that_cannot_be_written_is_refused_before_generating(tmp_path, capsys, monkeypatch):
+    import attnlab.data.micrographs as micrographs
+
+    monkeypatch.setattr(micrographs, "generate", lambda *a: pytest.fail("images were generated"))
+    (tmp_path / "a-file").write_text("x")
+    assert main(["data", "micrographs", "--out", str(tmp_path / "a-file" / "sub"), "--n", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write in --out" in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_vit_trains_on_generated_micrographs_through_the_cli(tmp_path):
     assert main(["train", "vit-micrographs", f"out_dir={tmp_path}", "max_iters=4", "eval_interval=4", "eval_iters=1",
                  "batch_size=8", "images.n_generated=40", "model.image_size=32", "progress=false"]) == 0

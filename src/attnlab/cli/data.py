@@ -49,11 +49,13 @@ def _cmd_spoken_words(args: argparse.Namespace) -> int:
 
     from attnlab.core.errors import DataError
     from attnlab.core.extras import require
+    from attnlab.core.fileio import check_writable_folder
     from attnlab.data.spoken import write_folder
 
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"{out} exists and is not an empty folder; choose a new --out")
+    check_writable_folder(out, "--out", DataError)  # before any clip is synthesised
     for module in ("librosa", "soundfile", "espeakng_loader"):
         require(module, "attnlab data spoken-words")
     counts = write_folder(out, args.n, args.seed)

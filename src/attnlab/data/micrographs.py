@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.core.errors import DataError
+from attnlab.core.fileio import check_writable_folder
 
 KINDS = ("pore", "crack", "inclusion")  # mask codes 1, 2, 3
 TASKS = {"defect": ["defect", "none"], "type": ["crack", "inclusion", "pore"], "count": ["0", "1", "2", "3"]}
@@ -277,6 +278,7 @@ def write_folder(root: str | Path, task: str, n: int, size: int, seed: int = 0, 
     root = Path(root)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise DataError(f"{root} exists and is not an empty folder; choose a new --out")
+    check_writable_folder(root, "--out", DataError)  # before the images are generated
     images, labels, masks, defects = generate(task, n, size, seed)
     test = set(np.random.default_rng([seed, 2]).permutation(n)[:max(1, round(test_fraction * n))].tolist())
     lines = []
