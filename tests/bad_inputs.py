@@ -221,4 +221,19 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
     cases += [(f"{cmd} missing run", [cmd, str(root / "nope"), *extra]) for cmd, extra in (
         ("embed", ["--text", "hi"]), ("probe", [f"data={f['bad_jsonl']}"]), ("finetune", [f"data={f['bad_jsonl']}"]),
         ("translate", ["--text", "hi"]), ("inspect", ["--text", "hi"]), ("heads", ["--data", str(f["corpus"])]))]
+    under_a_file = str(f["corpus"] / "x")  # an output below a file: no command may compute and then fail to save
+    cases += [(f"unwritable {name}", argv) for name, argv in (
+        ("train out_dir", [*[a for a in base if not a.startswith("out_dir=")], f"out_dir={under_a_file}"]),
+        ("train name is a file", [*[a for a in base if not a.startswith(("out_dir=", "name="))],
+                                  f"out_dir={root}", "name=corpus.txt"]),
+        ("experiment out", ["experiment", "hand-trace", "--out", under_a_file]),
+        ("experiment out is a file", ["experiment", "hand-trace", "--out", str(f["corpus"])]),
+        ("predict out", ["predict", "RUN", "--data", str(f["corpus"]), "--out", under_a_file + ".csv"]),
+        ("heads out", ["heads", "RUN", "--data", str(f["corpus"]), "--out", under_a_file]),
+        ("heads json", ["heads", "RUN", "--data", str(f["corpus"]), "--json", under_a_file + ".json"]),
+        ("inspect text out", ["inspect", "RUN", "--text", "the", "--out", under_a_file]),
+        ("inspect faithfulness", ["inspect", "RUN", "--text", "the", "--faithfulness", under_a_file + ".json"]),
+        ("export out", ["export", "RUN", "--out", under_a_file]),
+        ("import-hf out", ["import-hf", str(f["hf_huge"]), "--out", under_a_file]),
+        ("data micrographs out", ["data", "micrographs", "--out", under_a_file, "--n", "4"]))]
     return cases

@@ -20,14 +20,14 @@ def cases(tmp_path_factory):
     # a FIFO read in-process would hang the suite if the guard ever broke: those run in the benchmark
     # (and in tests/data/test_regular_files.py)
     safe = [c for c in every if "fifo" not in c[0]]
-    return root, random.Random(2026).sample(safe, 60)
+    return (root, random.Random(2026).sample(safe, 60),
+            [c for c in every if c[0].startswith("unwritable")])
 
 
-def test_a_sample_of_the_bad_inputs_is_one_line_each(cases, capsys):
-    root, sample = cases
+def _failures(root, chosen, capsys) -> list[str]:
     run = str(root / "trained" / "runs" / "r")
     failures = []
-    for name, argv in sample:
+    for name, argv in chosen:
         capsys.readouterr()
         try:
             code = main([run if a == "RUN" else a for a in argv])
@@ -37,4 +37,17 @@ def test_a_sample_of_the_bad_inputs_is_one_line_each(cases, capsys):
         left = (root / "runs").exists() and any((root / "runs").iterdir())
         if code != 2 or len(err) != 1 or not err[0].startswith("attnlab: error:") or left:
             failures.append(f"{name}: exit {code}, {err[-3:]}, run folder left: {left}")
+    return failures
+
+
+def test_a_sample_of_the_bad_inputs_is_one_line_each(cases, capsys):
+    root, sample, _ = cases
+    failures = _failures(root, sample, capsys)
+    assert not failures, "\n".join(failures)
+
+
+def test_every_output_that_cannot_be_written_is_one_line_before_any_work(cases, capsys):
+    root, _, unwritable = cases
+    assert len(unwritable) >= 12
+    failures = _failures(root, unwritable, capsys)
     assert not failures, "\n".join(failures)

@@ -91,4 +91,4 @@ def test_heads_json_ranks_heads_by_causal_effect(trained_run, tmp_path, capsys):
     top = heads[0]
     assert rise[top["layer"], top["head"]].item() == pytest.approx(top["ablation_loss_increase"], abs=1e-6)
     assert main(["heads", str(run), "--data", str(corpus), "--json", str(tmp_path / "no" / "h.json")]) == 2
-    assert "folder does not exist" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err

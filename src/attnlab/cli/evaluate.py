@@ -65,6 +65,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_predict(args: argparse.Namespace) -> int:
     """Write one row per input: the prediction and its probability (or the regressed value)."""
     from attnlab.core.errors import ConfigError
+    from attnlab.core.fileio import check_writable_file
     from attnlab.training.predict import predict, write_predictions
 
     out = Path(args.out)
@@ -72,8 +73,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out must be a .csv or .jsonl file, got {out.name}")
     if out.exists():
         raise ConfigError(f"{out} exists; choose a new --out (predictions never overwrite a file)")
-    if not out.parent.is_dir():
-        raise ConfigError(f"the folder of --out does not exist: {out.parent}")
+    check_writable_file(out, "--out", ConfigError)  # before any prediction is made
     if not Path(args.run_dir).is_dir():
         raise ConfigError(f"run folder not found: {args.run_dir}")
     rows = predict(args.run_dir, args.data, args.batch_size, args.resize)

@@ -48,6 +48,16 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     if sum(x is not None for x in (args.text, args.image, args.audio)) != 1:
         raise ConfigError("give one input to inspect: --text \"...\", --image path.png or --audio clip.wav")
+    from pathlib import Path
+
+    from attnlab.core.fileio import check_writable_file, check_writable_folder
+
+    if args.faithfulness is None:  # before the model is loaded
+        if args.text is not None:
+            check_writable_folder(Path(args.out or "inspect"), "--out", ConfigError)
+        else:
+            check_writable_file(Path(args.out or ("saliency.png" if args.image else "attention-over-time.png")),
+                                "--out", ConfigError, create=True)
     if args.audio is not None:
         if args.faithfulness is not None:
             raise ConfigError("--faithfulness scores --text or --image inputs, not --audio")
@@ -79,11 +89,10 @@ def _faithfulness(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from attnlab.core.errors import ConfigError
-    from attnlab.core.fileio import atomic_write_text
+    from attnlab.core.fileio import atomic_write_text, check_writable_file
     from attnlab.inspect.faithfulness import run_report
 
-    if not Path(args.faithfulness).parent.is_dir():
-        raise ConfigError(f"--faithfulness {args.faithfulness}: its folder does not exist")
+    check_writable_file(Path(args.faithfulness), "--faithfulness", ConfigError)
     if not 10 <= args.samples <= 100_000:
         raise ConfigError("--samples must be in 10..100000")
     r = run_report(args.run_dir, text=args.text, image=args.image, resize=args.resize, n_samples=args.samples)
@@ -102,13 +111,13 @@ def _cmd_heads(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from attnlab.core.fileio import atomic_write_text
+    from attnlab.core.errors import ConfigError
+    from attnlab.core.fileio import atomic_write_text, check_writable_file, check_writable_folder
     from attnlab.inspect.report import head_report, heads_json, summary
 
-    if args.json and not Path(args.json).parent.is_dir():
-        from attnlab.core.errors import ConfigError
-
-        raise ConfigError(f"--json {args.json}: its folder does not exist")
+    if args.json:
+        check_writable_file(Path(args.json), "--json", ConfigError)
+    check_writable_folder(Path(args.out), "--out", ConfigError)  # both before the model is loaded
     report = head_report(args.run_dir, args.data, args.out, n_batches=args.n_batches, batch_size=args.batch_size,
                          seed=args.seed)
     if args.json:

@@ -56,16 +56,32 @@ def check_regular_file(path: Path, what: str, error: type[Exception]) -> None:
         raise error(f"{what} is not a regular file (a FIFO, device or socket): {path}")
 
 
-def check_writable_folder(path: Path, what: str, error: type[Exception]) -> None:
-    """Raise ``error`` in one line unless ``path`` is (or can be made) a folder this process can write in:
-    checked before any work, so that a run never computes for hours and then fails to save. The folder
-    (and its parents) are created when missing."""
+def check_writable_folder(path: Path, what: str, error: type[Exception], create: bool = True) -> None:
+    """Raise ``error`` in one line unless ``path`` is a folder this process can write in or, with ``create``,
+    one it can make (its nearest existing ancestor is a folder it can write in). Checked before any work, so
+    that a command never computes for minutes or hours and then fails to save; nothing is created here."""
+    path = Path(path)
     if path.exists() and not path.is_dir():
         raise error(f"{what} {path} exists and is not a folder")
+    if not create and not path.is_dir():
+        raise error(f"{what} {path} does not exist")
+    base = path.absolute()
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise error(f"cannot write in {what} {path} ({base} is a file)")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=base)
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
         raise error(f"cannot write in {what} {path} ({err.strerror or err})") from None
+
+
+def check_writable_file(path: Path, what: str, error: type[Exception], create: bool = False) -> None:
+    """Raise ``error`` in one line unless a file ``path`` can be written: not a folder, and its folder one this
+    process can write in (made when missing only with ``create``)."""
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{what} {path} is a folder, not a file")
+    check_writable_folder(path.parent, f"the folder of {what}", error, create=create)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.core.errors import CheckpointError, ConfigError
-from attnlab.core.fileio import atomic_write_text
+from attnlab.core.fileio import atomic_write_text, check_writable_folder
 from attnlab.inspect.encoders import SentenceSettings
 from attnlab.interop.bert import check_bert_compatible, save_bert
 from attnlab.interop.gpt2 import check_gpt2_compatible, save_gpt2
@@ -79,6 +79,7 @@ def check_out(out: Path) -> None:
     """Refuse an --out that is a file or a non-empty folder (nothing is ever overwritten)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} is not an empty folder; export into a new one (nothing is overwritten)")
+    check_writable_folder(out.parent, "the folder of --out", ConfigError)  # the export is staged beside out
 
 
 def export_run(run: str | Path, fmt: str, out: str | Path) -> Exported:

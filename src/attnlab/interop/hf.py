@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from attnlab.core.errors import CheckpointError
-from attnlab.core.fileio import atomic_write_text
+from attnlab.core.fileio import atomic_write_text, check_writable_folder
 from attnlab.core.manifest import write_manifest
 from attnlab.interop.bert import load_bert
 from attnlab.interop.gpt2 import load_gpt2
@@ -61,6 +61,7 @@ def import_hf(directory: str | Path, out: str | Path) -> tuple[torch.nn.Module, 
         raise CheckpointError(f"Hugging Face model folder not found: {directory}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"--out {out} is not an empty folder; import into a new one (nothing is overwritten)")
+    check_writable_folder(out.parent, "the folder of --out", CheckpointError)  # before the weights are read
     kind = read_hf_config(directory).get("model_type")
     settings = read_sentence_settings(directory) if is_sentence_transformers(directory) else None
     if settings is not None and kind != "bert":
