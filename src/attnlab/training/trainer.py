@@ -106,7 +106,7 @@ class Trainer:
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process (global batches)
         torch.manual_seed(cfg.seed + self.dist.rank)  # dropout differs between replicas
         self.step = 0
-        self.best_val: float | None = None  # the lowest validation loss so far (checkpoints/best is its step)
+        self.best_val: float | None = None  # the lowest validation loss so far
         state = self._restore_weights(checkpoint) if checkpoint is not None else None
         if cfg.init_from and checkpoint is None:
             self.log(init_weights_line(self.model, cfg.init_from))
