@@ -198,8 +198,11 @@ def _run(out: Path, quick: bool, s: dict[str, Any], resume: bool) -> dict[str, A
 
 
 def _report(s, arms, table, outcomes, params, protocol, curves) -> str:
-    rows = "\n".join(f"| {m} | {fmt(t['accuracy'])} | {fmt(t['pointing'])} | {fmt(t['chance'])} | "
-                     f"{fmt(t['over_chance'])} | {fmt(t['auc'])} |" for m, t in table.items())
+    # random_vit and random_cnn are the same uniform scores (seeded by the seed alone): one floor row, no model
+    shown = {m: t for m, t in table.items() if m != "random_cnn"}
+    rows = "\n".join(f"| {'random scores (the floor)' if m == 'random_vit' else m} | "
+                     f"{'-' if m == 'random_vit' else fmt(t['accuracy'])} | {fmt(t['pointing'])} | "
+                     f"{fmt(t['chance'])} | {fmt(t['over_chance'])} | {fmt(t['auc'])} |" for m, t in shown.items())
     trained = "; ".join(
         f"{'CNN' if a == 'cnn' else 'ViT'}: rate {arms[a]['lr']:g} of "
         f"{sorted(float(r) for r in arms[a]['by_lr'])}, "
