@@ -102,8 +102,9 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
                          ("--top-k", ["0", "-3"]), ("--max-new-tokens", ["-1", "x"]), ("--seed", [str(2**70)]),
                          ("--num-samples", ["0"]), ("--prompt", ["€", ""]), ("--device", ["tpu", "cuda:x"])):
         cases += [(f"sample {flag} {v!r}", [*sample, flag, v]) for v in values]
-    cases += [("sample long prompt", [*sample, "--prompt", "e" * 400]),
-              ("sample missing run", ["sample", str(root / "nope")]),
+    # a prompt longer than the context is not a bad input: it is cropped to its last block_size tokens with a
+    # notice (tests/cli/test_cli.py)
+    cases += [("sample missing run", ["sample", str(root / "nope")]),
               ("sample a file as run", ["sample", str(f["corpus"])]),
               ("sample not a run", ["sample", str(f["not_a_run"])])]
     for flag, v in (("--eval-iters", "0"), ("--batch-size", "0"), ("--eval-iters", "-4"), ("--batch-size", "x")):
@@ -235,5 +236,6 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
         ("inspect faithfulness", ["inspect", "RUN", "--text", "the", "--faithfulness", under_a_file + ".json"]),
         ("export out", ["export", "RUN", "--out", under_a_file]),
         ("import-hf out", ["import-hf", str(f["hf_huge"]), "--out", under_a_file]),
-        ("data micrographs out", ["data", "micrographs", "--out", under_a_file, "--n", "4"]))]
+        ("data micrographs out", ["data", "micrographs", "--out", under_a_file, "--n", "4"]),
+        ("lens logit-lens json", ["lens", "logit-lens", "RUN", "--text", "the", "--json", under_a_file + ".json"]))]
     return cases

@@ -94,7 +94,7 @@ def test_patch_reports_the_residual_map_heads_and_paths(run, tmp_path, capsys):
     (["ablate", "--text", TEXT, "--head", "7.0"], "--head takes LAYER.HEAD"),
     (["ablate", "--text", TEXT, "--head", "one"], "a head is LAYER.HEAD"),
     (["logit-lens", "--text", "t"], "at least two tokens"),
-    (["logit-lens", "--text", TEXT, "--json", "/nonexistent/dir/x.json"], "folder does not exist"),
+    (["logit-lens", "--text", TEXT, "--json", "/nonexistent/dir/x.json"], "does not exist"),
     (["logit-lens", "--text", TEXT, "--figure", "/nonexistent/dir/x.png"], "--figure /nonexistent"),
 ])
 def test_bad_input_is_one_line(run, capsys, argv, message):

@@ -86,11 +86,14 @@ def _write(report: dict, path: str | None) -> None:
 
 
 def _check_json(path: str | None, figure: str | None = None) -> None:
+    """Each output given is a file that can be written, in a folder that exists (before the model is loaded)."""
     from pathlib import Path
 
+    from attnlab.core.fileio import check_writable_file
+
     for flag, value in (("--json", path), ("--figure", figure)):
-        if value and not Path(value).parent.is_dir():
-            raise ConfigError(f"{flag} {value}: its folder does not exist")
+        if value:
+            check_writable_file(Path(value), flag, ConfigError)
 
 
 def _figure(draw: str, report: dict, path: str | None) -> None:
