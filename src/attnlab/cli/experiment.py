@@ -31,14 +31,12 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         return 0
     if args.name not in EXPERIMENTS:
         raise unknown_name("experiment", args.name, list(EXPERIMENTS))
-    if args.workers < 1:
-        from attnlab.core.errors import ConfigError
-
-        raise ConfigError(f"--workers must be at least 1, got {args.workers}")
-    out = Path(args.out) if args.out else Path("runs") / "experiments" / args.name
     from attnlab.core.errors import ConfigError
     from attnlab.core.fileio import check_writable_folder
 
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {args.workers}")
+    out = Path(args.out) if args.out else Path("runs") / "experiments" / args.name
     check_writable_folder(out, "the output folder", ConfigError)  # before any work
     module = load(args.name)
     if args.resume:

@@ -80,7 +80,7 @@ def check_writable_folder(path: Path, what: str, error: type[Exception], create:
 
 def check_writable_file(path: Path, what: str, error: type[Exception], create: bool = False) -> None:
     """Raise ``error`` in one line unless a file ``path`` can be written: not a folder, and its folder one this
-    process can write in (made when missing only with ``create``)."""
+    process can write in (or, with ``create``, one it can make)."""
     path = Path(path)
     if path.is_dir():
         raise error(f"{what} {path} is a folder, not a file")

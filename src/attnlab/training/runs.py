@@ -105,8 +105,8 @@ def default_run_name(preset: str | None) -> str:
 
 def run_folder(out_dir: str | Path, name: str, check: bool) -> Path:
     """``out_dir/name``. With ``check`` (the process that writes the run), ``out_dir`` must be a folder this
-    process can write in (created if missing) and ``name`` in it a folder or nothing: a one-line ConfigError
-    before the data, the model or any step, never a failed save at the end."""
+    process can write in (or make) and ``name`` in it a folder or nothing: a one-line ConfigError before the
+    data, the model or any step, never a failed save at the end."""
     run_dir = Path(out_dir) / name
     if check:
         check_writable_folder(Path(out_dir), "out_dir", ConfigError)
