@@ -60,7 +60,8 @@ def test_ssl_recipe_resumes_by_dataset(tmp_path, monkeypatch):
     monkeypatch.setattr(ssl_recipe, "QUICK_DATASETS", {"a": two["a"]})
     ssl_recipe.run(out, quick=True)  # the first sitting finishes dataset a only
     monkeypatch.setattr(ssl_recipe, "QUICK_DATASETS", two)
-    monkeypatch.setattr(ssl_recipe, "_dataset", lambda name, d, s: calls.append(name) or real(name, d, s))
+    monkeypatch.setattr(ssl_recipe, "_dataset",
+                        lambda name, d, s, keep=None: calls.append(name) or real(name, d, s, keep))
     resumed = ssl_recipe.run(out, quick=True, resume=True)
     assert calls == ["b"]
     def numbers(record):  # every result but the times, which the machine's load moves
@@ -77,3 +78,49 @@ def test_ssl_recipe_resumes_by_dataset(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="other settings"):
         ssl_recipe.run(out, quick=True, resume=True)
     assert calls == []
+
+
+def test_ssl_recipe_resumes_a_cut_off_dataset_run_by_run(tmp_path, monkeypatch):
+    """Within a dataset each pre-trained encoder and each single run is kept as it finishes: a sitting cut off
+    mid-dataset loses only the run under way, and --resume neither pre-trains again nor repeats a kept run."""
+    import pytest
+
+    from attnlab.experiments import ssl_recipe
+
+    monkeypatch.setattr(ssl_recipe, "QUICK", {**ssl_recipe.QUICK, "labels": (60,), "pretrain_steps": 5,
+                                              "max_steps": 5, "epochs": 1})
+    pretrained: list[int] = []
+    trained: list[int] = []
+    real_pretrain, real_train = ssl_recipe.pretrain, ssl_recipe.train_and_test
+    cut_after: list[int | None] = [None]
+
+    def pretrain(s, d, seed, lr):
+        pretrained.append(seed)
+        return real_pretrain(s, d, seed, lr)
+
+    def train(*args, **kwargs):
+        if len(trained) == cut_after[0]:
+            raise KeyboardInterrupt  # the sitting ends during this run
+        trained.append(args[3])
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(ssl_recipe, "pretrain", pretrain)
+    monkeypatch.setattr(ssl_recipe, "train_and_test", train)
+    whole = ssl_recipe.run(tmp_path / "whole", quick=True)
+    n_trained = len(trained)
+    assert sorted(pretrained) == [0, 1, 2, 3] and n_trained >= 8
+    assert not (tmp_path / "whole" / ".runs").exists()  # forgotten once every dataset is finished
+
+    pretrained.clear(), trained.clear()
+    cut_after[0] = 4
+    out = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        ssl_recipe.run(out, quick=True)
+    assert sorted(pretrained) == [0, 1, 2, 3] and len(list((out / ".runs").glob("*/mae_*.pt"))) == 4
+    pretrained.clear(), trained.clear()
+    cut_after[0] = None
+    resumed = ssl_recipe.run(out, quick=True, resume=True)
+    assert pretrained == [] and len(trained) == n_trained - 4
+    arms = resumed["results"]["datasets"]["digits"]["arms"]
+    for name, arm in whole["results"]["datasets"]["digits"]["arms"].items():
+        assert arms[name]["test_accuracy"]["values"] == arm["test_accuracy"]["values"], name

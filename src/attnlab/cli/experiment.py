@@ -16,8 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a small version (minutes on 2 cores)")
     p.add_argument("--out", default=None, help="output folder (default runs/experiments/NAME)")
     p.add_argument("--resume", action="store_true", help="keep what an earlier run in OUT finished "
-                   "and run only what is missing (chomsky, vit-vs-cnn, moe-vs-dense, micrograph-saliency: their single "
-                   "runs; ssl-recipe: its datasets)")
+                   "and run only what is missing (chomsky, vit-vs-cnn, moe-vs-dense, micrograph-saliency, ssl-recipe: "
+                   "their single runs)")
     p.add_argument("--workers", type=int, default=1, help="train this many runs (seeds, rates, arms) at a time, "
                    "each in its own process with one torch thread (results as with 1; default 1)")
     p.set_defaults(func=_cmd_experiment)

@@ -27,8 +27,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from attnlab.core.errors import ConfigError
-from attnlab.core.fileio import atomic_write_text
+from attnlab.core.fileio import atomic_path, atomic_write_text
 
 FILE = "partial.json"
 RUNS = ".runs"
@@ -117,6 +119,21 @@ def kept(fn: Callable[[int, float], Any], folder: Path, arm: str) -> Callable[[i
         return result
 
     return run
+
+
+def kept_tensors(folder: Path, name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``fn()`` (a result holding tensors, such as a pre-trained encoder's weights), kept in ``folder`` as
+    ``name.pt`` (loaded with ``weights_only=True``) and read back from there instead of computed again; a
+    ``name.json`` beside it records when it finished, for ``begin_sitting``."""
+    path = folder / f"{name}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=True)
+    result = fn()
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        torch.save(result, tmp)
+    atomic_write_text(folder / f"{name}.json", json.dumps({"finished_at": time.time()}))
+    return result
 
 
 def kept_arms(fns: dict[str, Callable[[int, float], Any]], folder: Path | None

@@ -36,7 +36,7 @@ import torch
 
 from attnlab.core import runtime
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
-from attnlab.experiments.partial import run_parts
+from attnlab.experiments.partial import kept_arms, kept_tensors, run_parts
 from attnlab.experiments.study import Difference, Protocol, edge_text, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.experiments.vit_vs_cnn import at_budget, train_and_test
 from attnlab.training.loop import fit
@@ -126,12 +126,14 @@ def probe(mae_state: dict[str, Any], s: dict[str, Any], d: dict[str, Any], fract
 
 def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
     """Pre-train, then every method at every label budget on every dataset; results.json, report.md, recipe.png.
-    Each finished dataset is kept in ``out/partial.json``; ``resume``: take the datasets found there (same
-    settings) as they are and run only the rest (a long run may span sittings; its wall time adds up)."""
+    Each finished dataset is kept in ``out/partial.json`` and, within a dataset, each pre-trained encoder and each
+    single run in ``out/.runs/``; ``resume``: take what is kept there (same settings) as it is and run only the
+    rest (a long run may span sittings; its wall time adds up)."""
     s, datasets = (QUICK, QUICK_DATASETS) if quick else (FULL, DATASETS)
     with runtime.settings(threads=1):
         tables, spent, started = run_parts(out, NAME, s, quick, datasets,
-                                           lambda name: _dataset(name, datasets[name], s), resume)
+                                           lambda name, keep: _dataset(name, datasets[name], s, keep), resume,
+                                           keep_runs=True)
     outcomes = [o for t in tables.values() for o in t["outcomes"]]
     verdict = verdict_of(outcomes)
     _plot(tables, out)
@@ -146,7 +148,8 @@ def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
                          protocol=protocol)
 
 
-def _dataset(name: str, d: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
+def _dataset(name: str, d: dict[str, Any], s: dict[str, Any], keep: Path | None = None) -> dict[str, Any]:
+    """Every arm of one dataset under the protocol; ``keep``: the folder where its encoders and runs are kept."""
     from attnlab.models import build_model
     from attnlab.models.cnn import match_width
 
@@ -157,7 +160,9 @@ def _dataset(name: str, d: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
     pre = Protocol(seeds=seeds + confirm, budget={"steps": s["pretrain_steps"]}, lr_sweep={"mae": [s["pretrain_lr"]]},
                    verdict_rule=["(pre-training, no verdict)"], select_on="final_loss", higher_is_better=False)
     record: dict[tuple[str, float, int], dict[str, Any]] = {}
-    run_arms({"mae": lambda seed, lr: pretrain(s, d, seed, lr)}, pre, log=lambda line: None, record=record)
+    mae = (lambda seed, lr: pretrain(s, d, seed, lr)) if keep is None else \
+        (lambda seed, lr: kept_tensors(keep, f"mae_{lr:g}_{seed}", lambda: pretrain(s, d, seed, lr)))
+    run_arms({"mae": mae}, pre, log=lambda line: None, record=record)
     encoders = {seed: r for (_, _, seed), r in record.items()}
     vit = vit_config(s, d, n_classes)
     cnn = match_width(vit, cnn_stages=3 if d["image_size"] >= 16 else 2, cnn_blocks=1)
@@ -182,7 +187,7 @@ def _dataset(name: str, d: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
     protocol = Protocol(seeds=seeds, budget={k: s[k] for k in budget_keys if k in s},
                         lr_sweep=sweep, verdict_rule=[r.describe() for r in rules], select_on="val_accuracy",
                         confirm_seeds=confirm)
-    summary = run_arms(arms, protocol, log=lambda line: None)
+    summary = run_arms(kept_arms(arms, keep), protocol, log=lambda line: None)
     outcomes = [{**r.decide(summary), "dataset": name} for r in rules]
     params = {"vit": build_model(vit).num_parameters(), "cnn": build_model(cnn).num_parameters()}
     return {"budgets": budgets, "n_classes": n_classes, "params": params, "arms": summary, "outcomes": outcomes,
