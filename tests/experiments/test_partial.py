@@ -48,6 +48,32 @@ def test_resume_refuses_another_record_before_any_work(tmp_path, change):
     assert calls == []
 
 
+def test_a_fresh_run_refuses_to_throw_away_an_unfinished_one(tmp_path):
+    """Forgetting --resume must not cost hours: an unfinished run of the same experiment and settings (parts kept
+    in partial.json, or single runs kept) is refused before any work and left as it was; a finished one, or
+    one with other settings, runs afresh."""
+    from attnlab.experiments.partial import RUNS, runs_folder
+
+    run_parts(tmp_path, "x", {"a": 1}, False, ["p"], lambda part: 1, resume=False)  # p of p, q kept
+    before = (tmp_path / FILE).read_text()
+    calls: list[str] = []
+    with pytest.raises(ConfigError, match=r"unfinished run of x \(1 of 2 parts kept.*--resume"):
+        run_parts(tmp_path, "x", {"a": 1}, False, ["p", "q"], lambda part: calls.append(part), resume=False)
+    assert calls == [] and (tmp_path / FILE).read_text() == before
+    run_parts(tmp_path, "x", {"a": 2}, False, ["p", "q"], lambda part: calls.append(part), resume=False)
+    assert calls == ["p", "q"]  # other settings: that record could not be resumed anyway
+
+    fresh = tmp_path / "cut"  # a first sitting cut off before any part finished: only single runs kept
+    folder = runs_folder(fresh, "x", {"a": 1}, False, "p")
+    folder.mkdir(parents=True)
+    (folder / "arm_0.001_0.json").write_text(json.dumps({"result": {}, "finished_at": 0.0}))
+    with pytest.raises(ConfigError, match=r"0 of 1 parts kept in partial.json, 1 single runs"):
+        run_parts(fresh, "x", {"a": 1}, False, ["p"], lambda part, keep: 1, resume=False, keep_runs=True)
+    assert (fresh / RUNS).exists()
+    run_parts(fresh, "x", {"a": 1}, False, ["p"], lambda part, keep: 1, resume=True, keep_runs=True)
+    run_parts(fresh, "x", {"a": 1}, False, ["p"], lambda part, keep: 1, resume=False, keep_runs=True)  # finished
+
+
 def test_single_runs_are_kept_and_read_back_not_run_again(tmp_path):
     from attnlab.experiments.partial import kept
 
@@ -71,6 +97,7 @@ def test_a_part_cut_off_mid_way_counts_the_earlier_sittings_kept_work(tmp_path, 
 
     from attnlab.experiments import partial
 
+    real_runs_folder = partial.runs_folder
     folder = tmp_path / partial.RUNS / "p-0123"
     clock = iter([1000.0, 1030.0, 1050.0, 2000.0, 2100.0])  # sitting 1 starts; runs end; sitting 2 starts; ...
     monkeypatch.setattr(partial.time, "time", lambda: next(clock))
@@ -90,8 +117,11 @@ def test_a_part_cut_off_mid_way_counts_the_earlier_sittings_kept_work(tmp_path, 
                                          lambda p, where: calls.append((p, where)) or 1, resume=True, keep_runs=True)
     assert calls == [("p", folder)] and spent["p"] >= 150.0 and time.perf_counter() - origin >= 150.0
     assert not (tmp_path / partial.RUNS).exists() and (tmp_path / partial.FILE).exists()
-    # a fresh run (no resume) first forgets what was kept
-    partial.kept(lambda seed, lr: {"x": seed}, folder, "a")(0, 0.1)
-    partial.run_parts(tmp_path, "y", {}, False, ["p"], lambda p, where: (where / "a_0.1_0.json").exists(),
-                      resume=False, keep_runs=True)
+    # a fresh run of another experiment (or other settings) first forgets what was kept; an unfinished run of the
+    # same one is refused instead (test_a_fresh_run_refuses_to_throw_away_an_unfinished_one)
+    monkeypatch.setattr(partial, "runs_folder", real_runs_folder)
+    other = real_runs_folder(tmp_path, "x", {}, False, "p")
+    partial.kept(lambda seed, lr: {"x": seed}, other, "a")(0, 0.1)
+    partial.run_parts(tmp_path, "y", {}, False, ["p"], lambda p, where: other.exists(), resume=False,
+                      keep_runs=True)
     assert json.loads((tmp_path / partial.FILE).read_text())["parts"] == {"p": False}

@@ -61,6 +61,23 @@ def finished_parts(out: Path, name: str, settings: dict[str, Any], quick: bool) 
     return parts, spent
 
 
+def refuse_unfinished(out: Path, name: str, settings: dict[str, Any], quick: bool, names: list[str]) -> None:
+    """ConfigError (before any work) if ``out`` holds an unfinished run of ``name`` with these settings (some of
+    ``names`` kept in partial.json, or single runs kept in ``.runs/``): a fresh run would throw that work away
+    and forgetting ``--resume`` should never cost hours. A finished run, or one made with other settings (which
+    cannot be resumed), may be run afresh."""
+    try:
+        parts = set(finished_parts(out, name, settings, quick)[0])
+    except ConfigError:
+        parts = set()  # another experiment's, other settings, or not a record
+    runs = sum(1 for part in names for f in runs_folder(out, name, settings, quick, part).glob("*.json")
+               if f.name != SITTINGS)
+    if (parts and not parts >= set(names)) or runs:
+        raise ConfigError(f"{out} holds an unfinished run of {name} ({len(parts)} of {len(names)} parts kept in "
+                          f"{FILE}, {runs} single runs in {RUNS}/): continue it with --resume, or remove "
+                          f"{out / FILE} and {out / RUNS} to start afresh")
+
+
 def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names: Iterable[str],
               one: Callable[..., Any], resume: bool, log: Callable[[str], None] = print,
               keep_runs: bool = False) -> tuple[dict[str, Any], dict[str, float], float]:
@@ -74,6 +91,8 @@ def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names
     ``time.perf_counter()`` origin such that now minus it is the wall time of every part, earlier sittings
     included)."""
     names = list(names)
+    if not resume:
+        refuse_unfinished(out, name, settings, quick, names)
     parts, spent = finished_parts(out, name, settings, quick) if resume else ({}, {})
     if keep_runs and not resume:
         forget_runs(out)  # a fresh run computes every run again
