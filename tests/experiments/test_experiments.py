@@ -20,6 +20,8 @@ def test_experiment_list_and_unknown_name(capsys):
     assert "did you mean 'hand-trace'" in capsys.readouterr().err
     assert main(["experiment", "hand-trace", "--workers", "0"]) == 2
     assert capsys.readouterr().err.strip().endswith("--workers must be at least 1, got 0")
+    assert main(["experiment", "hand-trace", "--workers", "100000"]) == 2
+    assert "is more than this machine's" in capsys.readouterr().err
 
 
 def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
