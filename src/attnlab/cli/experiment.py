@@ -37,9 +37,9 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
-    import os
+    from attnlab.core.runtime import usable_cores
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     if args.workers > cores:  # each worker is a process with one thread: more than the cores only wait
         raise ConfigError(f"--workers {args.workers} is more than this machine's {cores} CPU cores; "
                           f"use at most {cores}")

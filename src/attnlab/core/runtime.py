@@ -56,6 +56,11 @@ def _openmp_runtime() -> ctypes.CDLL | None:
     return None
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one, else the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def flush_denormals(on: bool = True) -> int:
     """Set (or clear) flush-to-zero + denormals-are-zero in this thread and every thread of its OpenMP team.
 
@@ -76,8 +81,7 @@ def flush_denormals(on: bool = True) -> int:
         torch.set_flush_denormal(on)
         seen.add(threading.get_native_id())
 
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    team = max(torch.get_num_threads(), usable)
+    team = max(torch.get_num_threads(), usable_cores())
     callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(on_each_thread)
     runtime.GOMP_parallel(callback, None, ctypes.c_uint(team), ctypes.c_uint(0))  # once on each team thread
     return len(seen)
