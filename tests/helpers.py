@@ -57,6 +57,7 @@ def run_quick_experiment(name: str, out: Path) -> tuple[dict, dict]:
     first = sorted(f.name for f in out.glob("*.png"))[0]
     assert report.startswith(f"# {name}\n\n**Claim.** {record['claim']}\n\n**Verdict: {record['verdict']}.**")
     assert report.index(f"![{first}]({first})") < report.index("\n\n", report.index("**Verdict:")) + 4
+    assert "**Regime.**" in report  # where the run's regime differs from the paper's or the lecture's
     assert list(out.glob("*.png")) and all(p.stat().st_size > 1000 for p in out.glob("*.png"))
     return record, record["results"]
 

@@ -47,6 +47,10 @@ def by_hand(scale: float) -> dict[str, list[list[float]]]:
     return {"scores": scores, "weights": weights, "outputs": outputs}
 
 
+REGIME = ("**Regime.** Nothing is scaled down: the lecture's own four tokens, computed in float64; the only "
+          "departure from the lecture is its rounding (above).")
+
+
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
     """Run the experiment; writes results.json, report.md and the figures to ``out``."""
     started = time.perf_counter()
@@ -98,7 +102,9 @@ e/(3e+1) = 0.2969 and 1/(3e+1) = 0.1092. z_A = {fmt(z_a)}.
 
 **The scale.** With 1/sqrt(d_k) every row's entropy rises (row A: {entropy['scale 1'][0]:.4f} ->
 {entropy['scale 1/sqrt(2)'][0]:.4f} nats): the same scores, divided by sqrt(2), give a flatter distribution.
-Plot: `weights.png`."""
+Plot: `weights.png`.
+
+{REGIME}"""
     return write_outputs(out, NAME, CLAIM, held, results, body, started, quick, protocol=PROTOCOL.as_dict())
 
 
