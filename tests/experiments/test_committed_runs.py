@@ -17,7 +17,7 @@ import pytest
 
 from attnlab.experiments import EXPERIMENTS
 from attnlab.experiments.base import VERDICT_LINES
-from attnlab.experiments.study import verdict_of
+from attnlab.experiments.study import HELD, NOT_HELD, UNDECIDED, verdict_of
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "experiments"
@@ -57,6 +57,45 @@ def _seconds(cell: str) -> float:
     return float(re.match(r"[\d,.]+", cell).group(0).replace(",", ""))
 
 
+NUMBER = r"(-?\d[\d.e+-]*)"
+# every sentence in which a rule states its threshold (study.Difference, Contrast, Threshold and the slope and
+# exact-measurement rules): the side of the threshold that holds the claim, and the threshold
+THRESHOLDS = [
+    (rf"by more than {NUMBER}: held if", "above"),  # study.Difference
+    (rf"exceeds {NUMBER}: held if", "above"),  # study.Contrast
+    (rf"is (above|below) {NUMBER}(?:: held if| by its 95% interval)", None),  # study.Threshold, fitted slopes
+    (rf"relative error (above|below) {NUMBER}", None),  # exact measurements (permutation)
+    (rf"^\w+ > {NUMBER} ", "above"),  # fitted exponents (scaling)
+]
+
+
+def _threshold(rule: str) -> tuple[str, float]:
+    for pattern, side in THRESHOLDS:
+        if m := re.search(pattern, rule):
+            return (side, float(m.group(1))) if side else (m.group(1), float(m.group(2)))
+    raise AssertionError(f"a rule whose threshold this test cannot read: {rule!r}")
+
+
+def _check_verdicts(node: Any, rule: str = "") -> int:
+    """Re-derive every verdict in ``node`` from its interval and its rule's threshold; the number checked."""
+    if isinstance(node, list):
+        return sum(_check_verdicts(v, rule) for v in node)
+    if not isinstance(node, dict):
+        return 0
+    rule = node.get("rule") or rule  # the parts of one rule (scaling's per pinned E) inherit it
+    checked = 0
+    if "verdict" in node and "interval" in node:
+        side, x = _threshold(rule)
+        low, high = node["interval"]
+        beyond, short = (low > x, high < x) if side == "above" else (high < x, low > x)
+        expected = HELD if beyond else NOT_HELD if short else UNDECIDED
+        # chomsky_protocol.Trained: a low score of a model still learning at its budget decides nothing
+        budget_guard = expected != HELD and node["verdict"] == UNDECIDED and "still learning" in rule
+        assert node["verdict"] == expected or budget_guard, (rule, node["interval"], node["verdict"])
+        checked = 1
+    return checked + sum(_check_verdicts(v, rule) for k, v in node.items() if k != "interval")
+
+
 def test_every_listed_experiment_has_a_committed_run_or_says_it_is_under_way():
     names = {_record(f)["experiment"] for f in RUNS}
     for name in EXPERIMENTS:
@@ -84,6 +123,8 @@ def test_a_committed_run_is_a_full_run_whose_verdict_follows_from_its_outcomes(f
         if "interval" in node and ("mean" in node or "difference" in node):
             low, high = node["interval"]
             assert low <= node.get("mean", node.get("difference")) <= high, node.get("rule")
+    if protocol["seeds"] or outcomes:
+        assert _check_verdicts(outcomes) > 0  # every trained claim is decided by intervals
     if outcomes is not None:
         parts = outcomes if isinstance(outcomes, list) else list(outcomes.values())
         assert record["verdict"] == verdict_of(parts)
