@@ -72,6 +72,7 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
                 "profile_steps"):
         cases += [(f"train {key}={v}", [*base, f"{key}={v}"]) for v in ("-1", "x", "1.5", str(2**70))]
     cases += [(f"train seed={v}", [*base, f"seed={v}"]) for v in ("x", "1.5", str(2**70), str(-(2**64)))]
+    cases += [("train threads above the CPU cores", [*base, "threads=100000"])]
     for key, values in (("lr", ["-1", "0"]), ("min_lr", ["-1"]), ("val_fraction", ["0", "1", "-0.5"]),
                         ("grad_clip", ["-1"]), ("model.norm_eps", ["0", "-1"]), ("model.rope_theta", ["0", "-5"]),
                         ("dropout", ["-0.1", "1.5"]), ("beta1", ["-0.1", "1.5"]), ("beta2", ["1", "2"])):
@@ -96,7 +97,8 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
               ("train foreign option", [*base, "model.cnn_width=4"]), ("train mixer", [*base, "mixer=lstm"]),
               ("train sample_prompt", [*base, "sample_tokens=5", "sample_prompt=€"]),
               ("train heads", [*base, "n_head=3", "d_model=32"]), ("train bpe huge", [*base, "tokenizer=bpe",
-                                                                                   "bpe_vocab_size=1000000000"])]
+                                                                                   "bpe_vocab_size=1000000000"]),
+              ("train bpe below its bytes", [*base, "tokenizer=bpe", "bpe_vocab_size=2"])]
     sample = ["sample", "RUN", "--max-new-tokens", "2"]
     for flag, values in (("--temperature", ["nan", "-1", "inf"]), ("--top-p", ["0", "2", "nan"]),
                          ("--top-k", ["0", "-3"]), ("--max-new-tokens", ["-1", "x"]), ("--seed", [str(2**70)]),

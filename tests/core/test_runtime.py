@@ -65,9 +65,10 @@ def test_training_on_cpu_flushes_unless_told_not_to(tmp_path, flush):
     assert flushed_here() is flush
 
 
-def test_settings_are_restored_after_the_block_and_after_a_run(tmp_path):
+def test_settings_are_restored_after_the_block_and_after_a_run(tmp_path, monkeypatch):
     from attnlab.core import runtime
 
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 8)  # threads=3 below must be allowed on a 2-core machine
     before = runtime.current()
     with runtime.settings(threads=before.threads + 1, deterministic=not before.deterministic) as inside:
         assert runtime.current().threads == before.threads + 1 == inside.threads
@@ -91,3 +92,13 @@ def test_bfloat16_on_a_cpu_without_native_bf16_is_warned_about(monkeypatch):
     assert slow_bfloat16_warning("cpu", "float32") is None and slow_bfloat16_warning("cuda", "bfloat16") is None
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     assert slow_bfloat16_warning("cpu", "bfloat16") is None
+
+
+def test_a_run_asks_for_at_most_the_usable_cores():
+    from attnlab.core.errors import ConfigError
+    from attnlab.core.runtime import intra_op_threads, usable_cores
+
+    assert intra_op_threads(None) == torch.get_num_threads()
+    assert intra_op_threads(1) == 1 and intra_op_threads(usable_cores()) == usable_cores()
+    with pytest.raises(ConfigError, match="more than the"):
+        intra_op_threads(usable_cores() + 1)

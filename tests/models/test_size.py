@@ -71,3 +71,12 @@ def test_an_absurd_learned_vocabulary_is_refused(tmp_path, capsys):
             "tokenizer=bpe", "bpe_vocab_size=1000000000"]
     assert main(argv) == 2
     assert "'bpe_vocab_size' must be <= 1,048,576" in capsys.readouterr().err
+
+
+def test_a_bpe_vocabulary_below_its_bytes_is_refused_before_the_data(tmp_path, capsys):
+    missing = tmp_path / "no-such-corpus.txt"  # the data would fail next: the size is checked first
+    argv = ["train", "configs/shakespeare-char.yaml", *tiny_overrides(missing, tmp_path / "runs"),
+            "tokenizer=bpe", "bpe_vocab_size=2"]
+    assert main(argv) == 2
+    assert "'bpe_vocab_size' must be >= 257 with tokenizer=bpe" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

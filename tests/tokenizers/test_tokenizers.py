@@ -155,6 +155,14 @@ def test_bpe_trains_from_an_iterator() -> None:
     assert tok.decode(tok.encode("Speak, speak!")) == "Speak, speak!"
 
 
+def test_a_bpe_vocabulary_smaller_than_its_bytes_and_specials_is_refused() -> None:
+    with pytest.raises(TokenizerError, match="size must be >= 257, got 2"):
+        BPETokenizer.train(SAMPLE, vocab_size=2)  # it used to train a 257-token vocabulary without a word
+    with pytest.raises(TokenizerError, match="size must be >= 259, got 258"):
+        BPETokenizer.train(SAMPLE, vocab_size=258, special_tokens=("<pad>", "<s>", "</s>"))
+    assert BPETokenizer.train(SAMPLE, vocab_size=256, special_tokens=()).vocab_size == 256
+
+
 def test_bpe_decode_rejects_out_of_range_ids(bpe: BPETokenizer) -> None:
     with pytest.raises(TokenizerError, match="out of range"):
         bpe.decode([bpe.vocab_size])

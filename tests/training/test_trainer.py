@@ -192,6 +192,16 @@ def test_an_out_dir_that_cannot_be_written_is_refused_before_the_data(tmp_path):
         Trainer(tiny_config(missing, tmp_path, name="a-file"))
 
 
+def test_more_threads_than_cores_is_refused_before_the_data(tmp_path):
+    from attnlab.core.runtime import usable_cores
+
+    before = torch.get_num_threads()
+    missing = tmp_path / "no-such-corpus.txt"  # the data would fail next: the thread count is checked first
+    with pytest.raises(ConfigError, match=f"'threads' is {usable_cores() + 1}, more than the {usable_cores()} CPU"):
+        Trainer(tiny_config(missing, tmp_path / "runs", name="x", threads=usable_cores() + 1))
+    assert torch.get_num_threads() == before and not (tmp_path / "runs").exists()
+
+
 def test_existing_run_needs_resume_and_resume_needs_a_checkpoint(corpus, tmp_path):
     Trainer(tiny_config(corpus, tmp_path / "runs", name="x", max_iters=10)).train()
     with pytest.raises(ConfigError, match="already holds a run"):

@@ -61,6 +61,20 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def intra_op_threads(asked: int | None) -> int:
+    """The intra-op thread count a run asks for (``None``: torch's default). More threads than the cores this
+    process may use is refused (``ConfigError``): each extra OpenMP thread only waits for a core, and at
+    ``threads=1000`` on 2 cores a 0.2 s run took 4.6 s."""
+    if asked is None:
+        return torch.get_num_threads()
+    if asked > (cores := usable_cores()):
+        from attnlab.core.errors import ConfigError
+
+        raise ConfigError(f"'threads' is {asked}, more than the {cores} CPU cores this process may use; "
+                          f"pass threads={cores} or fewer (or leave it out for torch's default)")
+    return asked
+
+
 def flush_denormals(on: bool = True) -> int:
     """Set (or clear) flush-to-zero + denormals-are-zero in this thread and every thread of its OpenMP team.
 

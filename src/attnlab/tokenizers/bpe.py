@@ -11,9 +11,11 @@ from typing import ClassVar
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from attnlab.core.errors import TokenizerError
 from attnlab.tokenizers.base import DEFAULT_BPE_VOCAB_SIZE, Tokenizer, as_iterator
 
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
+BYTES = 256  # the byte symbols every byte-level vocabulary starts from
 PARALLEL_ENCODE_MIN_CHARS = 1_000_000
 # Before the last newline of a blank-line run, e.g. "speech.\n" | "\nNext:": GPT-2's pre-tokenizer
 # always splits there, so encoding the pieces separately gives the same ids.
@@ -39,8 +41,12 @@ class BPETokenizer(Tokenizer):
         """Learn merges from a string (or an iterator of strings) up to ``vocab_size`` tokens.
 
         The 256 byte symbols are always in the vocabulary (so nothing is unknown), plus
-        ``special_tokens`` (ids first, from 0); ``vocab_size`` counts all of them.
+        ``special_tokens`` (ids first, from 0); ``vocab_size`` counts all of them, so a smaller one is refused
+        (``TokenizerError``) rather than silently grown.
         """
+        if vocab_size < (floor := BYTES + len(special_tokens)):
+            raise TokenizerError(f"a byte-level BPE vocabulary holds its {BYTES} bytes and {len(special_tokens)} "
+                                 f"special token(s), so its size must be >= {floor}, got {vocab_size}")
         tokenizer = HFTokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()

@@ -136,6 +136,7 @@ DEVICE_SPEC = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 MAX_VOCAB = 2**20  # a learned vocabulary's largest size (large LLM vocabularies are ~100k-260k)
+BPE_MIN_VOCAB = 257  # a byte-level BPE's smallest: 256 bytes and one special token (tokenizers.bpe)
 
 
 @dataclass
@@ -174,7 +175,7 @@ class TrainConfig:
     dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     compile: bool = False  # torch.compile the model (training/compiling.py: on a CPU with inductor's C++ wrapper)
     seed: int = 1337
-    threads: int | None = None  # torch intra-op threads; None = torch's default
+    threads: int | None = None  # torch intra-op threads, at most the usable cores; None = torch's default
     # "auto" = this process's GPU (cuda:LOCAL_RANK) when CUDA is visible, else the CPU; or cpu, cuda, cuda:N, mps
     device: str = "auto"
     # deterministic kernels (torch.use_deterministic_algorithms, for the whole process): on a GPU the
@@ -223,6 +224,9 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"'{key}' must be >= 1, got {getattr(self, key)}")
+        if self.tokenizer == "bpe" and self.bpe_vocab_size < BPE_MIN_VOCAB:  # before any data is read
+            raise ConfigError(f"'bpe_vocab_size' must be >= {BPE_MIN_VOCAB} with tokenizer=bpe (its 256 bytes and "
+                              f"at least one special token), got {self.bpe_vocab_size}")
         if self.bpe_vocab_size > MAX_VOCAB:  # the Rust trainer aborts the process on an absurd size
             raise ConfigError(f"'bpe_vocab_size' must be <= {MAX_VOCAB:,}, got {self.bpe_vocab_size:,}")
         for key in ("warmup_iters", "sample_tokens", "profile_steps"):

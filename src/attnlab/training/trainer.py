@@ -79,7 +79,7 @@ class Trainer:
         self.cfg = cfg
         self.log = log if self.dist.is_main else (lambda *a, **k: None)
         # process-wide settings for the run (restored when train() returns)
-        wanted = runtime.RuntimeState(cfg.threads or torch.get_num_threads(), cfg.deterministic,
+        wanted = runtime.RuntimeState(runtime.intra_op_threads(cfg.threads), cfg.deterministic,
                                       cfg.flush_denormal and self.device.type == "cpu")
         self._runtime_before = runtime.apply(wanted, self.log)
         self.dtype = runtime.resolve_dtype(cfg.dtype, self.device.type)  # what the run computes in
