@@ -35,6 +35,23 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_
     assert "cannot write in the output folder" in capsys.readouterr().err
 
 
+def test_a_fresh_run_that_would_destroy_kept_work_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """A --quick run into a full run's folder (it replaced chomsky's 8 kept tasks and deleted its single runs),
+    or any fresh run into another experiment's folder or over an unfinished run, is one line before any work."""
+    import attnlab.experiments as experiments
+
+    monkeypatch.setattr(experiments, "load", lambda name: pytest.fail("the experiment was loaded"))
+    full = {"experiment": "chomsky", "quick": False, "settings": {}, "parts": {"even_pairs": {}},
+            "wall_time_s": {"even_pairs": 2517.0}}
+    (tmp_path / "partial.json").write_text(json.dumps(full))  # unfinished: no results.json beside it
+    for argv in (["--quick"], []):
+        assert main(["experiment", "chomsky", *argv, "--out", str(tmp_path)]) == 2
+        assert "holds an unfinished run of chomsky" in capsys.readouterr().err
+    assert main(["experiment", "hand-trace", "--out", str(tmp_path)]) == 2
+    assert "partial.json of another experiment ('chomsky')" in capsys.readouterr().err
+    assert json.loads((tmp_path / "partial.json").read_text()) == full
+
+
 def test_hand_trace(tmp_path, capsys):
     assert main(["experiment", "hand-trace", "--quick", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "results.json").read_text())

@@ -48,30 +48,77 @@ def test_resume_refuses_another_record_before_any_work(tmp_path, change):
     assert calls == []
 
 
-def test_a_fresh_run_refuses_to_throw_away_an_unfinished_one(tmp_path):
-    """Forgetting --resume must not cost hours: an unfinished run of the same experiment and settings (parts kept
-    in partial.json, or single runs kept) is refused before any work and left as it was; a finished one, or
-    one with other settings, runs afresh."""
-    from attnlab.experiments.partial import RUNS, runs_folder
+class Cut(Exception):
+    """A sitting cut off in the middle of a part."""
 
-    run_parts(tmp_path, "x", {"a": 1}, False, ["p"], lambda part: 1, resume=False)  # p of p, q kept
+
+def _cut_after_first(part: str, *keep) -> int:
+    if part != "p":
+        raise Cut
+    return 1
+
+
+def test_a_fresh_run_refuses_to_throw_away_an_unfinished_one(tmp_path):
+    """Forgetting --resume, adding --quick or changing a setting must not cost hours: an unfinished run (parts kept
+    in partial.json, or single runs kept) is refused before any work and left as it was, whatever the new run's
+    settings; a finished one runs afresh."""
+    from attnlab.experiments.partial import runs_folder
+
+    with pytest.raises(Cut):
+        run_parts(tmp_path, "x", {"a": 1}, False, ["p", "q"], _cut_after_first, resume=False)  # p of p, q kept
     before = (tmp_path / FILE).read_text()
     calls: list[str] = []
-    with pytest.raises(ConfigError, match=r"unfinished run of x \(1 of 2 parts kept.*--resume"):
-        run_parts(tmp_path, "x", {"a": 1}, False, ["p", "q"], lambda part: calls.append(part), resume=False)
+    for settings, quick in (({"a": 1}, False), ({"a": 2}, False), ({"a": 1}, True)):
+        with pytest.raises(ConfigError, match=r"unfinished run of x \(1 of 2 parts kept.*--resume"):
+            run_parts(tmp_path, "x", settings, quick, ["p", "q"], lambda part: calls.append(part), resume=False)
     assert calls == [] and (tmp_path / FILE).read_text() == before
+    run_parts(tmp_path, "x", {"a": 1}, False, ["p", "q"], lambda part: calls.append(part), resume=True)
+    assert calls == ["q"]
     run_parts(tmp_path, "x", {"a": 2}, False, ["p", "q"], lambda part: calls.append(part), resume=False)
-    assert calls == ["p", "q"]  # other settings: that record could not be resumed anyway
+    assert calls == ["q", "p", "q"]  # finished: it may be run again, with other settings too
 
     fresh = tmp_path / "cut"  # a first sitting cut off before any part finished: only single runs kept
     folder = runs_folder(fresh, "x", {"a": 1}, False, "p")
     folder.mkdir(parents=True)
     (folder / "arm_0.001_0.json").write_text(json.dumps({"result": {}, "finished_at": 0.0}))
-    with pytest.raises(ConfigError, match=r"0 of 1 parts kept in partial.json, 1 single runs"):
-        run_parts(fresh, "x", {"a": 1}, False, ["p"], lambda part, keep: 1, resume=False, keep_runs=True)
-    assert (fresh / RUNS).exists()
+    for name in ("x", "y"):  # a fresh run forgets every kept run, so another experiment's is refused too
+        with pytest.raises(ConfigError, match=r"holds 1 single runs of an unfinished experiment"):
+            run_parts(fresh, name, {"a": 1}, False, ["p"], lambda part, keep: 1, resume=False, keep_runs=True)
+    assert (folder / "arm_0.001_0.json").exists()
     run_parts(fresh, "x", {"a": 1}, False, ["p"], lambda part, keep: 1, resume=True, keep_runs=True)
     run_parts(fresh, "x", {"a": 1}, False, ["p"], lambda part, keep: 1, resume=False, keep_runs=True)  # finished
+
+
+def test_a_quick_run_or_another_experiment_never_overwrites_a_full_run(tmp_path):
+    from attnlab.experiments.partial import refuse_to_overwrite
+
+    run_parts(tmp_path, "x", {"a": 1}, False, ["p"], lambda part: 1, resume=False)  # a finished full run
+    (tmp_path / "results.json").write_text(json.dumps({"experiment": "x", "quick": False}))
+    refuse_to_overwrite(tmp_path, "x", quick=False)  # the same experiment, full: may run again
+    with pytest.raises(ConfigError, match=r"holds a full run of x \(partial.json\); a --quick run would overwrite"):
+        refuse_to_overwrite(tmp_path, "x", quick=True)
+    with pytest.raises(ConfigError, match=r"holds the partial.json of another experiment \('x'\)"):
+        refuse_to_overwrite(tmp_path, "y", quick=False)
+    (tmp_path / FILE).unlink()  # an experiment without parts: its results.json alone
+    with pytest.raises(ConfigError, match=r"holds a full run of x \(results.json\)"):
+        refuse_to_overwrite(tmp_path, "x", quick=True)
+    with pytest.raises(ConfigError, match=r"holds the results.json of another experiment"):
+        refuse_to_overwrite(tmp_path, "y", quick=True)
+    (tmp_path / "results.json").write_text("{not json")  # unreadable: nothing to keep
+    refuse_to_overwrite(tmp_path, "y", quick=True)
+
+
+def test_a_partial_record_without_its_part_names_is_finished_only_beside_its_results(tmp_path):
+    """Records written before partial.json named its parts (chomsky's kept tasks): unfinished unless the run's
+    results.json lies beside it."""
+    from attnlab.experiments.partial import refuse_to_overwrite
+
+    legacy = {"experiment": "x", "quick": False, "settings": {}, "parts": {"p": 1}, "wall_time_s": {"p": 9.0}}
+    (tmp_path / FILE).write_text(json.dumps(legacy))
+    with pytest.raises(ConfigError, match=r"unfinished run of x \(1 parts kept in partial.json, 0 single runs"):
+        refuse_to_overwrite(tmp_path, "x", quick=False)
+    (tmp_path / "results.json").write_text(json.dumps({"experiment": "x", "quick": False}))
+    refuse_to_overwrite(tmp_path, "x", quick=False)
 
 
 def test_single_runs_are_kept_and_read_back_not_run_again(tmp_path):
@@ -117,11 +164,11 @@ def test_a_part_cut_off_mid_way_counts_the_earlier_sittings_kept_work(tmp_path, 
                                          lambda p, where: calls.append((p, where)) or 1, resume=True, keep_runs=True)
     assert calls == [("p", folder)] and spent["p"] >= 150.0 and time.perf_counter() - origin >= 150.0
     assert not (tmp_path / partial.RUNS).exists() and (tmp_path / partial.FILE).exists()
-    # a fresh run of another experiment (or other settings) first forgets what was kept; an unfinished run of the
-    # same one is refused instead (test_a_fresh_run_refuses_to_throw_away_an_unfinished_one)
+    # a fresh run would forget every kept run, so it is refused while any is kept, whatever made it
+    # (test_a_fresh_run_refuses_to_throw_away_an_unfinished_one)
     monkeypatch.setattr(partial, "runs_folder", real_runs_folder)
     other = real_runs_folder(tmp_path, "x", {}, False, "p")
     partial.kept(lambda seed, lr: {"x": seed}, other, "a")(0, 0.1)
-    partial.run_parts(tmp_path, "y", {}, False, ["p"], lambda p, where: other.exists(), resume=False,
-                      keep_runs=True)
-    assert json.loads((tmp_path / partial.FILE).read_text())["parts"] == {"p": False}
+    with pytest.raises(ConfigError, match="single runs of an unfinished experiment"):
+        partial.run_parts(tmp_path, "x", {}, False, ["p"], lambda p, where: 1, resume=False, keep_runs=True)
+    assert other.exists()

@@ -3,12 +3,14 @@
 An experiment made of independent parts (ssl-recipe's datasets, chomsky's tasks) writes ``OUT/partial.json``
 after each finished part:
 
-    {"experiment": NAME, "quick": bool, "settings": {...}, "parts": {part: result}, "wall_time_s": {part: s}}
+    {"experiment": NAME, "quick": bool, "settings": {...}, "names": [every part], "parts": {part: result},
+     "wall_time_s": {part: s}}
 
 A resumed run keeps the parts found there, if the file was made by the same experiment with the same settings
 (else it stops with one line, before any work), and runs only the rest; its wall time is the sum of every
-part's. A part's result is stored as JSON reads it back (tuples become lists, float keys strings), so a
-finished part looks the same whether it was just computed or read from disk.
+part's. A fresh run (no ``--resume``) refuses to destroy unfinished or full-run work kept in OUT
+(``refuse_to_overwrite``). A part's result is stored as JSON reads it back (tuples become lists, float keys
+strings), so a finished part looks the same whether it was just computed or read from disk.
 
 Within a part, ``kept`` keeps each single training run of a study (``study.run_arms``: one arm, one rate,
 one seed) in ``OUT/.runs/PART-DIGEST/ARM_LR_SEED.json`` as it finishes, so that a sitting cut off in the middle
@@ -61,21 +63,52 @@ def finished_parts(out: Path, name: str, settings: dict[str, Any], quick: bool) 
     return parts, spent
 
 
-def refuse_unfinished(out: Path, name: str, settings: dict[str, Any], quick: bool, names: list[str]) -> None:
-    """ConfigError (before any work) if ``out`` holds an unfinished run of ``name`` with these settings (some of
-    ``names`` kept in partial.json, or single runs kept in ``.runs/``): a fresh run would throw that work away
-    and forgetting ``--resume`` should never cost hours. A finished run, or one made with other settings (which
-    cannot be resumed), may be run afresh."""
+RESULTS = "results.json"
+
+
+def _record(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None where there is none or it cannot be read (nothing to keep)."""
     try:
-        parts = set(finished_parts(out, name, settings, quick)[0])
-    except ConfigError:
-        parts = set()  # another experiment's, other settings, or not a record
-    runs = sum(1 for part in names for f in runs_folder(out, name, settings, quick, part).glob("*.json")
-               if f.name != SITTINGS)
-    if (parts and not parts >= set(names)) or runs:
-        raise ConfigError(f"{out} holds an unfinished run of {name} ({len(parts)} of {len(names)} parts kept in "
-                          f"{FILE}, {runs} single runs in {RUNS}/): continue it with --resume, or remove "
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _finished(partial: dict[str, Any], results: dict[str, Any] | None) -> bool:
+    """Whether the run that wrote a partial record finished: every one of its ``names`` kept (a record from
+    before the names were written: a results.json of the same experiment and mode lies beside it)."""
+    if isinstance(partial.get("names"), list) and isinstance(partial.get("parts"), dict):
+        return set(partial["parts"]) >= set(partial["names"])
+    return (results is not None and results.get("experiment") == partial.get("experiment")
+            and results.get("quick") == partial.get("quick"))
+
+
+def refuse_to_overwrite(out: Path, name: str, quick: bool) -> None:
+    """ConfigError, before any work, where a fresh run (no ``--resume``) of experiment ``name`` into ``out`` would
+    destroy work kept there: an unfinished run of ``name`` in partial.json (whatever its settings); single runs
+    kept in ``.runs/`` (they exist only while a run is unfinished, and a fresh run forgets them all, whatever
+    made them); the records of another experiment; or, for a ``quick`` run, those of a full run. A finished
+    run of ``name`` in the same mode may be run again afresh. Forgetting ``--resume`` or adding ``--quick``
+    should never cost hours."""
+    partial, results = _record(out / FILE), _record(out / RESULTS)
+    runs = sum(1 for f in (out / RUNS).glob("*/*.json") if f.name != SITTINGS)
+    if partial is not None and partial.get("experiment") == name and not _finished(partial, results):
+        names = partial.get("names")
+        kept_parts = f"{len(partial.get('parts') or {})}{f' of {len(names)}' if isinstance(names, list) else ''}"
+        raise ConfigError(f"{out} holds an unfinished run of {name} ({kept_parts} parts kept in {FILE}, {runs} "
+                          f"single runs in {RUNS}/): continue it with --resume and the same settings, or remove "
                           f"{out / FILE} and {out / RUNS} to start afresh")
+    if runs:
+        raise ConfigError(f"{out} holds {runs} single runs of an unfinished experiment in {RUNS}/: continue it "
+                          f"with --resume, or remove {out / RUNS} to start afresh")
+    for record, file in ((partial, FILE), (results, RESULTS)):
+        if record is not None and record.get("experiment") != name:
+            raise ConfigError(f"{out} holds the {file} of another experiment ({record.get('experiment')!r}); "
+                              f"choose another --out")
+        if record is not None and quick and record.get("quick") is False:
+            raise ConfigError(f"{out} holds a full run of {name} ({file}); a --quick run would overwrite it: "
+                              f"choose another --out")
 
 
 def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names: Iterable[str],
@@ -92,7 +125,7 @@ def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names
     included)."""
     names = list(names)
     if not resume:
-        refuse_unfinished(out, name, settings, quick, names)
+        refuse_to_overwrite(out, name, quick)
     parts, spent = finished_parts(out, name, settings, quick) if resume else ({}, {})
     if keep_runs and not resume:
         forget_runs(out)  # a fresh run computes every run again
@@ -108,7 +141,7 @@ def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names
         spent[part] = round(time.perf_counter() - began + earlier, 2)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / FILE, json.dumps({"experiment": name, "quick": quick, "settings": plain(settings),
-                                                 "parts": parts, "wall_time_s": spent}, indent=2))
+                                                 "names": names, "parts": parts, "wall_time_s": spent}, indent=2))
         log(f"{name}: {part} finished in {spent[part]:.0f} s ({sum(p in parts for p in names)} of {len(names)} "
             f"kept in {out / FILE})")
     if keep_runs:
