@@ -104,6 +104,9 @@ def test_a_quick_run_or_another_experiment_never_overwrites_a_full_run(tmp_path)
         refuse_to_overwrite(tmp_path, "x", quick=True)
     with pytest.raises(ConfigError, match=r"holds the results.json of another experiment"):
         refuse_to_overwrite(tmp_path, "y", quick=True)
+    (tmp_path / "results.json").write_text(json.dumps({"accuracy": 0.9}))  # not an experiment's: kept too
+    with pytest.raises(ConfigError, match=r"holds the results.json of something else; choose another --out"):
+        refuse_to_overwrite(tmp_path, "y", quick=False)
     (tmp_path / "results.json").write_text("{not json")  # unreadable: nothing to keep
     refuse_to_overwrite(tmp_path, "y", quick=True)
 

@@ -104,8 +104,8 @@ def refuse_to_overwrite(out: Path, name: str, quick: bool) -> None:
                           f"with --resume, or remove {out / RUNS} to start afresh")
     for record, file in ((partial, FILE), (results, RESULTS)):
         if record is not None and record.get("experiment") != name:
-            raise ConfigError(f"{out} holds the {file} of another experiment ({record.get('experiment')!r}); "
-                              f"choose another --out")
+            whose = f"another experiment ({record['experiment']!r})" if record.get("experiment") else "something else"
+            raise ConfigError(f"{out} holds the {file} of {whose}; choose another --out")
         if record is not None and quick and record.get("quick") is False:
             raise ConfigError(f"{out} holds a full run of {name} ({file}); a --quick run would overwrite it: "
                               f"choose another --out")
