@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlab.core.errors import ConfigError
+
 
 def flushed_here() -> bool:
     """Whether the calling thread flushes subnormals (a subnormal times one comes out as zero)."""
@@ -68,8 +70,6 @@ def intra_op_threads(asked: int | None) -> int:
     if asked is None:
         return torch.get_num_threads()
     if asked > (cores := usable_cores()):
-        from attnlab.core.errors import ConfigError
-
         raise ConfigError(f"'threads' is {asked}, more than the {cores} CPU cores this process may use; "
                           f"pass threads={cores} or fewer (or leave it out for torch's default)")
     return asked
