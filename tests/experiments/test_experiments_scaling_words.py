@@ -77,3 +77,16 @@ def test_word_vectors(tmp_path):
     assert b["last_layer"]["cos_within"] > b["last_layer"]["cos_across"]
     assert -1 <= b["last_layer"]["cos_across"] <= 1 and b["static_cosine"] == 1.0
     assert record["claim_held"] == all(r["checks"].values())
+
+
+def test_the_chinchilla_jacobian_is_the_derivative_of_the_law():
+    import numpy as np
+
+    from attnlab.experiments.scaling_fit import chinchilla, chinchilla_jacobian
+
+    nd = np.array([[888.0, 9_000.0, 150_080.0], [12_800.0, 204_800.0, 3_276_800.0]])
+    p, eps = np.array([1.1, 12.0, 0.35, 40.0, 0.2]), 1e-6
+    central = np.stack([(chinchilla(nd, *(p + eps * step)) - chinchilla(nd, *(p - eps * step))) / (2 * eps)
+                        for step in np.eye(5)], axis=1)
+    assert chinchilla_jacobian(nd, *p).shape == (3, 5)
+    assert np.allclose(chinchilla_jacobian(nd, *p), central, rtol=1e-6, atol=1e-9)

@@ -30,6 +30,14 @@ def chinchilla(nd: np.ndarray, e: float, a: float, alpha: float, b: float, beta:
     return e + a / n ** alpha + b / d ** beta
 
 
+def chinchilla_jacobian(nd: np.ndarray, e: float, a: float, alpha: float, b: float, beta: float) -> np.ndarray:
+    """d L / d (E, A, alpha, B, beta), shape (points, 5): 1, N^-alpha, -A N^-alpha ln N, D^-beta, -B D^-beta ln D.
+    Exact, so each fit needs no finite-difference evaluations of L."""
+    n, d = nd
+    n_term, d_term = n ** -alpha, d ** -beta
+    return np.stack([np.ones_like(n), n_term, -a * n_term * np.log(n), d_term, -b * d_term * np.log(d)], axis=1)
+
+
 def fit_kaplan(n: Sequence[float], loss: Sequence[float]) -> dict[str, float]:
     """alpha_N and N_c of L = (N_c / N)^alpha_N by least squares on log L against log N."""
     x, y = np.log(np.asarray(n, float)), np.log(np.asarray(loss, float))
@@ -50,11 +58,14 @@ def fit_chinchilla(n: Sequence[float], d: Sequence[float], loss: Sequence[float]
         def pinned(x: np.ndarray, a: float, alpha: float, b: float, beta: float) -> np.ndarray:
             return chinchilla(x, e, a, alpha, b, beta)
 
-        params, _ = curve_fit(pinned, nd, y, p0=(10.0, 0.3, 10.0, 0.3),
+        def pinned_jacobian(x: np.ndarray, a: float, alpha: float, b: float, beta: float) -> np.ndarray:
+            return chinchilla_jacobian(x, e, a, alpha, b, beta)[:, 1:]
+
+        params, _ = curve_fit(pinned, nd, y, p0=(10.0, 0.3, 10.0, 0.3), jac=pinned_jacobian,
                               bounds=([1e-6, 0.0, 1e-6, 0.0], [1e8, 3.0, 1e8, 3.0]), maxfev=20000)
         params = np.concatenate([[e], params])
     else:
-        params, _ = curve_fit(chinchilla, nd, y, p0=(min(loss) * 0.8, 10.0, 0.3, 10.0, 0.3),
+        params, _ = curve_fit(chinchilla, nd, y, p0=(min(loss) * 0.8, 10.0, 0.3, 10.0, 0.3), jac=chinchilla_jacobian,
                               bounds=([0.0, 1e-6, 0.0, 1e-6, 0.0], [min(loss), 1e8, 3.0, 1e8, 3.0]), maxfev=20000)
     out = dict(zip(("E", "A", "alpha", "B", "beta"), map(float, params)))
     out["rmse"] = float(np.sqrt(np.mean((y - chinchilla(nd, *params)) ** 2)))
