@@ -80,7 +80,7 @@ VOCAB = N_SYMBOLS + 1
 ARMS = ("rnn", "lstm", "transformer", "transformer-no-positions")
 FULL = dict(ks=(8, 16, 32, 64, 128), lrs=[1e-3, 3e-3], max_steps=3000, eval_every=100, patience=5, batch=32,
             time_lengths=(64, 256, 1024, 4096), time_repeats=7)
-QUICK = dict(ks=(8, 16), lrs=[3e-3], max_steps=150, eval_every=50, patience=2, batch=32,
+QUICK = dict(ks=(8, 16), lrs=[3e-3], max_steps=100, eval_every=50, patience=2, batch=32,
              time_lengths=(32, 128), time_repeats=3)
 
 

@@ -183,7 +183,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     }
     part1 = HELD if all(checks.values()) else NOT_HELD
 
-    train_dk, steps = (64, 150) if quick else (256, 1500)  # quick: the path exercised, not the claim tested
+    train_dk, steps = (64, 80) if quick else (256, 1500)  # quick: the path exercised, not the claim tested
     sweep = [1e-3, 1e-2] if quick else LR_SWEEP
     protocol = Protocol(
         seeds=[0, 1, 2], budget={"steps": steps, "batch": BATCH, "d_k": train_dk},

@@ -54,7 +54,7 @@ CLAIM = ("A small GPT learns grammars of known entropy: on the regular and the n
          "flip; ablating it removes most of the agreement).")
 FULL = dict(steps=1000, context=64, batch=32, train_tokens=300_000, eval_windows=1024, sentences=256,
             lrs=[1e-3, 3e-3])
-QUICK = dict(steps=150, context=32, batch=32, train_tokens=60_000, eval_windows=128, sentences=48, lrs=[3e-3])
+QUICK = dict(steps=75, context=32, batch=32, train_tokens=30_000, eval_windows=64, sentences=48, lrs=[3e-3])
 RULES = [Threshold("regular", "ratio_to_floor", 1.02, above=False),
          Threshold("nested", "ratio_to_floor", 1.02, above=False),
          Threshold("nested", "agreement_accuracy", 0.95),
