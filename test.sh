@@ -6,4 +6,4 @@ cd "$(dirname "$0")"
 scripts/setup.sh dev 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/ruff check --no-cache src tests benchmarks scripts
 .venv/bin/lint-imports --no-cache  # the floors of DESIGN.md (pyproject.toml: [tool.importlinter])
-exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-auto}" -q -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-auto}" --dist worksteal -q -p no:cacheprovider "$@"
