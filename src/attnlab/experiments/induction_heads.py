@@ -167,7 +167,7 @@ def _removed(model: torch.nn.Module, seqs: Tensor, kinds: Tensor, heads: list[in
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: a smaller model and alphabet, 300 steps); writes results.json, report.md, plots."""
+    """Run the experiment (quick: a smaller model and alphabet, 150 steps); writes results.json, report.md, plots."""
     started = time.perf_counter()
     s = QUICK if quick else FULL
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "eval_every")},
