@@ -34,15 +34,17 @@ def newton_schulz5(G: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32
     """An approximately orthogonal matrix with G's singular vectors: G (..., r, c) -> (..., r, c), computed in
     ``dtype`` (a stack of matrices is orthogonalised one by one, in one batched iteration)."""
     a, b, c = NS_COEFFICIENTS
-    X = G.to(dtype)
+    shape = G.shape
+    X = G.to(dtype).reshape(-1, *shape[-2:])  # (n, r, c): baddbmm wants exactly one batch dimension
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
     tall = X.size(-2) > X.size(-1)
     if tall:
         X = X.mT  # iterate on the wide side: A = X X^T is the smaller square
     for _ in range(steps):
         A = X @ X.mT
-        X = a * X + (b * A + c * A @ A) @ X
-    return X.mT if tall else X
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)  # b A + c A A: the sum fused into the product
+        X = torch.baddbmm(X, B, X, beta=a)  # a X + B X
+    return (X.mT if tall else X).reshape(shape)
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
