@@ -14,7 +14,8 @@ NS5 is five steps of the quintic Newton-Schulz iteration X <- a X + (b A + c A^2
 run computes in it (as modded-nanoGPT does; 4.8 vs 8.2 ms per step for the speed-run preset's matrices on
 a 2-core AVX512-BF16 CPU), else float32 (on a CPU without native bf16, bf16 matmuls are emulated, ~100x slower).
 Each step's sums ride in its products (``baddbmm``: b A + c A A, then a X + B X): on a 2-core AVX-512 Xeon in
-float32 the preset's 16 matrices went from 11.7 to 8.2 ms per step with it (the 4.8 / 8.2 above are from before).
+float32 the preset's 16 matrices went from 11.7 to 8.2 ms per step with it (the bf16 / fp32 pair above was
+measured before it, on the AVX512-BF16 machine).
 
 ``MuonWithAdamW`` holds both kinds of parameter group in one optimiser, so the trainer's schedule,
 clipping, checkpoints and resume treat it like AdamW: every group's ``lr`` is set by the schedule, and a
