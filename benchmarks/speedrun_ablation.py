@@ -1,7 +1,7 @@
 """What each speed-run trick is worth on this CPU: time to val <= 1.88 with the trick removed (or added).
 
 Each variant is the ``shakespeare-char-speedrun`` preset with one change. Rule, fixed before the runs: a
-variant's schedule length L is searched on the grid below, starting at the preset's 500 steps (warmup and
+variant's schedule length L is searched on the grid below, starting at the preset's own length (warmup and
 decay scaled to L as the preset does: lr_decay_iters = max_iters = L, one evaluation at the end); L
 "reaches" the target when the mean final val over the seeds is <= --target, and the answer is the shortest
 L that reaches it (found by stepping down from a reaching L, up from a failing one). The variant's time to
@@ -31,9 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-GRID = [300, 400, 500, 650, 800, 1000, 1300, 1600, 2000]
+GRID = [200, 250, 300, 350, 400, 500, 650, 800, 1000, 1300, 1600, 2000]
+PRESET = ROOT / "src" / "attnlab" / "presets" / "shakespeare-char-speedrun.yaml"
 EVAL = re.compile(r"step (\d+): (?:train (?:eval )?loss [\d.]+, )?val loss ([\d.]+)")
 # name -> (what it changes, overrides)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
@@ -44,6 +47,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                      ["optimizer=adamw", "muon_lr=0.02", "lr=5e-3", "min_lr=5e-4"]),
     "fp32": ("removed: bfloat16 autocast (dtype=float32)", ["dtype=float32"]),
     "d128": ("removed: the narrow model (d_model 128, nanoGPT's width)", ["model.d_model=128"]),
+    "4-layers": ("removed: the shallow model (4 layers, nanoGPT's depth)", ["model.n_layer=4"]),
+    "batch12": ("removed: batch 24 (batch 12, nanoGPT's)", ["batch_size=12"]),
     "learned-positions": ("removed: RoPE (learned positions)", ["model.positions=learned"]),
     "eval-both-splits": ("removed: val-only evaluation (train split scored too)", ["eval_train=true"]),
     "+relu2": ("added: ReLU^2 MLP", ["model.activation=relu2"]),
@@ -51,6 +56,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "+untied-head": ("added: untied output head", ["model.tie_embeddings=false"]),
     "+wsd": ("added: warmup-stable-decay (last 40% to 0)", ["lr_schedule=wsd", "cooldown_fraction=0.4", "min_lr=0"]),
 }
+
+
+def preset_steps() -> int:
+    """The preset's own schedule length (on the grid), where every variant's search starts."""
+    return int(yaml.safe_load(PRESET.read_text())["max_iters"])
 
 
 def run_once(overrides: list[str], steps: int, seed: int, work: Path) -> dict:
@@ -75,7 +85,7 @@ def run_once(overrides: list[str], steps: int, seed: int, work: Path) -> dict:
 
 def search(names: list[str], seeds: list[int], target: float, work: Path) -> dict:
     """The shortest reaching L of every variant (see the module docstring), the runs interleaved."""
-    at = {n: GRID.index(500) for n in names}  # the grid position each variant tries next
+    at = {n: GRID.index(preset_steps()) for n in names}  # the grid position each variant tries next
     tried: dict[str, dict[int, list[dict]]] = {n: {} for n in names}
     answer: dict[str, int | None] = {}
     while len(answer) < len(names):
@@ -125,7 +135,7 @@ def main() -> int:
                    "val_mean": statistics.mean(r["val"] for r in runs) if runs else None,
                    "val_sd": statistics.stdev(r["val"] for r in runs) if len(runs) > 1 else None,
                    "seconds": statistics.median(r["seconds"] for r in runs) if runs else None,
-                   "at_500": [r["val"] for r in found[n]["runs"].get("500", [])]}
+                   "at_preset_length": [r["val"] for r in found[n]["runs"].get(str(preset_steps()), [])]}
     base = rows["preset"]["seconds"]
     print(f"\n| variant | steps to val <= {args.target} | final val (mean +- sd) | time to it (median s) | vs preset |")
     print("|---|---|---|---|---|")
