@@ -31,12 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
+from attnlab.training.runs import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 GRID = [200, 250, 300, 350, 400, 500, 650, 800, 1000, 1300, 1600, 2000]
-PRESET = ROOT / "src" / "attnlab" / "presets" / "shakespeare-char-speedrun.yaml"
 EVAL = re.compile(r"step (\d+): (?:train (?:eval )?loss [\d.]+, )?val loss ([\d.]+)")
 # name -> (what it changes, overrides)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
@@ -59,8 +58,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
 
 
 def preset_steps() -> int:
-    """The preset's own schedule length (on the grid), where every variant's search starts."""
-    return int(yaml.safe_load(PRESET.read_text())["max_iters"])
+    """The preset's own schedule length, where every variant's search starts (main checks it is on the grid)."""
+    return load_train_config("shakespeare-char-speedrun").max_iters
 
 
 def run_once(overrides: list[str], steps: int, seed: int, work: Path) -> dict:
@@ -123,6 +122,9 @@ def main() -> int:
     args = ap.parse_args()
     if not DATA.is_file():
         print(f"speedrun_ablation: {DATA} not found", file=sys.stderr)
+        return 2
+    if preset_steps() not in GRID:
+        print(f"speedrun_ablation: the preset's max_iters={preset_steps()} is not on the grid {GRID}", file=sys.stderr)
         return 2
     names = ["preset", *[n for n in VARIANTS if n != "preset" and (not args.only or n in args.only)]]
     with tempfile.TemporaryDirectory() as tmp:
