@@ -82,9 +82,10 @@ def run_once(overrides: list[str], steps: int, seed: int, work: Path) -> dict:
     return found
 
 
-def search(names: list[str], seeds: list[int], target: float, work: Path) -> dict:
-    """The shortest reaching L of every variant (see the module docstring), the runs interleaved."""
-    at = {n: GRID.index(preset_steps()) for n in names}  # the grid position each variant tries next
+def search(names: list[str], seeds: list[int], target: float, work: Path, start: int) -> dict:
+    """The shortest reaching L of every variant (see the module docstring), the runs interleaved, each search
+    starting at L = ``start``."""
+    at = {n: GRID.index(start) for n in names}  # the grid position each variant tries next
     tried: dict[str, dict[int, list[dict]]] = {n: {} for n in names}
     answer: dict[str, int | None] = {}
     while len(answer) < len(names):
@@ -123,12 +124,13 @@ def main() -> int:
     if not DATA.is_file():
         print(f"speedrun_ablation: {DATA} not found", file=sys.stderr)
         return 2
-    if preset_steps() not in GRID:
-        print(f"speedrun_ablation: the preset's max_iters={preset_steps()} is not on the grid {GRID}", file=sys.stderr)
+    start = preset_steps()
+    if start not in GRID:
+        print(f"speedrun_ablation: the preset's max_iters={start} is not on the grid {GRID}", file=sys.stderr)
         return 2
     names = ["preset", *[n for n in VARIANTS if n != "preset" and (not args.only or n in args.only)]]
     with tempfile.TemporaryDirectory() as tmp:
-        found = search(names, args.seeds, args.target, Path(tmp))
+        found = search(names, args.seeds, args.target, Path(tmp), start)
     rows = {}
     for n in names:
         steps = found[n]["steps"]
@@ -137,7 +139,7 @@ def main() -> int:
                    "val_mean": statistics.mean(r["val"] for r in runs) if runs else None,
                    "val_sd": statistics.stdev(r["val"] for r in runs) if len(runs) > 1 else None,
                    "seconds": statistics.median(r["seconds"] for r in runs) if runs else None,
-                   "at_preset_length": [r["val"] for r in found[n]["runs"].get(str(preset_steps()), [])]}
+                   "at_preset_length": [r["val"] for r in found[n]["runs"].get(str(start), [])]}
     base = rows["preset"]["seconds"]
     print(f"\n| variant | steps to val <= {args.target} | final val (mean +- sd) | time to it (median s) | vs preset |")
     print("|---|---|---|---|---|")
