@@ -31,7 +31,13 @@ published 1.4697); nanoGPT's model is scored on 200 batches of 64 x 256 (its own
 nanoGPT keeps the checkpoint of its best evaluation, so that is the model scored. No fp32 step measurement.
 
     python benchmarks/speedrun.py --nanogpt PATH [--rounds 3] [--step-iters 400] [--skip-step]
-    python benchmarks/speedrun.py --nanogpt PATH --gpu [--rounds 1] [--results DIR]
+    python benchmarks/speedrun.py --nanogpt PATH --gpu [--rounds 1] [--seed 1337] [--results DIR]
+    python benchmarks/speedrun.py --combine A.json B.json ... [--results DIR]
+
+--seed sets the first round's seed (round r gets seed + r), so the rounds of a measurement can be run in
+several calls where a lease on a machine is shorter than all of them together; --combine then reads the
+rounds those calls wrote (same preset, target and device, seeds all different, else one line and exit 2),
+and writes the summary, table and plot over all of them as one run would.
 
 Writes speedrun.json and speedrun.png (``--gpu``: speedrun_gpu.json, speedrun_gpu.png) under --results
 (default benchmarks/results).
@@ -212,7 +218,8 @@ def time_rounds(args, checkout: Path, work: Path, env: dict, mode: dict = CPU) -
     for r in range(args.rounds):
         order = ("nanogpt", "attnlab") if r % 2 == 0 else ("attnlab", "nanogpt")
         result = {name: (run_nanogpt(checkout, work, env, mode, args.data) if name == "nanogpt"
-                         else run_attnlab(args.preset, work, env, 1337 + r, args.extra, args.data)) for name in order}
+                         else run_attnlab(args.preset, work, env, args.seed + r, args.extra, args.data))
+                  for name in order}
         target = min(args.target, result["nanogpt"]["final_val_200"])
         result["target"] = target
         for name in ("nanogpt", "attnlab"):
@@ -222,6 +229,11 @@ def time_rounds(args, checkout: Path, work: Path, env: dict, mode: dict = CPU) -
         print(f"round {r + 1} (target {target:.4f}): " + "; ".join(
             f"{n} {result[n]['wall_s']} s whole, to target {result[n]['time_to_target_s']} s, final val "
             f"{result[n]['final_val_200']}" for n in ("nanogpt", "attnlab")), flush=True)
+    return rounds, summarise(rounds)
+
+
+def summarise(rounds: list[dict]) -> dict:
+    """The verdict over rounds: median time to target against the median of nanoGPT's whole processes."""
     nano_wall = statistics.median(r["nanogpt"]["wall_s"] for r in rounds)
     reached = [r["attnlab"]["time_to_target_s"] for r in rounds]
     attn_time = statistics.median(reached) if None not in reached else None
@@ -235,7 +247,30 @@ def time_rounds(args, checkout: Path, work: Path, env: dict, mode: dict = CPU) -
         "nanogpt_final_val": [r["nanogpt"]["final_val_200"] for r in rounds],
     }
     summary["held"] = summary["ratio"] is not None and summary["ratio"] <= 1 / 3
-    return rounds, summary
+    return summary
+
+
+def combine(paths: list[Path]) -> dict | str:
+    """The rounds of several runs of this script as one run's record, or why they cannot be put together."""
+    runs = []
+    for path in paths:
+        try:
+            runs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as err:
+            return f"{path}: {err}"
+        if not isinstance(runs[-1], dict) or not runs[-1].get("rounds"):
+            return f"{path}: not a speedrun.py result (no rounds)"
+    first = runs[0]
+    for path, run in zip(paths, runs):
+        for key in ("preset", "extra", "target", "device"):
+            if run.get(key) != first.get(key):
+                return f"{path}: {key} {run.get(key)!r} differs from {paths[0]}'s {first.get(key)!r}"
+    rounds = [r for run in runs for r in run["rounds"]]
+    seeds = [r["attnlab"]["seed"] for r in rounds]
+    if len(set(seeds)) != len(seeds):
+        return f"the runs repeat a seed of attnlab's preset ({sorted(seeds)}): give each call its own --seed"
+    return {**first, "rounds": rounds, "summary": summarise(rounds), "fp32_step": None,
+            "combined_from": [p.name for p in paths]}
 
 
 def step_rounds(args, checkout: Path, work: Path, env: dict) -> dict:
@@ -269,11 +304,14 @@ def _torch_version() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nanogpt", required=True, help="a checkout of karpathy/nanoGPT (copied, never modified)")
+    ap.add_argument("--nanogpt", help="a checkout of karpathy/nanoGPT (copied, never modified)")
     ap.add_argument("--gpu", action="store_true", help="nanoGPT's GPU recipe against the GPU speed-run preset")
     ap.add_argument("--preset", help="attnlab's preset (default: shakespeare-char-speedrun, --gpu: "
                                      "shakespeare-char-gpu-speedrun)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1337, help="attnlab's seed in the first round (round r: seed + r)")
+    ap.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
+                    help="no runs: put the rounds of earlier runs' JSON files together")
     ap.add_argument("--target", type=float, help="val loss to reach (default 1.88, --gpu: 1.47)")
     ap.add_argument("--data", type=Path, default=DATA, help="tinyshakespeare's text")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and plot go")
@@ -285,6 +323,17 @@ def main() -> int:
     mode = GPU if args.gpu else CPU
     args.preset = args.preset or mode["preset"]
     args.target = mode["target"] if args.target is None else args.target
+    if args.combine:
+        record = combine(args.combine)
+        if isinstance(record, str):
+            print(f"speedrun: {record}", file=sys.stderr)
+            return 2
+        mode = GPU if record["preset"] == GPU["preset"] else CPU
+        report(record["rounds"], record["summary"], None, mode)
+        return write(args.results, mode, record)
+    if args.nanogpt is None:
+        print("speedrun: --nanogpt PATH is needed (a checkout of karpathy/nanoGPT), or --combine", file=sys.stderr)
+        return 2
     checkout = Path(args.nanogpt)
     if not (checkout / "train.py").is_file() or not (checkout / "model.py").is_file():
         print(f"speedrun: {checkout} is not a nanoGPT checkout (no train.py / model.py)", file=sys.stderr)
@@ -306,6 +355,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rounds, summary = time_rounds(args, checkout, Path(tmp), env, mode)
         step = None if args.skip_step or args.gpu else step_rounds(args, checkout, Path(tmp), env)
+    report(rounds, summary, step, mode)
+    return write(args.results, mode, {
+        "preset": args.preset, "extra": args.extra, "target": args.target, "threads": args.threads,
+        "device": device_name(mode["device"]), "torch": _torch_version(), "rounds": rounds, "summary": summary,
+        "fp32_step": step})
+
+
+def report(rounds: list[dict], summary: dict, step: dict | None, mode: dict) -> None:
     print(f"\n| | whole process (median s) | to target (median s) | final val, 200 batches of {mode['batch']} x "
           f"{mode['block']} | max MFU |")
     print("|---|---|---|---|---|")
@@ -327,13 +384,12 @@ def main() -> int:
             print(f"  {name:16s} {ms:6.2f} ms" + (f"  {gain:.3f}x" if gain else ""))
     print(f"\nsample, nanoGPT (round 1):\n{rounds[0]['nanogpt']['sample']}\n\nsample, attnlab (round 1):\n"
           f"{rounds[0]['attnlab']['sample']}")
-    results = args.results
+
+
+def write(results: Path, mode: dict, record: dict) -> int:
     results.mkdir(parents=True, exist_ok=True)
-    (results / f"{mode['stem']}.json").write_text(json.dumps(
-        {"preset": args.preset, "extra": args.extra, "target": args.target, "threads": args.threads,
-         "device": device_name(mode["device"]), "torch": _torch_version(), "rounds": rounds, "summary": summary,
-         "fp32_step": step}, indent=1))
-    plot(rounds, args.target, results / f"{mode['stem']}.png", mode["label"])
+    (results / f"{mode['stem']}.json").write_text(json.dumps(record, indent=1))
+    plot(record["rounds"], record["target"], results / f"{mode['stem']}.png", mode["label"])
     return 0
 
 

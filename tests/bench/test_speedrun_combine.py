@@ -1,0 +1,69 @@
+"""benchmarks/speedrun.py --combine: the rounds of several calls (a GPU lease shorter than three rounds) put
+together as one run would have written them, and refused where they do not belong together."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "speedrun.py"
+
+
+@pytest.fixture(scope="module")
+def speedrun():
+    spec = importlib.util.spec_from_file_location("speedrun", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def a_round(seed: int, nano_wall: float, to_target: float, final: float) -> dict:
+    side = {"wall_s": nano_wall, "curve": [{"step": 1, "val_loss": 1.5, "seconds": 1.0}], "final_val_200": 1.47,
+            "max_mfu": 30.0, "sample": "n", "time_to_target_s": None}
+    ours = {"wall_s": 60.0, "curve": [{"step": 1, "val_loss": final, "seconds": to_target}], "final_val_200": final,
+            "max_mfu": 8.0, "sample": "a", "seed": seed, "time_to_target_s": to_target}
+    return {"nanogpt": side, "attnlab": ours, "target": 1.47}
+
+
+def a_run(path: Path, rounds: list[dict], **over) -> Path:
+    record = {"preset": "shakespeare-char-gpu-speedrun", "extra": [], "target": 1.47, "threads": 16,
+              "device": "NVIDIA H200", "torch": "2.11", "rounds": rounds, "summary": {}, "fp32_step": None, **over}
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_combined_rounds_are_summarised_as_one_run(speedrun, tmp_path):
+    a = a_run(tmp_path / "a.json", [a_round(1338, 157.0, 41.0, 1.48), a_round(1339, 136.0, 38.0, 1.46)])
+    b = a_run(tmp_path / "b.json", [a_round(1337, 118.0, 46.0, 1.47)])
+    out = tmp_path / "out"
+    argv, sys.argv = sys.argv, ["speedrun.py", "--combine", str(a), str(b), "--results", str(out)]
+    try:
+        assert speedrun.main() == 0
+    finally:
+        sys.argv = argv
+    record = json.loads((out / "speedrun_gpu.json").read_text())
+    assert [r["attnlab"]["seed"] for r in record["rounds"]] == [1338, 1339, 1337]
+    assert record["summary"]["ratio"] == pytest.approx(41.0 / 136.0)  # median to target / median whole
+    assert record["summary"]["attnlab_final_val"]["sd"] == pytest.approx(statistics.stdev([1.48, 1.46, 1.47]))
+    assert record["combined_from"] == ["a.json", "b.json"] and (out / "speedrun_gpu.png").is_file()
+
+
+@pytest.mark.parametrize("clash, said", [({"device": "NVIDIA H100 80GB HBM3"}, "device"),
+                                         ({"preset": "shakespeare-char-speedrun"}, "preset"),
+                                         ({}, "repeat a seed")])
+def test_rounds_that_do_not_belong_together_are_refused(speedrun, tmp_path, clash, said):
+    a = a_run(tmp_path / "a.json", [a_round(1337, 150.0, 40.0, 1.47)])
+    b = a_run(tmp_path / "b.json", [a_round(1337 if not clash else 1338, 150.0, 40.0, 1.47)], **clash)
+    assert said in speedrun.combine([a, b])
+
+
+def test_a_file_that_is_not_a_result_is_refused(speedrun, tmp_path):
+    (tmp_path / "x.json").write_text("[1, 2]")
+    (tmp_path / "y.json").write_text("{not json")
+    assert "not a speedrun.py result" in speedrun.combine([tmp_path / "x.json"])
+    assert "y.json" in speedrun.combine([tmp_path / "y.json"])
