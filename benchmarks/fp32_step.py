@@ -19,6 +19,10 @@ Contenders (each a full optimisation step on the same batches of tinyshakespeare
     attnlab-compiled-eager-attn  the same with attn_backend=eager: attention as plain ops, which inductor fuses
                                (no flash kernel)
     attnlab-compiled-opt       attnlab-compiled with the optimiser step under torch.compile too
+    attnlab-compiled-threads   attnlab-compiled with batch_threads=2 (training/threaded.py): the batch's two
+                               halves run their forward and backward passes at once, one thread each, and
+                               their gradients are summed
+    attnlab-compiled-eager-attn-threads  both: attention as plain ops, two threads
     matmuls-only               not a training step: only the matrix products one step must do (forward,
                                grad-input and grad-weight of every linear layer and the head; attention's six
                                batched products per layer), at the model's shapes, with stock kernels. Its time
@@ -53,7 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 SHAPE = dict(n_layer=4, n_head=4, d_model=128, block_size=64, batch_size=12)
 CONTENDERS = ("nanogpt", "attnlab", "attnlab-compiled", "attnlab-compiled-python-wrapper",
-              "attnlab-compiled-eager-attn", "attnlab-compiled-opt", "matmuls-only")
+              "attnlab-compiled-eager-attn", "attnlab-compiled-opt", "attnlab-compiled-threads",
+              "attnlab-compiled-eager-attn-threads", "matmuls-only")
 FLOOR = "matmuls-only"
 BAR = 1.3
 
@@ -114,8 +119,10 @@ def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor]
     if name.endswith("-opt"):
         opt.step = torch.compile(opt.step)
 
+    parts = 2 if name.endswith("-threads") else 1
+
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        train_step(model, opt, [(x, y)], lambda b: forward(b[0], b[1]), grad_clip=1.0)
+        train_step(model, opt, [{"idx": x, "targets": y}], lambda b: forward(**b), grad_clip=1.0, parts=parts)
 
     return step
 

@@ -176,6 +176,9 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (training/compiling.py: on a CPU with inductor's C++ wrapper)
     seed: int = 1337
     threads: int | None = None  # torch intra-op threads, at most the usable cores; None = torch's default
+    # CPU: split each batch into this many parts whose passes run at once, one thread each, gradients summed
+    # in a fixed order (training/threaded.py); for small models whose kernels are too short to share out
+    batch_threads: int = 1
     # "auto" = this process's GPU (cuda:LOCAL_RANK) when CUDA is visible, else the CPU; or cpu, cuda, cuda:N, mps
     device: str = "auto"
     # deterministic kernels (torch.use_deterministic_algorithms, for the whole process): on a GPU the
@@ -219,8 +222,8 @@ class TrainConfig:
     def validate(self) -> None:
         """Range checks of every training option (the model's config validates itself); ConfigError naming the
         option."""
-        positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval",
-                    "keep_checkpoints", "bpe_vocab_size", "max_nonfinite_steps")
+        positive = ("batch_size", "batch_threads", "grad_accum", "max_iters", "eval_interval", "eval_iters",
+                    "log_interval", "keep_checkpoints", "bpe_vocab_size", "max_nonfinite_steps")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"'{key}' must be >= 1, got {getattr(self, key)}")
@@ -254,6 +257,9 @@ class TrainConfig:
             raise ConfigError(f"'eval_batch_size' must be >= 1, got {self.eval_batch_size}")
         if self.checkpoint_interval is not None and self.checkpoint_interval < 1:
             raise ConfigError(f"'checkpoint_interval' must be >= 1, got {self.checkpoint_interval}")
+        if self.batch_size % self.batch_threads:
+            raise ConfigError(f"'batch_size' ({self.batch_size}) must split into batch_threads={self.batch_threads} "
+                              "equal parts")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"'threads' must be >= 1, got {self.threads}")
         if not DEVICE_SPEC.fullmatch(self.device):

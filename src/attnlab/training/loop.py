@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.training import distributed
+from attnlab.training import distributed, threaded
 from attnlab.training.tasks.base import Task
 
 
@@ -53,6 +53,7 @@ def train_step(
     reported_loss: Callable[[Any], Tensor] | None = None,
     micro_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
     agree: Callable[[bool], bool] | None = None,
+    parts: int = 1,
 ) -> StepResult:
     """One optimisation step (see the module docstring) over the micro-batches ``batches``.
 
@@ -63,7 +64,8 @@ def train_step(
     ``reported_loss(out)`` is the loss to report when it differs from the objective (e.g. without
     the MoE auxiliary terms). ``micro_sync(last)`` gives the context of a micro-batch's forward and
     backward (DDP's no_sync before the last); ``agree(bad)`` lets every process decide alike
-    whether to skip a non-finite step.
+    whether to skip a non-finite step. ``parts`` > 1 splits each micro-batch (a dict) into that many parts
+    whose passes run concurrently on CPU threads (``training/threaded.py``; ``accum * parts`` terms in g).
     """
     if accum is None:
         batches = list(batches)
@@ -76,18 +78,23 @@ def train_step(
     loss_sum = torch.zeros((), device=device)
     objective_sum = torch.zeros((), device=device)
     moe_stats: list[Any] = []
+    params = [p for p in model.parameters() if p.requires_grad]
     for a, batch in zip(range(accum), batches):
-        with micro_sync(a == accum - 1) if micro_sync is not None else contextlib.nullcontext():
-            with autocast():
-                out = forward(batch)
-            objective = out if isinstance(out, Tensor) else out.loss
-            (objective / accum).backward()
-        reported = reported_loss(out) if reported_loss is not None else objective
-        loss_sum += reported.detach() / accum
-        objective_sum += objective.detach() / accum
-        if getattr(out, "moe_stats", None):
-            moe_stats.append(out.moe_stats)
-    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
+        if parts > 1:
+            outs = threaded.part_gradients(forward, batch, params, parts, 1 / (accum * parts), autocast)
+        else:
+            with micro_sync(a == accum - 1) if micro_sync is not None else contextlib.nullcontext():
+                with autocast():
+                    outs = [forward(batch)]
+                (_objective(outs[0]) / accum).backward()
+        for out in outs:
+            objective = _objective(out)
+            reported = reported_loss(out) if reported_loss is not None else objective
+            loss_sum += reported.detach() / (accum * len(outs))
+            objective_sum += objective.detach() / (accum * len(outs))
+            if getattr(out, "moe_stats", None):
+                moe_stats.append(out.moe_stats)
+    grad_norm = nn.utils.clip_grad_norm_(params, grad_clip or float("inf"))
     if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
         grad_norm = grad_norm.full_tensor()
     bad = not (torch.isfinite(objective_sum) and torch.isfinite(grad_norm))
@@ -97,6 +104,10 @@ def train_step(
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(loss_sum, objective_sum, grad_norm, not bad, moe_stats)
+
+
+def _objective(out: Any) -> Tensor:
+    return out if isinstance(out, Tensor) else out.loss
 
 
 @dataclass

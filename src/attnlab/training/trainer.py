@@ -24,7 +24,7 @@ import torch
 from attnlab.core import runtime
 from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.training import checkpoint as ckpt
-from attnlab.training import distributed, runs
+from attnlab.training import distributed, runs, threaded
 from attnlab.training.compiling import compile_forward
 from attnlab.training.config import TrainConfig
 from attnlab.training.init_from import check_init_from, init_weights_line
@@ -53,8 +53,7 @@ class TrainingDiverged(AttnlabError):
 
 @dataclass
 class TrainResult:
-    """What a run ends with: its folder, steps, last train and val loss, wall time, a sample and the time spent
-    training."""
+    """What a run ends with: its folder, steps, last train and val loss, wall time, sample, time spent training."""
     run_dir: Path
     step: int
     train_loss: float | None
@@ -105,6 +104,8 @@ class Trainer:
         self.model = build_model(cfg.model).to(self.device)
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process (global batches)
         torch.manual_seed(cfg.seed + self.dist.rank)  # dropout differs between replicas
+        threaded.check(cfg.batch_threads, self.device, self.dist.world_size, self.model, lambda: self.task.batch(
+            "train", cfg.batch_size // cfg.batch_threads, torch.Generator().manual_seed(0)))
         self.step = 0
         self.best_val: float | None = None  # the lowest validation loss so far
         state = self._restore_weights(checkpoint) if checkpoint is not None else None
@@ -291,8 +292,7 @@ class Trainer:
                     self.model, self.optimizer, self._train_batches(drawn), lambda batch: self.forward(**batch),
                     accum=cfg.grad_accum, lr=lr, grad_clip=cfg.grad_clip, autocast=self.autocast,
                     reported_loss=self.task.reported_loss, micro_sync=self._micro_sync,
-                    agree=lambda bad: distributed.any_true(bad, self.device, self.dist),  # every replica alike
-                )
+                    agree=lambda bad: distributed.any_true(bad, self.device, self.dist), parts=cfg.batch_threads)
                 units_since_log += sum(self.task.count(b) for b in drawn) * self.dist.world_size
                 for stats in result.moe_stats:
                     moe_log.add(stats)

@@ -1,0 +1,134 @@
+"""Data parallelism inside one CPU process: each batch split across threads (``batch_threads``).
+
+A training step of a small model on a CPU spends much of its time handing short kernels to torch's
+OpenMP team and waiting for it. With ``batch_threads = P`` the batch is split instead into P equal
+parts, and each part's forward and backward pass runs whole on a thread of its own with one intra-op
+thread, so every core works through a long stretch of its own kernels:
+
+    batch_p = rows [p B/P, (p+1) B/P)                         p = 0 .. P-1, part p on thread p
+    g = sum_p grad( L(batch_p) / P )                          summed in the order p = 0, 1, .., P-1
+
+For a loss that is a mean over equally many tokens per row (language modelling) g is the gradient of
+the whole batch's mean loss; otherwise (padding, masked positions) it is the mean of the parts' means,
+as with gradient accumulation. Each part's gradients come from ``torch.autograd.grad``, so no thread
+writes a shared ``.grad``, and the fixed order of the sum makes a run repeat bit for bit whichever
+thread finishes first. Clipping, the optimiser step and evaluation run as before, on every thread.
+
+The parts must draw no random numbers in their forward passes (dropout, random masking): the threads
+would share torch's one CPU generator in whatever order they reach it, and a run would no longer
+repeat. ``check`` refuses such a model before training starts, as it refuses a GPU (its kernels are
+already parallel), several processes and more parts than threads or rows.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.core.errors import ConfigError
+
+
+def split_batch(batch: dict[str, Any], parts: int) -> list[dict[str, Any]]:
+    """The batch's rows in ``parts`` equal consecutive parts (every tensor split along dim 0; other values and
+    0-d tensors are shared by the parts)."""
+    rows = {v.size(0) for v in batch.values() if isinstance(v, Tensor) and v.dim() > 0}
+    if len(rows) > 1 or (rows and next(iter(rows)) % parts):
+        raise ValueError(f"a batch of {sorted(rows)} rows does not split into {parts} equal parts")
+    split = {k: v.chunk(parts) if isinstance(v, Tensor) and v.dim() > 0 else [v] * parts for k, v in batch.items()}
+    return [{k: v[p] for k, v in split.items()} for p in range(parts)]
+
+
+@functools.cache
+def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for parts 1..P-1 (part 0 runs on the caller's thread), each with one intra-op thread."""
+    return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="attnlab-part",
+                                                 initializer=torch.set_num_threads, initargs=(1,))
+
+
+@contextlib.contextmanager
+def _one_intra_op_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def part_gradients(
+    forward: Callable[[Any], Any],
+    batch: dict[str, Any],
+    params: list[nn.Parameter],
+    parts: int,
+    scale: float,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> list[Any]:
+    """Run ``forward`` on the batch's ``parts`` concurrently and add grad(objective_p * scale) into each
+    parameter's ``.grad``, part 0 first; returns the parts' outputs (each with ``.loss``, or the loss tensor).
+    A parameter no part reached (an MoE expert that got no rows) keeps ``.grad = None``, as after a plain
+    backward pass, so the optimiser skips it."""
+
+    def run(part: dict[str, Any]) -> tuple[Any, tuple[Tensor | None, ...]]:
+        with autocast():  # autocast is per thread
+            out = forward(part)
+        objective = out if isinstance(out, Tensor) else out.loss
+        return out, torch.autograd.grad(objective * scale, params, allow_unused=True)
+
+    pieces = split_batch(batch, parts)
+    with _one_intra_op_thread():
+        futures = [_pool(parts - 1).submit(run, piece) for piece in pieces[1:]]
+        try:
+            results = [run(pieces[0])]
+        finally:
+            concurrent.futures.wait(futures)  # no part outlives the step, even when part 0 failed
+        results += [f.result() for f in futures]
+    for _, grads in results:  # p = 0, 1, ..: the same sum whatever order the threads finished in
+        old = [(p.grad, g) for p, g in zip(params, grads) if g is not None and p.grad is not None]
+        if old:
+            torch._foreach_add_([a for a, _ in old], [g for _, g in old])
+        for p, g in zip(params, grads):
+            if g is not None and p.grad is None:
+                p.grad = g
+    return [out for out, _ in results]
+
+
+def draws_random(model: nn.Module, probe: Callable[[], dict[str, Any]]) -> bool:
+    """Whether the model's training-mode forward pass on the batch ``probe()`` makes draws from torch's CPU
+    generator (dropout, random masking). The generator's state is restored afterwards: the check changes nothing."""
+    state = torch.random.get_rng_state()
+    was_training = model.training
+    try:
+        batch = probe()
+        before = torch.random.get_rng_state()
+        model.train()
+        with torch.no_grad():
+            model(**batch)
+        return not torch.equal(before, torch.random.get_rng_state())
+    finally:
+        torch.random.set_rng_state(state)
+        model.train(was_training)
+
+
+def check(parts: int, device: torch.device, world_size: int, model: nn.Module,
+          probe: Callable[[], dict[str, Any]]) -> None:
+    """ConfigError, before any training, where ``batch_threads = parts`` cannot run or could not repeat;
+    ``probe()`` gives one part's batch for the random-draw check."""
+    if parts == 1:
+        return
+    if device.type != "cpu":
+        raise ConfigError(f"batch_threads={parts} splits a batch across CPU threads; on {device.type} the "
+                          "kernels are parallel already: use batch_threads=1")
+    if world_size > 1:
+        raise ConfigError(f"batch_threads={parts} with {world_size} processes: use one or the other")
+    if parts > torch.get_num_threads():
+        raise ConfigError(f"batch_threads={parts} needs as many threads; the run has {torch.get_num_threads()} "
+                          "(threads=)")
+    if draws_random(model, probe):
+        raise ConfigError(f"batch_threads={parts}: the model draws random numbers in its forward pass (dropout, "
+                          "masking), which threads would take in a varying order; set dropout=0 or batch_threads=1")
