@@ -184,3 +184,16 @@ def test_the_parts_are_summed_in_their_order_whichever_finishes_first():
         reverse = [s + t for s, t in zip(reverse, parts[3 - i])]
     assert not all(torch.equal(a, b) for a, b in zip(serial, reverse))  # the order shows in the last bits
     assert all(torch.equal(p.grad, s) for p, s in zip(params, serial))
+
+
+def test_every_part_runs_under_the_steps_autocast():
+    """autocast is a per-thread setting: each part's thread must enter it, not only the caller's."""
+    model, seen = nn.Linear(4, 4), []
+
+    def forward(batch):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return model(batch["x"]).float().sum()
+
+    threaded.part_gradients(forward, {"x": torch.randn(4, 4)}, list(model.parameters()), 2, 1.0,
+                            lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert seen == [True, True]
