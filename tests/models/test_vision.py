@@ -136,6 +136,19 @@ def test_cnn_matches_the_vit_parameter_count_and_round_trips(tmp_path):
         cnn(torch.randn(1, 3, 28, 28))
 
 
+
+@pytest.mark.parametrize("width", [21, 16, 7, 42])
+def test_group_norm_cnns_build_at_any_width(width):
+    """cnn_norm=group with groups of about 8 channels, the count dividing the channels (the matched widths, e.g.
+    21 for cnn-digits, are often not multiples of 8)."""
+    cnn = CNN(dataclasses.replace(match_width(vit_config(image_size=28, patch_size=4, d_model=64, n_layer=2)),
+                                  cnn_width=width, cnn_norm="group"))
+    norms = [m for m in cnn.modules() if isinstance(m, torch.nn.GroupNorm)]
+    assert norms and all(m.num_channels % m.num_groups == 0 and m.num_groups <= max(1, m.num_channels // 8)
+                         for m in norms)
+    assert max(m.num_groups for m in norms) > 1  # not collapsed to one group everywhere
+    assert cnn(torch.randn(2, 1, 28, 28)).logits.shape == (2, 3)
+
 # -------------------------------------------------------------------------------------- data
 
 

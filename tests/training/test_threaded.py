@@ -10,7 +10,7 @@ from attnlab.cli import main
 from attnlab.core.errors import ConfigError
 from attnlab.training import threaded
 from attnlab.training.loop import train_step
-from attnlab.training.runs import read_metrics
+from attnlab.training.runs import load_train_config, read_metrics
 from attnlab.training.trainer import Trainer
 from tests.helpers import tiny_config, tiny_overrides, write_corpus
 
@@ -145,13 +145,29 @@ def test_a_gpu_or_several_processes_are_refused():
         threaded.check(2, torch.device("cpu"), 2, model, lambda: {"input": torch.zeros(2, 3)})
 
 
-def test_the_random_draw_probe_leaves_the_generator_as_it_was():
-    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+def test_the_side_effect_probe_finds_random_draws_and_buffer_writes_and_undoes_them():
+    probe = lambda: {"input": torch.randn(4, 3)}  # noqa: E731
+    dropping, norm, plain = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5)), nn.BatchNorm1d(3).eval(), nn.Linear(3, 3)
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
-    assert threaded.draws_random(model, lambda: {"input": torch.ones(2, 3)})
+    assert "draws random numbers" in threaded.side_effect(dropping, probe)
     assert torch.equal(torch.random.get_rng_state(), state)
-    assert not threaded.draws_random(nn.Linear(3, 3), lambda: {"input": torch.ones(2, 3)})
+    said = threaded.side_effect(norm, probe)
+    assert "buffers in its forward pass (running_mean, running_var, num_batches_tracked" in said
+    assert torch.equal(norm.running_mean, torch.zeros(3)) and int(norm.num_batches_tracked) == 0
+    assert not norm.training and torch.equal(torch.random.get_rng_state(), state)
+    assert threaded.side_effect(plain, probe) is None
+
+
+def test_a_batch_norm_cnn_is_refused_and_a_group_norm_one_trains(tmp_path):
+    """Batch norm's running statistics would be updated by both threads at once."""
+    out = tmp_path / "runs"
+    common = ["out_dir=" + str(out), "max_iters=2", "eval_interval=2", "eval_iters=1", "progress=false",
+              "batch_threads=2", "threads=2", "mfu=false", "sample_tokens=0"]
+    with pytest.raises(ConfigError, match="writes to its buffers"):
+        Trainer(load_train_config("cnn-digits", [*common, "name=bn"]))
+    Trainer(load_train_config("cnn-digits", [*common, "name=gn", "model.cnn_norm=group"])).train()
+    assert (out / "gn" / "metrics.jsonl").exists()
 
 
 def test_the_cli_refuses_a_batch_that_does_not_split_in_one_line(corpus, tmp_path, capsys):

@@ -1,6 +1,6 @@
 """Data parallelism inside one CPU process: each batch split across threads (``batch_threads``).
 
-A training step of a small model on a CPU spends much of its time handing short kernels to torch's
+A training step of a small model on a CPU can spend much of its time handing short kernels to torch's
 OpenMP team and waiting for it. With ``batch_threads = P`` the batch is split instead into P equal
 parts, and each part's forward and backward pass runs whole on a thread of its own with one intra-op
 thread, so every core works through a long stretch of its own kernels:
@@ -14,10 +14,11 @@ as with gradient accumulation. Each part's gradients come from ``torch.autograd.
 writes a shared ``.grad``, and the fixed order of the sum makes a run repeat bit for bit whichever
 thread finishes first. Clipping, the optimiser step and evaluation run as before, on every thread.
 
-The parts must draw no random numbers in their forward passes (dropout, random masking): the threads
-would share torch's one CPU generator in whatever order they reach it, and a run would no longer
-repeat. ``check`` refuses such a model before training starts, as it refuses a GPU (its kernels are
-already parallel), several processes and more parts than threads or rows.
+The parts' forward passes must change nothing but their outputs: no random draws (dropout, random
+masking: the threads would share torch's one CPU generator in whatever order they reach it) and no
+writes to buffers (batch norm's running statistics, which both threads would update at once), or a
+run would no longer repeat. ``check`` refuses such a model before training starts, as it refuses a
+GPU (its kernels are parallel already), several processes and more parts than threads or rows.
 """
 
 from __future__ import annotations
@@ -98,10 +99,13 @@ def part_gradients(
     return [out for out, _ in results]
 
 
-def draws_random(model: nn.Module, probe: Callable[[], dict[str, Any]]) -> bool:
-    """Whether the model's training-mode forward pass on the batch ``probe()`` makes draws from torch's CPU
-    generator (dropout, random masking). The generator's state is restored afterwards: the check changes nothing."""
+def side_effect(model: nn.Module, probe: Callable[[], dict[str, Any]]) -> str | None:
+    """What the model's training-mode forward pass on the batch ``probe()`` changes besides its output, which
+    concurrent parts would race on, or None: draws from torch's CPU generator (dropout, random masking), or
+    writes to its buffers (batch norm's running statistics, DINO's centre). The generator and the buffers are
+    restored afterwards: the check changes nothing."""
     state = torch.random.get_rng_state()
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
     was_training = model.training
     try:
         batch = probe()
@@ -109,16 +113,24 @@ def draws_random(model: nn.Module, probe: Callable[[], dict[str, Any]]) -> bool:
         model.train()
         with torch.no_grad():
             model(**batch)
-        return not torch.equal(before, torch.random.get_rng_state())
+        if not torch.equal(before, torch.random.get_rng_state()):
+            return "draws random numbers in its forward pass (dropout, masking)"
+        changed = [name for name, b in model.named_buffers() if not torch.equal(b, buffers[name])]
+        if changed:
+            return f"writes to its buffers in its forward pass ({', '.join(changed[:3])}: e.g. batch norm's statistics)"
+        return None
     finally:
         torch.random.set_rng_state(state)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
         model.train(was_training)
 
 
 def check(parts: int, device: torch.device, world_size: int, model: nn.Module,
           probe: Callable[[], dict[str, Any]]) -> None:
     """ConfigError, before any training, where ``batch_threads = parts`` cannot run or could not repeat;
-    ``probe()`` gives one part's batch for the random-draw check."""
+    ``probe()`` gives one part's batch for the side-effect check."""
     if parts == 1:
         return
     if device.type != "cpu":
@@ -129,6 +141,6 @@ def check(parts: int, device: torch.device, world_size: int, model: nn.Module,
     if parts > torch.get_num_threads():
         raise ConfigError(f"batch_threads={parts} needs as many threads; the run has {torch.get_num_threads()} "
                           "(threads=)")
-    if draws_random(model, probe):
-        raise ConfigError(f"batch_threads={parts}: the model draws random numbers in its forward pass (dropout, "
-                          "masking), which threads would take in a varying order; set dropout=0 or batch_threads=1")
+    if (effect := side_effect(model, probe)) is not None:
+        raise ConfigError(f"batch_threads={parts}: the model {effect}, which the threads would do in a varying "
+                          "order; use batch_threads=1 (or dropout=0, cnn_norm=group)")

@@ -25,8 +25,11 @@ from attnlab.models.vit.model import ImageClassifierOutput, classification_loss
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
-    # GroupNorm with groups of (up to) 8 channels: batch-size independent, same at train and eval time
-    return nn.BatchNorm2d(channels) if kind == "batch" else nn.GroupNorm(max(1, channels // 8), channels)
+    # GroupNorm with groups of about 8 channels (the most groups <= C/8 that divide C): batch-size independent,
+    # the same at train and eval time
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    return nn.GroupNorm(max(g for g in range(1, max(1, channels // 8) + 1) if channels % g == 0), channels)
 
 
 class ResidualBlock(nn.Module):
