@@ -10,7 +10,7 @@ import pytest
 from attnlab.cli import main
 
 pytest.importorskip("pyxtal")
-TINY = ["continuous.n_generated=14", "continuous.data_seed=7", "max_iters=2", "eval_interval=2", "batch_size=8",
+TINY = ["continuous.n_generated=14", "continuous.data_seed=4", "max_iters=2", "eval_interval=2", "batch_size=8",
         "progress=false", "warmup_iters=1"]
 
 
