@@ -42,12 +42,16 @@ def test_peak_sets_and_binned_patterns():
     assert b.sum() * 0.1 == pytest.approx((y / 100).sum() * 0.1 * math.sqrt(2 * math.pi), rel=1e-3)
 
 
-def test_sets_are_cached_and_bad_sizes_refused(tmp_path, monkeypatch):
+def test_sets_are_cached_and_bad_sizes_refused(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
     peaks, bins, systems = xrd.generate(14, 3)
     assert peaks.shape == (14, 32, 2) and bins.shape == (14, 700) and systems == list(xrd.SYSTEMS) * 2
     assert len(list((tmp_path / "xrd").glob("*.npz"))) == 1
+    said = capfd.readouterr().err.splitlines()  # the wait is announced, then timed
+    assert said[0].startswith("generating 14 XRD patterns (seed 3) on 1 worker process(es)")
+    assert said[-1].startswith("generated 14 XRD patterns in ")
     again = xrd.generate(14, 3)
+    assert capfd.readouterr().err == ""  # from the cache: nothing to wait for
     assert np.array_equal(again[0], peaks) and again[2] == systems
     with pytest.raises(DataError, match="n >= 14"):
         xrd.generate(5, 0)

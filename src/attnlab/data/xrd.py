@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -104,6 +105,9 @@ def generate(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
             return z["peaks"], z["binned"], [str(s) for s in z["systems"]]
     file.parent.mkdir(parents=True, exist_ok=True)
     workers = max(1, min(os.cpu_count() or 1, 8, n // 50))
+    started = time.perf_counter()
+    print(f"generating {n:,} XRD patterns (seed {seed}) on {workers} worker process(es): minutes for a large set; "
+          f"cached as {file}", file=sys.stderr, flush=True)  # no silent wait
     bounds = np.linspace(0, n, workers + 1).astype(int)
     parts = [file.with_suffix(f".part{w}.npz") for w in range(workers)]
     jobs = [subprocess.Popen([sys.executable, "-m", "attnlab.data.xrd", str(seed), str(a), str(b), str(part)],
@@ -122,6 +126,7 @@ def generate(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
     tmp = file.with_suffix(".tmp.npz")
     np.savez(tmp, peaks=out[0], binned=out[1], systems=np.array(out[2]))
     tmp.replace(file)
+    print(f"generated {n:,} XRD patterns in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return out
 
 
