@@ -71,19 +71,21 @@ def grains(size: int, rng: np.random.Generator) -> np.ndarray:
     n = round(24 * rng.uniform(0.6, 1.4))
     seeds = rng.uniform(0, size, (n, 2))  # (n, 2): row, column
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float64)
-    p = np.stack([yy.ravel(), xx.ravel()], axis=1)  # (P, 2)
-    d2 = ((p[:, None, :] - seeds[None, :, :]) ** 2).sum(-1)  # (P, n) squared distances
-    order = np.argpartition(d2, 1, axis=1)[:, :2]  # (P, 2): nearest and second-nearest seed (in either order)
-    first = np.where(d2[np.arange(len(p)), order[:, 0]] <= d2[np.arange(len(p)), order[:, 1]], 0, 1)
-    k, j = order[np.arange(len(p)), first], order[np.arange(len(p)), 1 - first]  # (P,), (P,)
+    py, px = yy.reshape(-1, 1), xx.reshape(-1, 1)  # (P, 1) each pixel's row and column
+    d2 = (py - seeds[:, 0]) ** 2 + (px - seeds[:, 1]) ** 2  # (P, n) squared distances to the seeds
+    rows = np.arange(len(d2))
+    k = d2.argmin(axis=1)  # (P,) the nearest seed: the pixel's grain
+    nearest = d2[rows, k]
+    d2[rows, k] = np.inf
+    j = d2.argmin(axis=1)  # (P,) the second-nearest seed: the grain across the nearest boundary
     gap = np.linalg.norm(seeds[j] - seeds[k], axis=1)  # (P,)
-    d_boundary = (d2[np.arange(len(p)), j] - d2[np.arange(len(p)), k]) / (2 * gap)  # (P,) distance to bisector
+    d_boundary = (d2[rows, j] - nearest) / (2 * gap)  # (P,) distance to the bisector of the two seeds
     level = rng.uniform(0.35, 0.65, n)  # (n,) each grain's shade
     angle = rng.uniform(0, np.pi, n)
     u = np.stack([np.cos(angle), np.sin(angle)], axis=1)  # (n, 2) texture direction
     wavelength = rng.uniform(1.5, 4.0, n) * w
     phase = rng.uniform(0, 2 * np.pi, n)
-    texture = 0.03 * np.cos((p * u[k]).sum(1) / wavelength[k] + phase[k])  # (P,)
+    texture = 0.03 * np.cos((py[:, 0] * u[k, 0] + px[:, 0] * u[k, 1]) / wavelength[k] + phase[k])  # (P,)
     grey = level[k] + texture - 0.25 * np.exp(-(d_boundary / w) ** 2)
     return grey.reshape(size, size)
 
