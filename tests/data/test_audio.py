@@ -108,3 +108,25 @@ def test_bad_wav_folders_are_one_clear_error(tmp_path, layout, message):
             (root / word / "a.wav").write_bytes(b"RIFF not a wave file")
     with pytest.raises(DataError, match=message):
         A.read_audio_folder(root)
+
+
+def test_spoken_features_are_kept_on_disk_and_read_back_unchanged(tmp_path, monkeypatch):
+    """The frames of generate(n, seed) are computed once per (n, seed, front end): a second call reads them from
+    the cache folder, equal to the bit; another front end or seed is another file; a damaged file is redone."""
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
+    x, words, held = spoken.features(20, 5)
+    assert x.shape == (20, 101, 40) and x.dtype == np.float32 and held.dtype == bool
+    assert np.array_equal(x, np.stack([A.log_mel(w, 16000) for w in spoken.generate(20, 5)[0]]))
+    (file,) = (tmp_path / "spoken").glob("*.npz")
+    calls = []
+    monkeypatch.setattr(spoken, "generate", lambda *a: calls.append(a) or pytest.fail("not read from the cache"))
+    again = spoken.features(20, 5)
+    assert np.array_equal(again[0], x) and again[1] == words and np.array_equal(again[2], held) and not calls
+    monkeypatch.undo()
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
+    assert spoken.features(20, 5, A.FrontEnd(n_mels=20))[0].shape == (20, 101, 20)
+    assert not np.array_equal(spoken.features(20, 6)[0], x)  # another seed: other clips, kept beside
+    assert len(list((tmp_path / "spoken").glob("*.npz"))) == 3 and not list((tmp_path / "spoken").glob("*.tmp*"))
+    file.write_bytes(b"not an npz")
+    redone = spoken.features(20, 5)
+    assert np.array_equal(redone[0], x) and file.stat().st_size > 1000

@@ -12,7 +12,8 @@ Clip i (1 s at 16 kHz) of ``generate(n, seed)``:
     noise  x = s + sigma n,  n = white or brown (integrated white) noise scaled to unit power,
            sigma set by SNR ~ U[-5, 20] dB relative to the speech's power
 
-Features are ``audio.log_mel`` frames: (N, 101, 40) for the encoders. ``write_folder`` writes the same
+Features are ``audio.log_mel`` frames: (N, 101, 40) for the encoders, kept on disk after their first use
+(synthesis and frames of the presets' 4,000 clips take ~40 s on a 2-core CPU). ``write_folder`` writes the same
 clips as ``train/<word>/*.wav`` and ``test/<word>/*.wav`` for users and other tools.
 """
 
@@ -20,6 +21,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +37,7 @@ TRAIN_VARIANTS = ("m1", "m2", "m3", "m4", "m5", "f1", "f2", "f3", "klatt", "klat
                   "steph", "robert", "annie")
 TEST_VARIANTS = ("m6", "m7", "f4", "f5", "john", "belinda")
 RATE, PITCH, SNR_DB, GAIN = (120, 240), (20, 80), (-5.0, 20.0), (0.3, 1.0)
+CACHE_VERSION = 1  # of the features kept on disk: raise it when generate() or log_mel() compute anything else
 
 
 def speech(items: list[tuple[str, str, int, int]]) -> list[np.ndarray]:
@@ -95,10 +100,40 @@ def generate(n: int, seed: int = 0, test_fraction: float = 0.2) -> tuple[np.ndar
 
 
 def features(n: int, seed: int = 0, front: FrontEnd | None = None) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Log-mel frames of ``generate(n, seed)``: (n, T, n_mels), words, held-out mask."""
+    """Log-mel frames of ``generate(n, seed)``: (n, T, n_mels) float32, words, held-out mask (n,) bool. Kept in
+    the attnlab cache folder, by (n, seed, front end, CACHE_VERSION and the versions of the eSpeak NG loader
+    and librosa, which make the sound and the frames); a file that cannot be read is computed again."""
     front = front or FrontEnd()
+    file = _cache_file(n, seed, front)
+    if file is not None and file.is_file():
+        try:
+            with np.load(file) as z:
+                return z["x"], [str(w) for w in z["words"]], z["held"]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            pass  # damaged: computed again below, and replaced
     waves, words, held, _ = generate(n, seed)
-    return np.stack([log_mel(w, SAMPLE_RATE, front) for w in waves]), words, held
+    x = np.stack([log_mel(w, SAMPLE_RATE, front) for w in waves])
+    if file is not None:
+        tmp = file.with_name(f"{file.stem}.{os.getpid()}.tmp.npz")  # several processes may write it at once
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(tmp, x=x, words=np.array(words), held=held)
+            tmp.replace(file)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a read-only cache folder: the features are just not kept
+    return x, words, held
+
+
+def _cache_file(n: int, seed: int, front: FrontEnd) -> Path | None:
+    """Where ``features(n, seed, front)`` is kept, or None without the packages that make it."""
+    from attnlab.core.fileio import default_cache_dir
+
+    try:
+        made_by = f"espeak{metadata.version('espeakng-loader')}-librosa{metadata.version('librosa')}"
+    except metadata.PackageNotFoundError:
+        return None  # generate() says which extra is missing
+    name = f"spoken-v{CACHE_VERSION}-{n}-{seed}-{front.seconds:g}s-{front.n_mels}mel-{made_by}.npz"
+    return default_cache_dir() / "spoken" / name
 
 
 def write_folder(out: Path, n: int, seed: int = 0) -> dict:
