@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.core.errors import DataError
+from attnlab.core.fileio import atomic_path, default_cache_dir
 from attnlab.data.audio import SAMPLE_RATE, FrontEnd, log_mel, write_wav
 
 WORDS = ("yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go")
@@ -114,20 +114,16 @@ def features(n: int, seed: int = 0, front: FrontEnd | None = None) -> tuple[np.n
     waves, words, held, _ = generate(n, seed)
     x = np.stack([log_mel(w, SAMPLE_RATE, front) for w in waves])
     if file is not None:
-        tmp = file.with_name(f"{file.stem}.{os.getpid()}.tmp.npz")  # several processes may write it at once
         try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(tmp, x=x, words=np.array(words), held=held)
-            tmp.replace(file)
+            with atomic_path(file) as tmp, open(tmp, "wb") as f:  # a unique temporary file: processes may race
+                np.savez(f, x=x, words=np.array(words), held=held)
         except OSError:
-            tmp.unlink(missing_ok=True)  # a read-only cache folder: the features are just not kept
+            pass  # a read-only cache folder: the features are just not kept
     return x, words, held
 
 
 def _cache_file(n: int, seed: int, front: FrontEnd) -> Path | None:
     """Where ``features(n, seed, front)`` is kept, or None without the packages that make it."""
-    from attnlab.core.fileio import default_cache_dir
-
     try:
         made_by = f"espeak{metadata.version('espeakng-loader')}-librosa{metadata.version('librosa')}"
     except metadata.PackageNotFoundError:
