@@ -23,6 +23,9 @@ Contenders (each a full optimisation step on the same batches of tinyshakespeare
                                halves run their forward and backward passes at once, one thread each, and
                                their gradients are summed
     attnlab-compiled-eager-attn-threads  both: attention as plain ops, two threads
+    attnlab-compiled-fused     attnlab-compiled with attn_backend=cpu-fused: attnlab's C++ kernel for causal
+                               float32 attention (nn/attention/cpu_fused.py, built on first use)
+    attnlab-compiled-fused-threads  the same with batch_threads=2
     matmuls-only               not a training step: only the matrix products one step must do (forward,
                                grad-input and grad-weight of every linear layer and the head; attention's six
                                batched products per layer), at the model's shapes, with stock kernels. Its time
@@ -58,7 +61,8 @@ DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 SHAPE = dict(n_layer=4, n_head=4, d_model=128, block_size=64, batch_size=12)
 CONTENDERS = ("nanogpt", "attnlab", "attnlab-compiled", "attnlab-compiled-python-wrapper",
               "attnlab-compiled-eager-attn", "attnlab-compiled-opt", "attnlab-compiled-threads",
-              "attnlab-compiled-eager-attn-threads", "matmuls-only")
+              "attnlab-compiled-eager-attn-threads", "attnlab-compiled-fused", "attnlab-compiled-fused-threads",
+              "matmuls-only")
 FLOOR = "matmuls-only"
 BAR = 1.3
 
@@ -108,7 +112,8 @@ def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor]
 
     cfg = GPTConfig(vocab_size=vocab, block_size=SHAPE["block_size"], n_layer=SHAPE["n_layer"],
                     n_head=SHAPE["n_head"], d_model=SHAPE["d_model"], dropout=0.0, bias=False, positions="learned",
-                    activation="gelu", norm="layernorm", attn_backend="eager" if "eager-attn" in name else "sdpa")
+                    activation="gelu", norm="layernorm",
+                    attn_backend="eager" if "eager-attn" in name else "cpu-fused" if "fused" in name else "sdpa")
     model = build_model(cfg)
     opt = make_optimizer(model, TrainConfig(lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.99))
     forward = model

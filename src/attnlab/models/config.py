@@ -50,6 +50,9 @@ LEGACY_DEFAULTS: dict[str, Any] = {
 }
 
 
+CAUSAL_FAMILIES = ("gpt", "seq2seq", "captioner")  # the families with causal self-attention (a decoder)
+
+
 @dataclass
 class ModelConfig:
     """The base of every family's config. ``ModelConfig.from_mapping(data)`` builds the family's class."""
@@ -148,7 +151,7 @@ class AttentionOptions:
     (each head's queries and keys RMS-normalised, with a learned gain, before positions and scores)."""
     n_head: int = 4
     n_kv_head: int | None = None  # None = n_head (MHA); 1 = MQA; in between = GQA
-    attn_backend: Literal["eager", "sdpa", "tiled"] = "sdpa"
+    attn_backend: Literal["eager", "sdpa", "tiled", "cpu-fused"] = "sdpa"
     qk_norm: bool = False  # Dehghani et al. 2023 / OLMo 2: RMSNorm(q), RMSNorm(k) per head
 
 
@@ -192,8 +195,28 @@ class TransformerOptions(AttentionOptions, NormOptions, FFNOptions):
             raise ConfigError(f"model.n_kv_head={kv} must be >= 1 and divide model.n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.attn_backend == "cpu-fused":
+            self.check_cpu_fused(kv)
         if self.norm_eps <= 0 or self.init_std <= 0:
             raise ConfigError("model.norm_eps and model.init_std must be > 0")
+
+
+    def check_cpu_fused(self, kv: int) -> None:
+        """ConfigError where attn_backend=cpu-fused would never run its kernel (nn/attention/cpu_fused.py)."""
+        from attnlab.nn.attention.cpu_fused import head_dim_problem
+
+        why = (f"a causal decoder, and family={self.family} attends both ways" if self.family not in CAUSAL_FAMILIES
+               else f"no dropout (model.dropout={self.dropout})" if self.dropout > 0
+               else f"as many key/value heads as heads (model.n_kv_head={kv})" if kv != self.n_head
+               else f"no bias in the scores (positions={self.positions})"
+               if getattr(self, "positions", "none") in ("alibi", "relative")
+               else f"multi-head attention (mixer={self.mixer})" if getattr(self, "mixer", "attention") == "latent"
+               else None)
+        if why is not None:
+            raise ConfigError(f"model.attn_backend=cpu-fused computes causal attention with {why}; "
+                              "use attn_backend=sdpa")
+        if (problem := head_dim_problem(self.head_dim)) is not None:
+            raise ConfigError(f"model.attn_backend=cpu-fused: {problem} (d_model/n_head); use attn_backend=sdpa")
 
 
 @dataclass

@@ -69,6 +69,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, preset: str | None = None, log=print) -> None:
         from attnlab.models.registry import build_model
         from attnlab.models.size import check_fits
+        from attnlab.nn.attention import cpu_fused
         from attnlab.training.tasks import build_task
 
         self.device = distributed.resolve_device(cfg.device)
@@ -100,6 +101,7 @@ class Trainer:
         self.tokenizer = getattr(self.task, "tokenizer", None)
         cfg.model.validate()
         check_fits(cfg.model, "the model", batch_size=cfg.batch_size)  # sizes before allocation, now with the vocab
+        cpu_fused.check_run(cfg.model, self.device.type, self.dtype)  # before the model builds its kernel
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model).to(self.device)
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process (global batches)
@@ -153,13 +155,9 @@ class Trainer:
         return {
             "step": self.step,
             "optimizer": distributed.optimizer_state(self.model, self.optimizer),  # collective under FSDP
-            "batch_rng": rngs[0][0],
-            "torch_rng": rngs[0][1],
-            "world_size": self.dist.world_size,
-            "batch_rng_per_rank": [r[0] for r in rngs],
-            "torch_rng_per_rank": [r[1] for r in rngs],
-            "cuda_rng_per_rank": [r[2] for r in rngs],
-            "best_val": self.best_val,
+            "batch_rng": rngs[0][0], "torch_rng": rngs[0][1], "world_size": self.dist.world_size,
+            "batch_rng_per_rank": [r[0] for r in rngs], "torch_rng_per_rank": [r[1] for r in rngs],
+            "cuda_rng_per_rank": [r[2] for r in rngs], "best_val": self.best_val,
         }
 
     def _restore_weights(self, checkpoint: Path) -> dict[str, Any]:

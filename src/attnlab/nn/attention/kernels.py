@@ -5,6 +5,8 @@
     bmm    batched matmuls that keep the probabilities, which ``sdpa_attention`` takes for short
            sequences in bf16 training on CPU (``bmm_attention``, below)
     tiled  attnlab's own exact block-tiled kernel with an online softmax (``tiled.py``)
+    cpu-fused  attnlab's C++ kernel for causal float32 attention on CPUs, the rest through sdpa
+           (``cpu_fused.py``)
 
 Each is tested against ``reference.scaled_dot_product_attention`` to 1e-5 in float32.
 
@@ -49,8 +51,9 @@ from torch import Tensor
 
 from attnlab.nn.attention.reference import causal_mask, combine_masks
 
-Backend = Literal["eager", "sdpa", "tiled"]
-BACKENDS: tuple[str, ...] = ("eager", "sdpa", "tiled")
+Backend = Literal["eager", "sdpa", "tiled", "cpu-fused"]
+BACKENDS: tuple[str, ...] = ("eager", "sdpa", "tiled")  # the attention algorithms, each exact for every call
+CPU_FUSED = "cpu-fused"  # causal float32 CPU calls through cpu_fused.py, every other call through sdpa
 
 # the largest T*S routed here (at 512 x 512 the flash kernel is faster, and P grows with T*S)
 MAX_SCORES = 256 * 256

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from attnlab.nn import roles
-from attnlab.nn.attention.kernels import BACKENDS, Backend, sdpa_attention
+from attnlab.nn.attention import cpu_fused
+from attnlab.nn.attention.kernels import BACKENDS, CPU_FUSED, Backend, sdpa_attention
 from attnlab.nn.attention.reference import attention_probs, causal_mask, combine_masks
 from attnlab.nn.hooks import HookPoint, ScoresPoint
 from attnlab.nn.mixing import BlockContext
@@ -126,8 +127,8 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+        if backend not in (*BACKENDS, CPU_FUSED):
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {(*BACKENDS, CPU_FUSED)}")
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.dropout, self.backend, self.cross = dropout, backend, cross
@@ -144,6 +145,8 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         self.hook_pattern = HookPoint()  # (B, H, T, S) attention probabilities
         self.hook_z = HookPoint()  # (B, H, T, D) head outputs, before out_proj
         self.hook_scores = ScoresPoint()  # (q, k, mask, bias, is_causal, scale), read-only
+        # the fused CPU kernel's op namespace, built and loaded now: torch.compile cannot run a build
+        self.fused_ops = cpu_fused.load(self.head_dim) if backend == CPU_FUSED and not cross else None
 
     def new_cache(
         self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device | str | None = None
@@ -222,6 +225,8 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
             from attnlab.nn.attention.tiled import tiled_attention
 
             y, _ = tiled_attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, dropout_p=p)
+        elif self.fused_ops is not None and cpu_fused.supports(q, k, v, mask, bias, is_causal, p):
+            y = cpu_fused.cpu_fused_attention(q, k, v, 1.0 / math.sqrt(D), self.fused_ops)
         else:
             y = sdpa_attention(q, k, v, mask=mask, bias=bias, dropout_p=p, is_causal=is_causal, enable_gqa=Hkv != H)
         y = self.hook_z(y).transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, C)
