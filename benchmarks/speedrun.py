@@ -20,7 +20,9 @@ Two measurements, each in alternating rounds (the order flips between rounds, so
    from each program's own log (nanoGPT's per-iteration ``time``; attnlab's tokens/s per log interval, which
    leaves evaluations out), median over the iterations after the first 50, then the median over rounds;
    with two or more threads also compiled with ``batch_threads=2`` (the batch's halves at once, one thread
-   each). The issue's bar: attnlab at >= 1.3x nanoGPT's iterations per second.
+   each), and that with ``attn_backend=cpu-fused`` (attnlab's C++ attention kernel, built by its first
+   process; the per-iteration times leave the build out). The issue's bar: attnlab at >= 1.3x nanoGPT's
+   iterations per second.
 
 The largest MFU each program logged is reported too (attnlab: against its own peak, training/mfu.py;
 nanoGPT: against an A100's 312 TFLOP/s, its own convention).
@@ -177,11 +179,12 @@ def nanogpt_step_ms(checkout: Path, work: Path, env: dict, iters: int) -> dict:
     return {"ms_per_iter": statistics.median(ms), "max_mfu": max(float(g[2]) for _, g in seen["iter"])}
 
 
-def attnlab_step_ms(work: Path, env: dict, iters: int, compile: bool, batch_threads: int = 1) -> dict:
+def attnlab_step_ms(work: Path, env: dict, iters: int, compile: bool, batch_threads: int = 1,
+                    attn_backend: str = "sdpa") -> dict:
     cmd = attnlab_cmd("shakespeare-char", work, "step", [
         "model.positions=learned", "dtype=float32", f"max_iters={iters}", f"lr_decay_iters={2000}",
         f"eval_interval={iters}", "eval_iters=1", "log_interval=10", "sample_tokens=0", f"compile={compile}",
-        f"batch_threads={batch_threads}"])
+        f"batch_threads={batch_threads}", f"attn_backend={attn_backend}"])
     seen = timed_process(cmd, ROOT, env, {"log": ATTNLAB_LOG})
     rates = [float(g[1].replace(",", "")) for _, g in seen["log"] if int(g[0]) > 50]
     return {"ms_per_iter": 1000 * 12 * 64 / statistics.median(rates),
@@ -281,6 +284,9 @@ def step_rounds(args, checkout: Path, work: Path, env: dict) -> dict:
                   "attnlab+compile": lambda: attnlab_step_ms(work, env, args.step_iters, compile=True)}
     if args.threads >= 2:  # the batch's two halves at once, one thread each (training/threaded.py)
         contenders["attnlab+compile+threads"] = lambda: attnlab_step_ms(work, env, args.step_iters, True, 2)
+        # and with attnlab's C++ attention kernel (nn/attention/cpu_fused.py, built by its first process)
+        contenders["attnlab+compile+threads+cpu-fused"] = lambda: attnlab_step_ms(work, env, args.step_iters, True,
+                                                                                  2, "cpu-fused")
     seen: dict[str, list[dict]] = {name: [] for name in contenders}
     for r in range(args.rounds):
         for name in (list(contenders) if r % 2 == 0 else list(reversed(contenders))):
