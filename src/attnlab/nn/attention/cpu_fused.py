@@ -10,9 +10,9 @@ CPU training. PyTorch's CPU flash kernel splits each head into 32-query tiles, c
 recomputes the scores in its backward pass. This kernel keeps P (T x T floats per head, 16 KiB at T = 64)
 instead, skips the masked half, and takes the heads of the fused QKV projection as strided views without
 copying them. In nanoGPT's model (T = 64, head dim 32), compiled, one thread: 0.33 ms forward and 0.38 ms
-backward per layer against ~0.86 ms for the flash kernel, which takes the fp32 step past 1.3x nanoGPT's
-(``benchmarks/fp32_step.py``, ``docs/speedrun.md``). P's memory grows as T^2: for long sequences the flash
-kernel is the better choice.
+backward per layer against ~0.86 ms for the flash kernel, which takes the fp32 step, timed in one process
+beside nanoGPT's, past 1.3x nanoGPT's (``benchmarks/fp32_step.py``, ``docs/speedrun.md``). P's memory grows as
+T^2: for long sequences the flash kernel is the better choice.
 
 Where the kernel applies: CPU float32 tensors, causal self-attention (T = S, no mask or bias, no dropout), as
 many key/value heads as query heads, and a head dimension that is a multiple of 16. ``MultiHeadAttention``
