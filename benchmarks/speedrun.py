@@ -17,8 +17,9 @@ Two measurements, each in alternating rounds (the order flips between rounds, so
 2. **The fp32 step.** nanoGPT's exact model (learned positions, LayerNorm, GELU, no biases, AdamW) trained
    by attnlab in float32 (``shakespeare-char`` preset with ``model.positions=learned``), eager and compiled,
    against nanoGPT's train.py on the same recipe, --step-iters iterations each: milliseconds per iteration
-   from each program's own log (nanoGPT's per-iteration ``time``; attnlab's tokens/s per log interval, which
-   leaves evaluations out), median over the iterations after the first 50, then the median over rounds;
+   from each program's own log, both logging every iteration (nanoGPT's per-iteration ``time``; attnlab's
+   tokens/s of each iteration, which leaves evaluations out), median over the iterations after the first 50,
+   then the median over rounds;
    with two or more threads also compiled with ``batch_threads=2`` (the batch's halves at once, one thread
    each), and that with ``attn_backend=cpu-fused`` (attnlab's C++ attention kernel, built by its first
    process; the per-iteration times leave the build out). The issue's bar: attnlab at >= 1.3x nanoGPT's
@@ -183,7 +184,7 @@ def attnlab_step_ms(work: Path, env: dict, iters: int, compile: bool, batch_thre
                     attn_backend: str = "sdpa") -> dict:
     cmd = attnlab_cmd("shakespeare-char", work, "step", [
         "model.positions=learned", "dtype=float32", f"max_iters={iters}", f"lr_decay_iters={2000}",
-        f"eval_interval={iters}", "eval_iters=1", "log_interval=10", "sample_tokens=0", f"compile={compile}",
+        f"eval_interval={iters}", "eval_iters=1", "log_interval=1", "sample_tokens=0", f"compile={compile}",
         f"batch_threads={batch_threads}", f"attn_backend={attn_backend}"])
     seen = timed_process(cmd, ROOT, env, {"log": ATTNLAB_LOG})
     rates = [float(g[1].replace(",", "")) for _, g in seen["log"] if int(g[0]) > 50]
