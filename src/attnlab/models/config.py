@@ -200,7 +200,6 @@ class TransformerOptions(AttentionOptions, NormOptions, FFNOptions):
         if self.norm_eps <= 0 or self.init_std <= 0:
             raise ConfigError("model.norm_eps and model.init_std must be > 0")
 
-
     def check_cpu_fused(self, kv: int) -> None:
         """ConfigError where attn_backend=cpu-fused would never run its kernel (nn/attention/cpu_fused.py)."""
         from attnlab.nn.attention.cpu_fused import head_dim_problem
