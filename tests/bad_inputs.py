@@ -102,7 +102,8 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
     sample = ["sample", "RUN", "--max-new-tokens", "2"]
     for flag, values in (("--temperature", ["nan", "-1", "inf"]), ("--top-p", ["0", "2", "nan"]),
                          ("--top-k", ["0", "-3"]), ("--max-new-tokens", ["-1", "x"]), ("--seed", [str(2**70)]),
-                         ("--num-samples", ["0"]), ("--prompt", ["€", ""]), ("--device", ["tpu", "cuda:x"])):
+                         ("--num-samples", ["0"]), ("--prompt", ["€", ""]), ("--device", ["tpu", "cuda:x"]),
+                         ("--stop", [""])):
         cases += [(f"sample {flag} {v!r}", [*sample, flag, v]) for v in values]
     # a prompt longer than the context is not a bad input: it is cropped to its last block_size tokens with a
     # notice (tests/cli/test_cli.py)

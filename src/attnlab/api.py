@@ -46,6 +46,7 @@ class Loaded:
         cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                              min_p=min_p, repetition_penalty=repetition_penalty, num_beams=num_beams, seed=seed)
         cfg.validate()
+        check_stops(stop)
         idx = self._ids(prompt)
         block = self.model.config.block_size
         if idx.size(1) > block:
@@ -72,6 +73,13 @@ class Loaded:
         with capture(self.model, "*hook_pattern") as seen:
             self.model(idx)
         return [p[0] for p in seen.values()]
+
+
+def check_stops(stop: list[str] | None) -> None:
+    """A stop string must be a non-empty str (the empty string is in every text: nothing would be generated)."""
+    for s in stop or []:
+        if not isinstance(s, str) or not s:
+            raise ConfigError(f"a stop string must be non-empty text, got {s!r}")
 
 
 def cut_at_stop(text: str, stop: list[str] | None) -> str:

@@ -96,6 +96,8 @@ def test_sample_stops_at_a_stop_string_and_runs_beam_search(trained_run, capsys)
     assert main(["sample", str(run), "--prompt", "The ", "--num-beams", "3", "--max-new-tokens", "8",
                  "--repetition-penalty", "1.2"]) == 0
     assert capsys.readouterr().out.startswith("The ")
+    assert main(["sample", str(run), "--stop", ""]) == 2  # "" is in every text: one line, not an empty answer
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_bad_sampling_options(trained_run, capsys):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
+from attnlab.core.errors import ConfigError
 from attnlab.generation import SamplingConfig, filter_logits, generate, repetition_penalty
 from tests.helpers import train_tiny_run
 
@@ -62,6 +63,8 @@ def test_stop_strings_end_the_text_where_transformers_stops(exported):
     reference = hf.generate(torch.tensor([tok(prompt)["input_ids"]]), max_new_tokens=40, do_sample=False,
                             stop_strings=["e", " "], tokenizer=tok, pad_token_id=0)
     assert text == tok.decode(reference[0]) and text[len(prompt):][-1] in "e "
+    with pytest.raises(ConfigError, match="stop string must be non-empty"):  # "" is in every text
+        lm.generate(prompt, max_new_tokens=5, stop=["e", ""])
 
 
 def test_a_prompt_longer_than_the_context_is_cropped_with_a_notice(exported, capsys):

@@ -44,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
+    from attnlab.api import check_stops
     from attnlab.core.errors import ConfigError
     from attnlab.generation import SamplingConfig, stream
     from attnlab.training.distributed import resolve_device
@@ -62,6 +63,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
                          repetition_penalty=args.repetition_penalty, num_beams=args.num_beams,
                          use_cache=not args.no_cache, seed=args.seed, compile=args.compile)
     cfg.validate()
+    check_stops(args.stop)
     ids = tok.encode(args.prompt)  # raises TokenizerError for characters outside the vocabulary
     if not ids:
         raise ConfigError("the prompt is empty: give at least one character with --prompt")
