@@ -12,7 +12,7 @@ import pytest
 from attnlab.cli import main
 from attnlab.core.manifest import write_manifest
 from attnlab.models import ModelConfig, build_model
-from attnlab.models.size import parameter_estimate
+from attnlab.models.size import inference_bytes, parameter_estimate
 from tests.helpers import tiny_overrides, train_tiny_run, write_corpus
 
 
@@ -80,3 +80,26 @@ def test_a_bpe_vocabulary_below_its_bytes_is_refused_before_the_data(tmp_path, c
     assert main(argv) == 2
     assert "'bpe_vocab_size' must be >= 257 with tokenizer=bpe" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", [["eval", "RUN", "--batch-size", "1000000000"],
+                                     ["heads", "RUN", "--data", "CORPUS", "--batch-size", "1000000000"]])
+def test_an_absurd_inference_batch_is_refused_before_any_batch(tmp_path, capsys, command):
+    """eval and heads draw batches of any size (random windows): one that cannot fit is refused in one line
+    instead of growing until the kernel's OOM killer ends the process (exit 137, seen with --batch-size 100000)."""
+    run = train_tiny_run(tmp_path)
+    corpus = write_corpus(tmp_path / "c.txt")
+    capsys.readouterr()
+    argv = [str(run) if a == "RUN" else str(corpus) if a == "CORPUS" else a for a in command]
+    assert main(argv + (["--out", str(tmp_path / "heads")] if command[0] == "heads" else [])) == 2
+    err = capsys.readouterr().err.strip()
+    assert "to run it on batches of 1,000,000,000 needs about" in err and "--batch-size" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "heads").exists()
+
+
+def test_the_inference_estimate_counts_kept_attention_weights():
+    config = ModelConfig.from_mapping(dict(family="gpt", vocab_size=65, block_size=64, n_layer=4, n_head=4,
+                                           d_model=128))
+    plain, kept = inference_bytes(config, 10), inference_bytes(config, 10, patterns=True)
+    assert plain == 4 * parameter_estimate(config) + 4 * 10 * 64 * (10 * 128 + 2 * 65)
+    assert kept - plain == 4 * 10 * 64 * 4 * 4 * 64  # B T L H T floats

@@ -34,6 +34,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     import math
 
     from attnlab.models.registry import from_pretrained
+    from attnlab.models.size import check_fits
     from attnlab.training.loop import evaluate_model
     from attnlab.training.runs import load_run_config
     from attnlab.training.tasks import build_task
@@ -43,6 +44,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.data:
         cfg.data = args.data
     model = from_pretrained(run_dir)
+    check_fits(model.config, "the model", args.batch_size, inference=True)  # before any batch is drawn
     task = build_task(cfg, assets=run_dir)  # the run's tokenizer / class names
     splits = tuple(args.splits or task.splits)
     unknown = [s for s in splits if s not in task.splits]

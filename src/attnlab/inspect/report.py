@@ -190,10 +190,12 @@ def head_report(
 ) -> HeadReport:
     """Head statistics of a run on ``data`` (a text file or a built-in corpus name), written to ``out``."""
     from attnlab.data.text import read_text, resolve_text_source
+    from attnlab.models.size import check_fits
 
     if n_batches < 1 or batch_size < 1:
         raise ConfigError("--n-batches and --batch-size must be >= 1")
     model, tok = _load(run_dir)
+    check_fits(model.config, "the model", batch_size, inference=True, patterns=True)  # every layer's (B, H, T, T)
     ids = torch.tensor(tok.encode(read_text(resolve_text_source(data))))
     block = _context(model)
     batches = [text_windows(ids, block, batch_size, seed + b) for b in range(n_batches)]

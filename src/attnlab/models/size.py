@@ -7,6 +7,9 @@ width f (4d by default, 8d/3 for SwiGLU, which has three matrices), E experts, v
 
     parameters P ~ L (4 d^2 + k d f E) + 4 d^2 L_x + V d + T d      (k = 2, or 3 for SwiGLU)
     inference   ~ 4 P bytes (fp32 weights)
+                  + a forward pass without gradients over a batch: ~4 B T (10 d + 2 V) bytes at its peak (a
+                    block's input and norm, the MLP's hidden and activated 4d; the logits, their log-softmax),
+                    and 4 B T L H T more where every layer's attention weights are kept (head statistics)
     training    ~ 16 P bytes (weights, gradients, Adam's two moments)
                   + activations ~ 4 B T L (34 d + 5 H T) bytes    (Korthikanti et al. 2022, fp32, no
                                                                    recomputation; the H T term is the
@@ -54,6 +57,14 @@ def training_bytes(config: Any, batch_size: int) -> int:
     return 16 * parameter_estimate(config) + 4 * batch_size * T * layers(config) * (34 * d + 5 * H * T)
 
 
+def inference_bytes(config: Any, batch_size: int, patterns: bool = False) -> int:
+    """Memory of a forward pass without gradients over ``batch_size`` sequences (module docstring)."""
+    d, T = getattr(config, "d_model", 0) or 0, getattr(config, "block_size", 0) or 0
+    V, H = getattr(config, "vocab_size", 0) or 0, getattr(config, "n_head", 1) or 1
+    kept = layers(config) * H * T if patterns else 0
+    return 4 * parameter_estimate(config) + 4 * batch_size * T * (10 * d + 2 * V + kept)
+
+
 def available_bytes() -> int | None:
     """Memory the system can still give (MemAvailable on Linux; physical memory elsewhere), None if unknown."""
     import os
@@ -75,13 +86,20 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def check_fits(config: Any, what: str, batch_size: int | None = None, where: str = "") -> None:
-    """Refuse, in one line with the estimate, a model whose inference (``batch_size`` None) or training
-    memory exceeds what this machine has available."""
+def check_fits(config: Any, what: str, batch_size: int | None = None, where: str = "", *,
+               inference: bool = False, patterns: bool = False) -> None:
+    """Refuse, in one line with the estimate, a model whose memory exceeds what this machine has available:
+    to load it (``batch_size`` None), to train it on batches of ``batch_size``, or with ``inference`` to run
+    it without gradients on such batches (``patterns``: keeping every layer's attention weights)."""
     available = available_bytes()
     params = parameter_estimate(config)
-    need = 4 * params if batch_size is None else training_bytes(config, batch_size)
+    if batch_size is None:
+        need, verb = 4 * params, "load it"
+    elif inference:
+        need, verb = inference_bytes(config, batch_size, patterns), f"run it on batches of {batch_size:,}"
+    else:
+        need, verb = training_bytes(config, batch_size), "train it"
     if available is not None and need > available:
-        verb = "load" if batch_size is None else "train"
-        raise ConfigError(f"{where}{what} has about {params / 1e6:,.0f}M parameters: to {verb} it needs about "
-                          f"{_gib(need)}, and this machine has {_gib(available)} available; make it smaller")
+        advice = "use a smaller --batch-size" if inference else "make it smaller"
+        raise ConfigError(f"{where}{what} has about {params / 1e6:,.0f}M parameters: to {verb} needs about "
+                          f"{_gib(need)}, and this machine has {_gib(available)} available; {advice}")
