@@ -36,6 +36,7 @@ import numpy as np
 
 from attnlab.core.errors import DataError
 from attnlab.core.fileio import check_writable_folder
+from attnlab.core.resources import check_room
 
 KINDS = ("pore", "crack", "inclusion")  # mask codes 1, 2, 3
 TASKS = {"defect": ["defect", "none"], "type": ["crack", "inclusion", "pore"], "count": ["0", "1", "2", "3"]}
@@ -248,6 +249,8 @@ def generate(task: str, n: int, size: int, seed: int = 0) -> tuple[np.ndarray, n
     if task not in TASKS:
         raise DataError(f"unknown micrograph task '{task}'; choose one of {', '.join(TASKS)}")
     k = len(TASKS[task])
+    check_room(f"{n:,} micrographs of {size}x{size}", memory=2 * n * size * size,  # images and masks, uint8
+               advice="use a smaller --n or --size", error=DataError)
     images = np.empty((n, 1, size, size), dtype=np.uint8)
     masks = np.empty((n, size, size), dtype=np.uint8)
     labels = np.arange(n, dtype=np.int64) % k

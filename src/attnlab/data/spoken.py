@@ -29,6 +29,7 @@ import numpy as np
 
 from attnlab.core.errors import DataError
 from attnlab.core.fileio import atomic_path, default_cache_dir
+from attnlab.core.resources import check_room
 from attnlab.data.audio import SAMPLE_RATE, FrontEnd, log_mel, write_wav
 
 WORDS = ("yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go")
@@ -82,6 +83,8 @@ def generate(n: int, seed: int = 0, test_fraction: float = 0.2) -> tuple[np.ndar
         raise DataError(f"generated spoken words need n >= 20, got {n}")
     if seed < 0:
         raise DataError(f"the spoken-word seed must be >= 0, got {seed}")
+    check_room(f"{n:,} spoken-word clips", memory=2 * n * SAMPLE_RATE * 4,  # the float32 waves, then stacked
+               advice="use a smaller --n", error=DataError)
     rng = np.random.default_rng(seed)
     n_test = max(len(WORDS), round(test_fraction * n))
     items, words, voices = [], [], []
@@ -135,6 +138,8 @@ def _cache_file(n: int, seed: int, front: FrontEnd) -> Path | None:
 def write_folder(out: Path, n: int, seed: int = 0) -> dict:
     """Write ``generate(n, seed)`` as out/{train,test}/<word>/<i>.wav and out/clips.jsonl (word, voice,
     split); returns the counts."""
+    check_room(f"{n:,} clips of 1 s (16-bit WAV)", disk=n * (2 * SAMPLE_RATE + 44), where=out,
+               advice="use a smaller --n", error=DataError)
     waves, words, held, voices = generate(n, seed)
     records = []
     for i, (x, word, h, voice) in enumerate(zip(waves, words, held, voices, strict=True)):

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.core.errors import ConfigError
+from attnlab.core.resources import available_memory, gib
 
 
 def layers(config: Any) -> int:
@@ -65,33 +66,12 @@ def inference_bytes(config: Any, batch_size: int, patterns: bool = False) -> int
     return 4 * parameter_estimate(config) + 4 * batch_size * T * (10 * d + 2 * V + kept)
 
 
-def available_bytes() -> int | None:
-    """Memory the system can still give (MemAvailable on Linux; physical memory elsewhere), None if unknown."""
-    import os
-
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
 def check_fits(config: Any, what: str, batch_size: int | None = None, where: str = "", *,
                inference: bool = False, patterns: bool = False) -> None:
     """Refuse, in one line with the estimate, a model whose memory exceeds what this machine has available:
     to load it (``batch_size`` None), to train it on batches of ``batch_size``, or with ``inference`` to run
     it without gradients on such batches (``patterns``: keeping every layer's attention weights)."""
-    available = available_bytes()
+    available = available_memory()
     params = parameter_estimate(config)
     if batch_size is None:
         need, verb = 4 * params, "load it"
@@ -102,4 +82,4 @@ def check_fits(config: Any, what: str, batch_size: int | None = None, where: str
     if available is not None and need > available:
         advice = "use a smaller --batch-size" if inference else "make it smaller"
         raise ConfigError(f"{where}{what} has about {params / 1e6:,.0f}M parameters: to {verb} needs about "
-                          f"{_gib(need)}, and this machine has {_gib(available)} available; {advice}")
+                          f"{gib(need)}, and this machine has {gib(available)} available; {advice}")
