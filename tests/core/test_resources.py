@@ -40,3 +40,16 @@ def test_an_absurd_generated_data_set_is_one_line_before_any_work(tmp_path, caps
     if "not installed" not in err and "pip install" not in err:
         assert need in err and "use a smaller --n" in err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_heads_refuses_more_batches_than_memory_holds(tmp_path, capsys):
+    """The batches are kept (the ablation pass reuses them): 10^9 of them grew until killed."""
+    from tests.helpers import train_tiny_run, write_corpus
+
+    run, corpus = train_tiny_run(tmp_path), write_corpus(tmp_path / "c.txt")
+    capsys.readouterr()
+    assert main(["heads", str(run), "--data", str(corpus), "--n-batches", "1000000000",
+                 "--out", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "1,000,000,000 batches" in err and "use a smaller --n-batches" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "h").exists()

@@ -189,6 +189,7 @@ def head_report(
     formats: tuple[str, ...] = ("png", "svg"),
 ) -> HeadReport:
     """Head statistics of a run on ``data`` (a text file or a built-in corpus name), written to ``out``."""
+    from attnlab.core.resources import check_room
     from attnlab.data.text import read_text, resolve_text_source
     from attnlab.models.size import check_fits
 
@@ -196,8 +197,10 @@ def head_report(
         raise ConfigError("--n-batches and --batch-size must be >= 1")
     model, tok = _load(run_dir)
     check_fits(model.config, "the model", batch_size, inference=True, patterns=True)  # every layer's (B, H, T, T)
-    ids = torch.tensor(tok.encode(read_text(resolve_text_source(data))))
     block = _context(model)
+    check_room(f"{n_batches:,} batches of {batch_size} x {block} tokens", memory=8 * batch_size * block
+               * (n_batches + max(1, n_batches // 2)), advice="use a smaller --n-batches")  # int64 ids, kept
+    ids = torch.tensor(tok.encode(read_text(resolve_text_source(data))))
     batches = [text_windows(ids, block, batch_size, seed + b) for b in range(n_batches)]
     vocab = int(getattr(model.config, "vocab_size", 0) or tok.vocab_size)
     probe = [repeated_random_tokens(batch_size, block // 2, vocab, seed=seed + 1000 + b)
