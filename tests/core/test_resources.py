@@ -53,3 +53,17 @@ def test_heads_refuses_more_batches_than_memory_holds(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "1,000,000,000 batches" in err and "use a smaller --n-batches" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "h").exists()
+
+
+def test_sample_refuses_more_beams_than_memory_holds_and_the_lens_more_tokens_than_the_vocabulary(tmp_path, capsys):
+    """--num-beams 10^6 ran for minutes (10^8: an allocation error, exit 1); --k past the vocabulary: exit 1."""
+    from tests.helpers import train_tiny_run
+
+    run = train_tiny_run(tmp_path)
+    capsys.readouterr()
+    assert main(["sample", str(run), "--num-beams", "1000000", "--max-new-tokens", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "use a smaller --num-beams" in err and len(err.splitlines()) == 1
+    assert main(["lens", "logit-lens", str(run), "--text", "the cat", "--k", "100000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "more than the" in err and "vocabulary" in err and len(err.splitlines()) == 1

@@ -47,6 +47,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from attnlab.api import check_stops
     from attnlab.core.errors import ConfigError
     from attnlab.generation import SamplingConfig, stream
+    from attnlab.models.size import check_fits
     from attnlab.training.distributed import resolve_device
     from attnlab.training.runs import load_model_and_tokenizer
 
@@ -64,6 +65,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
                          use_cache=not args.no_cache, seed=args.seed, compile=args.compile)
     cfg.validate()
     check_stops(args.stop)
+    check_fits(model.config, "the model", cfg.num_beams, inference=True,  # the beams are one batch
+               advice="use a smaller --num-beams")
     ids = tok.encode(args.prompt)  # raises TokenizerError for characters outside the vocabulary
     if not ids:
         raise ConfigError("the prompt is empty: give at least one character with --prompt")

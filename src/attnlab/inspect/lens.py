@@ -71,6 +71,8 @@ def lens_report(run_dir, text: str, k: int = 5) -> dict:
     """The logit lens of a run on ``text``: per layer the next-token loss over the text and, at each
     position (the last one included: what would follow the text), the k most likely next tokens."""
     model, tok, idx = _gpt_and_ids(run_dir, text)
+    if k > model.config.vocab_size:
+        raise ConfigError(f"--k {k} is more than the {model.config.vocab_size} tokens of this model's vocabulary")
     targets = torch.cat([idx[:, 1:], torch.full((1, 1), -100)], dim=1)  # nothing to score after the text
     lens = logit_lens(model, idx, targets, k=k)
     return {"text": text, "tokens": [tok.decode([i]) for i in idx[0].tolist()],

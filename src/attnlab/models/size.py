@@ -67,7 +67,7 @@ def inference_bytes(config: Any, batch_size: int, patterns: bool = False) -> int
 
 
 def check_fits(config: Any, what: str, batch_size: int | None = None, where: str = "", *,
-               inference: bool = False, patterns: bool = False) -> None:
+               inference: bool = False, patterns: bool = False, advice: str | None = None) -> None:
     """Refuse, in one line with the estimate, a model whose memory exceeds what this machine has available:
     to load it (``batch_size`` None), to train it on batches of ``batch_size``, or with ``inference`` to run
     it without gradients on such batches (``patterns``: keeping every layer's attention weights)."""
@@ -80,6 +80,6 @@ def check_fits(config: Any, what: str, batch_size: int | None = None, where: str
     else:
         need, verb = training_bytes(config, batch_size), "train it"
     if available is not None and need > available:
-        advice = "use a smaller --batch-size" if inference else "make it smaller"
+        advice = advice or ("use a smaller --batch-size" if inference else "make it smaller")
         raise ConfigError(f"{where}{what} has about {params / 1e6:,.0f}M parameters: to {verb} needs about "
                           f"{gib(need)}, and this machine has {gib(available)} available; {advice}")
