@@ -208,6 +208,17 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
     cases += [(f"data spoken-words {' '.join(extra)}", ["data", "spoken-words", "--out", str(root / "sw"), *extra])
               for extra in (["--n", "5"], ["--n", "x"], ["--seed", "-1"])]
     cases.append(("data spoken-words out not empty", ["data", "spoken-words", "--out", str(root), "--n", "20"]))
+    # sizes beyond this machine: refused from an estimate before the first batch, image or clip (were an OOM
+    # kill, exit 137; a MemoryError, exit 1; minutes of work towards a 3 TB disk)
+    cases += [("eval batch beyond memory", ["eval", "RUN", "--batch-size", "1000000000"]),
+              ("heads batches beyond memory", ["heads", "RUN", "--data", str(f["corpus"]), "--n-batches",
+                                               "1000000000"]),
+              ("sample beams beyond memory", [*sample, "--num-beams", "100000000"]),
+              ("lens k beyond the vocabulary", ["lens", "logit-lens", "RUN", "--text", "the", "--k", "100000"]),
+              ("data micrographs beyond memory", ["data", "micrographs", "--out", str(root / "mg"), "--n",
+                                                  "1000000000"]),
+              ("data spoken-words beyond disk", ["data", "spoken-words", "--out", str(root / "sw"), "--n",
+                                                 "100000000"])]
     runs = f"out_dir={root / 'runs'}"
     cases += [("train speech-words n_mels 4", ["train", "speech-words", "continuous.n_mels=4", runs]),
               ("train speech-words audio_seconds 0", ["train", "speech-words", "continuous.audio_seconds=0", runs]),

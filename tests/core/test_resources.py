@@ -61,7 +61,7 @@ def test_sample_refuses_more_beams_than_memory_holds_and_the_lens_more_tokens_th
 
     run = train_tiny_run(tmp_path)
     capsys.readouterr()
-    assert main(["sample", str(run), "--num-beams", "1000000", "--max-new-tokens", "3"]) == 2
+    assert main(["sample", str(run), "--num-beams", "100000000", "--max-new-tokens", "3"]) == 2
     err = capsys.readouterr().err.strip()
     assert "use a smaller --num-beams" in err and len(err.splitlines()) == 1
     assert main(["lens", "logit-lens", str(run), "--text", "the cat", "--k", "100000"]) == 2

@@ -81,5 +81,6 @@ def check_fits(config: Any, what: str, batch_size: int | None = None, where: str
         need, verb = training_bytes(config, batch_size), "train it"
     if available is not None and need > available:
         advice = advice or ("use a smaller --batch-size" if inference else "make it smaller")
-        raise ConfigError(f"{where}{what} has about {params / 1e6:,.0f}M parameters: to {verb} needs about "
+        size = f"{params / 1e6:,.0f}M" if params >= 10**7 else f"{params / 1e6:.2g}M"
+        raise ConfigError(f"{where}{what} has about {size} parameters: to {verb} needs about "
                           f"{gib(need)}, and this machine has {gib(available)} available; {advice}")
