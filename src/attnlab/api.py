@@ -40,6 +40,7 @@ class Loaded:
                  num_beams: int = 1, stop: list[str] | None = None, seed: int | None = None) -> str:
         """The prompt followed by the generated text; it ends after the first stop string, if one appears."""
         from attnlab.generation import SamplingConfig, generate, stream
+        from attnlab.models.size import check_fits
 
         if getattr(self.model.config, "family", None) != "gpt":
             raise ConfigError(f"generate needs a gpt model; {self.path} holds a {self.model.config.family}")
@@ -47,6 +48,7 @@ class Loaded:
                              min_p=min_p, repetition_penalty=repetition_penalty, num_beams=num_beams, seed=seed)
         cfg.validate()
         check_stops(stop)
+        check_fits(self.model.config, "the model", num_beams, inference=True, advice="use fewer beams")
         idx = self._ids(prompt)
         block = self.model.config.block_size
         if idx.size(1) > block:

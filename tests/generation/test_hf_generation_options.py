@@ -65,6 +65,8 @@ def test_stop_strings_end_the_text_where_transformers_stops(exported):
     assert text == tok.decode(reference[0]) and text[len(prompt):][-1] in "e "
     with pytest.raises(ConfigError, match="stop string must be non-empty"):  # "" is in every text
         lm.generate(prompt, max_new_tokens=5, stop=["e", ""])
+    with pytest.raises(ConfigError, match="use fewer beams"):  # 10^8 beams are one batch: refused before it
+        lm.generate(prompt, max_new_tokens=5, num_beams=10**8)
 
 
 def test_a_prompt_longer_than_the_context_is_cropped_with_a_notice(exported, capsys):
