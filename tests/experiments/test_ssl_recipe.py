@@ -124,3 +124,20 @@ def test_ssl_recipe_resumes_a_cut_off_dataset_run_by_run(tmp_path, monkeypatch):
     arms = resumed["results"]["datasets"]["digits"]["arms"]
     for name, arm in whole["results"]["datasets"]["digits"]["arms"].items():
         assert arms[name]["test_accuracy"]["values"] == arm["test_accuracy"]["values"], name
+
+
+def test_ssl_recipe_refuses_a_missing_data_set_before_any_work(tmp_path, monkeypatch):
+    """Every data set is read before the first part: a missing Fashion-MNIST used to surface only after the
+    micrographs' hours of work."""
+    import pytest
+
+    from attnlab.core.errors import DataError
+    from attnlab.experiments import ssl_recipe
+
+    ran: list[str] = []
+    missing = {**ssl_recipe.DATASETS["fashion-mnist"], "data": f"fashion-mnist:{tmp_path / 'nowhere'}"}
+    monkeypatch.setattr(ssl_recipe, "QUICK_DATASETS", {"digits": ssl_recipe.QUICK_DATASETS["digits"], "fm": missing})
+    monkeypatch.setattr(ssl_recipe, "_dataset", lambda name, *a, **k: ran.append(name))
+    with pytest.raises(DataError, match="Fashion-MNIST not found"):
+        ssl_recipe.run(tmp_path / "out", quick=True)
+    assert ran == [] and not (tmp_path / "out" / "partial.json").exists()

@@ -130,6 +130,8 @@ def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
     single run in ``out/.runs/``; ``resume``: take what is kept there (same settings) as it is and run only the
     rest (a long run may span sittings; its wall time adds up)."""
     s, datasets = (QUICK, QUICK_DATASETS) if quick else (FULL, DATASETS)
+    for d in datasets.values():  # every data set readable before any work (Fashion-MNIST was found missing
+        splits(d)                # only after the micrographs' five hours)
     with runtime.settings(threads=1):
         tables, spent, started = run_parts(out, NAME, s, quick, datasets,
                                            lambda name, keep: _dataset(name, datasets[name], s, keep), resume,
