@@ -42,3 +42,16 @@ if [ "$extras" = "dev" ] && ! has_browser; then
     echo "note: no Chromium (apt-get install chromium, or set ATTNLAB_CHROMIUM): the browser tests will be skipped"
   fi
 fi
+# Fashion-MNIST (vit-vs-cnn, ssl-recipe, data=fashion-mnist) is Debian's dataset-fashion-mnist (MIT): the registry
+# package this project reads it from (data/images.FASHION_MNIST_DIR); nothing downloads it at run time.
+if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing Debian's dataset-fashion-mnist (Fashion-MNIST for the image experiments)"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get install -y --no-install-recommends dataset-fashion-mnist \
+      || { apt-get update && apt-get install -y --no-install-recommends dataset-fashion-mnist; }; } >/dev/null 2>&1 \
+      || echo "note: dataset-fashion-mnist could not be installed; data=fashion-mnist needs its four idx files"
+  else
+    echo "note: no Fashion-MNIST (apt-get install dataset-fashion-mnist): data=fashion-mnist needs its four idx files"
+  fi
+fi
