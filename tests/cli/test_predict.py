@@ -150,3 +150,21 @@ def test_resize_lets_another_size_through(runs, tmp_path):
     assert main(["predict", str(folders["vit"]), "--data", str(tmp_path / "small.png"), "--out", str(out),
                  "--resize"]) == 0
     assert len(read(out)) == 1
+
+
+def test_a_folder_of_images_beyond_memory_is_one_line_before_any_is_read(runs, tmp_path, capsys, monkeypatch):
+    """Every image is decoded before the model runs (so a broken one fails before any prediction); a folder
+    whose pixels cannot all be held is refused up front, not after minutes of decoding (memory made small
+    here: 3 images of 1 x 32 x 32 need 6 KiB)."""
+    from attnlab.core import resources
+    from attnlab.data import images as image_io
+
+    _, folders, inputs = runs
+    monkeypatch.setattr(resources, "available_memory", lambda: 4096)
+    read_any = []
+    monkeypatch.setattr(image_io, "read_image", lambda *a, **k: read_any.append(a))
+    out = tmp_path / "o.csv"
+    assert main(["predict", str(folders["vit"]), "--data", str(inputs["vit"]), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "3 images of 1 x 32 x 32" in err and "predict the folder in parts" in err and len(err.splitlines()) == 1
+    assert not read_any and not out.exists()

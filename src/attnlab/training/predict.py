@@ -82,6 +82,16 @@ def image_files(path: Path) -> list[Path]:
     return [path]
 
 
+def check_images_fit(files: list[Path], config) -> None:
+    """Every image is decoded (and so checked) before the model runs: their uint8 pixels, twice (the list and
+    its stack), must fit in memory; else one line before any is read."""
+    from attnlab.core.resources import check_room
+
+    check_room(f"{len(files):,} images of {config.in_channels} x {config.image_size} x {config.image_size}",
+               memory=2 * len(files) * config.in_channels * config.image_size ** 2,
+               advice="predict the folder in parts", error=DataError)
+
+
 def significant(p: float) -> float:
     """A probability to 6 significant digits (a long output's p(y | x) can be 1e-30: not rounded to 0)."""
     return float(f"{p:.6g}")
@@ -108,6 +118,7 @@ def predict_images(model, run: Path, path: Path, batch_size: int, resize: bool) 
 
     labels, c = load_labels(run), model.config
     files = image_files(path)
+    check_images_fit(files, c)
     images = torch.stack([read_image(f, c.in_channels, c.image_size, resize) for f in files])  # (N, C, H, W)
     names = [str(f.relative_to(path)) if path.is_dir() else f.name for f in files]
     probs = torch.cat([F.softmax(model(normalize(images[s], labels["mean"], labels["std"])).logits.float(), -1)
@@ -129,6 +140,7 @@ def predict_captions(model, run: Path, path: Path, batch_size: int, resize: bool
     labels, c = load_labels(run), model.config
     encoder = PairEncoder(load_tokenizer(run), c.block_size)
     files = image_files(path)
+    check_images_fit(files, c)
     images = torch.stack([read_image(f, c.in_channels, c.image_size, resize) for f in files])
     names = [str(f.relative_to(path)) if path.is_dir() else f.name for f in files]
     rows: list[dict[str, Any]] = []
