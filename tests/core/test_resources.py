@@ -8,6 +8,14 @@ import pytest
 from attnlab.cli import main
 from attnlab.core import resources
 from attnlab.core.errors import ConfigError, DataError
+from tests.helpers import train_tiny_run, write_corpus
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """One tiny trained GPT run and its corpus, shared by the tests that only read them."""
+    tmp = tmp_path_factory.mktemp("resources")
+    return train_tiny_run(tmp), write_corpus(tmp / "c.txt")
 
 
 def test_check_room_refuses_memory_and_disk_beyond_what_is_free(monkeypatch, tmp_path):
@@ -42,11 +50,9 @@ def test_an_absurd_generated_data_set_is_one_line_before_any_work(tmp_path, caps
     assert not out.exists() or not any(out.iterdir())
 
 
-def test_heads_refuses_more_batches_than_memory_holds(tmp_path, capsys):
+def test_heads_refuses_more_batches_than_memory_holds(tiny, tmp_path, capsys):
     """The batches are kept (the ablation pass reuses them): 10^9 of them grew until killed."""
-    from tests.helpers import train_tiny_run, write_corpus
-
-    run, corpus = train_tiny_run(tmp_path), write_corpus(tmp_path / "c.txt")
+    run, corpus = tiny
     capsys.readouterr()
     assert main(["heads", str(run), "--data", str(corpus), "--n-batches", "1000000000",
                  "--out", str(tmp_path / "h")]) == 2
@@ -55,11 +61,9 @@ def test_heads_refuses_more_batches_than_memory_holds(tmp_path, capsys):
     assert not (tmp_path / "h").exists()
 
 
-def test_sample_refuses_more_beams_than_memory_holds_and_the_lens_more_tokens_than_the_vocabulary(tmp_path, capsys):
+def test_sample_refuses_more_beams_than_memory_holds_and_the_lens_more_tokens_than_the_vocabulary(tiny, capsys):
     """--num-beams 10^6 ran for minutes (10^8: an allocation error, exit 1); --k past the vocabulary: exit 1."""
-    from tests.helpers import train_tiny_run
-
-    run = train_tiny_run(tmp_path)
+    run, _ = tiny
     capsys.readouterr()
     assert main(["sample", str(run), "--num-beams", "100000000", "--max-new-tokens", "3"]) == 2
     err = capsys.readouterr().err.strip()

@@ -82,19 +82,19 @@ def test_a_bpe_vocabulary_below_its_bytes_is_refused_before_the_data(tmp_path, c
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("command", [["eval", "RUN", "--batch-size", "1000000000"],
-                                     ["heads", "RUN", "--data", "CORPUS", "--batch-size", "1000000000"]])
-def test_an_absurd_inference_batch_is_refused_before_any_batch(tmp_path, capsys, command):
+def test_an_absurd_inference_batch_is_refused_before_any_batch(tmp_path, capsys):
     """eval and heads draw batches of any size (random windows): one that cannot fit is refused in one line
     instead of growing until the kernel's OOM killer ends the process (exit 137, seen with --batch-size 100000)."""
     run = train_tiny_run(tmp_path)
     corpus = write_corpus(tmp_path / "c.txt")
     capsys.readouterr()
-    argv = [str(run) if a == "RUN" else str(corpus) if a == "CORPUS" else a for a in command]
-    assert main(argv + (["--out", str(tmp_path / "heads")] if command[0] == "heads" else [])) == 2
-    err = capsys.readouterr().err.strip()
-    assert "to run it on batches of 1,000,000,000 needs about" in err and "--batch-size" in err
-    assert len(err.splitlines()) == 1 and not (tmp_path / "heads").exists()
+    for argv in (["eval", str(run), "--batch-size", "1000000000"],
+                 ["heads", str(run), "--data", str(corpus), "--batch-size", "1000000000",
+                  "--out", str(tmp_path / "h")]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert "to run it on batches of 1,000,000,000 needs about" in err and "--batch-size" in err
+        assert len(err.splitlines()) == 1 and not (tmp_path / "h").exists()
 
 
 def test_the_inference_estimate_counts_kept_attention_weights():
