@@ -109,3 +109,11 @@ def test_translate_rejects_a_non_seq2seq_run_and_unknown_characters(tmp_path, ca
     assert "not in the tokenizer's vocabulary" in capsys.readouterr().err
     assert main(["translate", str(tmp_path / "runs" / "r")]) == 2
     assert "nothing to translate" in capsys.readouterr().err
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(bytes(range(256)) * 8)
+    for argv, message in ((["--text", "abc", "--beam", "100000000"], "use a smaller --beam"),  # was exit 1
+                          (["--file", "/dev/zero"], "not a regular file"),  # was "--file not found"
+                          (["--file", str(binary)], "is not UTF-8 text")):
+        assert main(["translate", str(tmp_path / "runs" / "r"), *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err

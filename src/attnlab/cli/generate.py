@@ -104,10 +104,13 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         print(cut_at_stop(tok.decode(generated), args.stop)[len(shown):])
     return 0
 
+
 def _cmd_translate(args: argparse.Namespace) -> int:
     """Translate --text (or every line of --file) with a trained seq2seq run: greedy or beam search."""
     from attnlab.core.errors import ConfigError
+    from attnlab.core.fileio import check_regular_file
     from attnlab.data.pairs import PairEncoder
+    from attnlab.models.size import check_fits
     from attnlab.training.runs import load_model_and_tokenizer
     from attnlab.training.tasks.seq2seq import translate
 
@@ -116,12 +119,15 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.run_dir} holds a {model.config.family} model; translate needs family seq2seq")
     if args.beam < 1 or args.length_penalty < 0:
         raise ConfigError("--beam must be >= 1 and --length-penalty >= 0")
+    check_fits(model.config, "the model", args.beam, inference=True, advice="use a smaller --beam")  # one batch
     texts = list(args.text or [])
     if args.file:
         path = Path(args.file)
-        if not path.is_file():
-            raise ConfigError(f"--file not found: {path}")
-        texts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        check_regular_file(path, "--file", ConfigError)  # missing, a folder, a FIFO or /dev/zero: one line
+        try:
+            texts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except UnicodeDecodeError:
+            raise ConfigError(f"--file {path} is not UTF-8 text") from None
     if not texts:
         raise ConfigError("nothing to translate: give --text \"...\" or --file FILE")
     outputs = translate(model, PairEncoder(tok, model.config.block_size), texts, args.beam, args.length_penalty,
