@@ -48,6 +48,8 @@ from attnlab.bench.attention import (
     tune_block,
 )
 from attnlab.bench.devices import resolve_device
+from attnlab.cli.errors import OneLineParser, at_least, finite
+from attnlab.core.fileio import check_writable_file
 
 OUT, PLOT = "benchmarks/results/attention.json", "docs/attention_memory.png"
 
@@ -136,25 +138,46 @@ def summary_at(rows: list[dict], T: int) -> dict | None:
 # -------------------------------------------------------------------------------------- main
 
 
+def bad_arguments(args: argparse.Namespace) -> str | None:
+    """One line on what cannot run (checked before any measurement), else None."""
+    import os
+
+    if args.threads > (os.cpu_count() or 1):
+        return f"--threads {args.threads} is more than this machine's {os.cpu_count()} CPU cores"
+    if (args.budget is not None and args.budget <= 0) or args.max_gib <= 0:
+        return "--budget and --max-gib must be > 0"
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):
+        if path:
+            try:
+                check_writable_file(Path(path), flag, ValueError)
+            except ValueError as e:
+                return str(e)
+    return None
+
+
 def main() -> int | None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", type=int, nargs="+", default=None, help=f"default {LENGTHS}")
+    ap = OneLineParser(prog="attention.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lengths", type=at_least(1), nargs="+", default=None, help=f"default {LENGTHS}")
     ap.add_argument("--quick", action="store_true", help=f"T = {QUICK_LENGTHS} only, shorter timing")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--block", type=int, default=None, help="tiled block_q = block_k (default: tuned)")
-    ap.add_argument("--blocks", type=int, nargs="+", default=[128, 256, 512], help="block sizes to tune over")
-    ap.add_argument("--tune-length", type=int, default=4096, help="T at which the block size is tuned")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=at_least(1), default=1)
+    ap.add_argument("--heads", type=at_least(1), default=4)
+    ap.add_argument("--head-dim", type=at_least(1), default=64)
+    ap.add_argument("--block", type=at_least(1), default=None, help="tiled block_q = block_k (default: tuned)")
+    ap.add_argument("--blocks", type=at_least(1), nargs="+", default=[128, 256, 512], help="block sizes to tune over")
+    ap.add_argument("--tune-length", type=at_least(1), default=4096, help="T at which the block size is tuned")
+    ap.add_argument("--threads", type=at_least(1), default=1)
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    ap.add_argument("--budget", type=float, default=None, help="seconds of timing per cell (default 1.5, quick 0.5)")
-    ap.add_argument("--max-gib", type=float, default=8.0, help="skip cells whose predicted peak exceeds this")
-    ap.add_argument("--summary-length", type=int, default=8192,
+    ap.add_argument("--budget", type=finite, default=None, help="seconds of timing per cell (default 1.5, quick 0.5)")
+    ap.add_argument("--max-gib", type=finite, default=8.0, help="skip cells whose predicted peak exceeds this")
+    ap.add_argument("--summary-length", type=at_least(1), default=8192,
                     help="T of the tiled-vs-eager/SDPA summary (the longest T if not measured)")
     ap.add_argument("--out", default=None, help=f"JSON results (default {OUT}; none with --quick)")
     ap.add_argument("--plot", default=None, help=f"PNG plot (default {PLOT}; none with --quick)")
     args = ap.parse_args()
+    problem = bad_arguments(args)
+    if problem:
+        print(f"attention.py: {problem}", file=sys.stderr)
+        return 2
     if resolve_device(args.device, "attention") is None:
         return 2
     if not args.quick:  # a quick check never overwrites the full results

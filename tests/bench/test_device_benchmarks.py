@@ -68,3 +68,37 @@ def test_the_older_benchmarks_refuse_a_device_this_machine_lacks_in_one_line(cap
     assert main(["bench", *argv]) == 2
     err = capfd.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--device" in err, err
+
+
+
+@pytest.fixture(scope="module")
+def attention_script():
+    """benchmarks/attention.py as a module (in this process: each `attnlab bench` start costs an import of torch)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "attention.py"
+    spec = importlib.util.spec_from_file_location("attention_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lengths", "0"], "--lengths: must be an integer >= 1"),  # was a ZeroDivisionError traceback
+    (["--head-dim", "0"], "--head-dim: must be an integer >= 1"),  # likewise
+    (["--threads", "999"], "CPU cores"),
+    (["--budget", "-1"], "must be > 0"),
+    (["--max-gib", "nan"], "must be a finite number"),
+    (["--quick", "--out", "/dev/null/x.json"], "--out"),  # was minutes of timing, then a failed write
+])
+def test_the_attention_benchmark_refuses_bad_arguments_in_one_line_before_any_measurement(
+        attention_script, monkeypatch, capsys, argv, message):
+    monkeypatch.setattr("sys.argv", ["attention.py", *argv])
+    monkeypatch.setattr(attention_script, "tune_block", lambda *a, **k: pytest.fail("measured before refusing"))
+    try:
+        code = attention_script.main()
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
