@@ -17,7 +17,6 @@ routes training (``use_bmm_attention``: T*S <= 256*256).
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from attnlab.cli.errors import OneLineParser, at_least
 from attnlab.nn.attention.kernels import MAX_SCORES, bmm_attention
 
 
@@ -65,14 +65,14 @@ def step_ms(fn, qkv: torch.Tensor, grad: torch.Tensor, H: int, reps: int) -> flo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=6)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=5, help="timed calls per contender per round")
-    ap.add_argument("--threads", type=int, default=None)
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", type=at_least(1), nargs="+", default=[64, 128, 256, 512, 1024])
+    ap.add_argument("--batch", type=at_least(1), default=8)
+    ap.add_argument("--heads", type=at_least(1), default=6)
+    ap.add_argument("--head-dim", type=at_least(1), default=64)
+    ap.add_argument("--rounds", type=at_least(1), default=5)
+    ap.add_argument("--reps", type=at_least(1), default=5, help="timed calls per contender per round")
+    ap.add_argument("--threads", type=at_least(1), default=None)
     ap.add_argument("--out", default="benchmarks/results/attention_bf16.json")
     args = ap.parse_args()
     if args.threads:

@@ -15,7 +15,6 @@ Prints one line per failing case and a summary table; writes ``benchmarks/result
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -26,6 +25,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from attnlab.cli.errors import OneLineParser, at_least
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -79,11 +80,11 @@ def judge(case: dict, max_rss_mb: float, runs_dir: Path) -> list[str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(description=__doc__.split("\n")[0])
     p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--jobs", type=at_least(1), default=2)
     p.add_argument("--max-rss-mb", type=float, default=1500.0, help="what no bad input may allocate")
-    p.add_argument("--limit", type=int, default=None, help="only the first N cases")
+    p.add_argument("--limit", type=at_least(1), default=None, help="only the first N cases")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="attnlab-bad-"))
     # the cases (and the tiny run they need) are built in a child process: this process never imports

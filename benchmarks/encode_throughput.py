@@ -16,7 +16,6 @@ embeddings are compared (min cosine over all sentences).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from attnlab.cli.errors import OneLineParser, at_least
 
 SUBJECTS = ["The old fisherman", "A small child", "Our new neighbour", "The committee", "She", "The engineer",
             "A flock of geese", "The orchestra", "My grandmother", "The startup", "Nobody", "The river"]
@@ -56,11 +57,11 @@ def main() -> None:
     from attnlab.interop.hf import import_hf
     from attnlab.training.runs import load_model_and_tokenizer
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sentences", type=int, default=512)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sentences", type=at_least(1), default=512)
+    ap.add_argument("--batch-size", type=at_least(1), default=32)
+    ap.add_argument("--rounds", type=at_least(1), default=5)
+    ap.add_argument("--threads", type=at_least(1), default=1)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "encode_throughput.json"))
     args = ap.parse_args()

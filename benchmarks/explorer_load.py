@@ -14,7 +14,6 @@ Writes ``benchmarks/results/explorer_load.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from attnlab.cli.errors import OneLineParser, at_least
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -73,10 +74,10 @@ def start_explorer(run_dir: Path) -> tuple[subprocess.Popen, str, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", default=None, help="a trained GPT run (default: train a tiny one in a temp dir)")
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=at_least(1), default=200)
+    ap.add_argument("--rounds", type=at_least(1), default=3)
     ap.add_argument("--text", default=None, help="default: the run's example text")
     ap.add_argument("--out", default="benchmarks/results/explorer_load.json")
     args = ap.parse_args()

@@ -22,7 +22,6 @@ Writes ``benchmarks/results/explorer_soak.json``; exit 1 if a target is missed.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import io
@@ -38,6 +37,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 from PIL import Image
+
+from attnlab.cli.errors import OneLineParser, at_least
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -154,11 +155,11 @@ def settle(url: str, timeout_s: float = 60) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--slow", type=int, default=300)
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--slow", type=at_least(1), default=300)
     ap.add_argument("--slow-seconds", type=float, default=30)
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--uploads", type=int, default=260)
+    ap.add_argument("--rounds", type=at_least(1), default=10)
+    ap.add_argument("--uploads", type=at_least(1), default=260)
     ap.add_argument("--out", default="benchmarks/results/explorer_soak.json")
     args = ap.parse_args()
 

@@ -44,7 +44,6 @@ Writes benchmarks/results/fp32_step.json (``--out``).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import platform
@@ -55,6 +54,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from attnlab.cli.errors import OneLineParser, at_least
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -176,13 +177,13 @@ def run(steps: dict[str, Callable], data: list, rounds: int, block: int, warmup:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nanogpt", required=True, help="path to a checkout of karpathy/nanoGPT (its model.py is used)")
     ap.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--block", type=int, default=20, help="steps per contender per round")
-    ap.add_argument("--warmup", type=int, default=30)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--rounds", type=at_least(1), default=8)
+    ap.add_argument("--block", type=at_least(1), default=20, help="steps per contender per round")
+    ap.add_argument("--warmup", type=at_least(0), default=30)
+    ap.add_argument("--threads", type=at_least(1), default=None)
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fp32_step.json"))
     args = ap.parse_args()

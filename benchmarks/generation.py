@@ -20,7 +20,6 @@ On a GPU every timed call ends with a device synchronisation.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import statistics
@@ -32,16 +31,17 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.devices import resolve_device
+from attnlab.cli.errors import OneLineParser, at_least
 
 
 def main() -> int | None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=None)
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=at_least(1), default=3)
+    ap.add_argument("--new-tokens", type=at_least(1), default=128)
+    ap.add_argument("--threads", type=at_least(1), default=None)
     ap.add_argument("--compile", action="store_true", help="also time attnlab with a compiled decode step")
-    ap.add_argument("--contexts", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
-    ap.add_argument("--latency-steps", type=int, default=32)
+    ap.add_argument("--contexts", type=at_least(1), nargs="+", default=[64, 128, 256, 512, 1024])
+    ap.add_argument("--latency-steps", type=at_least(1), default=32)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when one is visible)")
     ap.add_argument("--out", default="benchmarks/results/generation.json")
     args = ap.parse_args()

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import seed as any_seed
 from attnlab.models import GPTConfig, build_model
 from attnlab.models.gpt import GPT
 from attnlab.nn.attention import KVCache
@@ -210,21 +212,22 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n-layer", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--contexts", type=int, nargs="+", default=None, help=f"default {CONTEXTS}")
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n-layer", type=at_least(1), default=4)
+    ap.add_argument("--d-model", type=at_least(1), default=256)
+    ap.add_argument("--heads", type=at_least(1), default=8)
+    ap.add_argument("--vocab", type=at_least(1), default=256)
+    ap.add_argument("--contexts", type=at_least(1), nargs="+", default=None, help=f"default {CONTEXTS}")
     ap.add_argument("--quick", action="store_true", help=f"contexts {QUICK_CONTEXTS}")
-    ap.add_argument("--steps", type=int, default=32, help="timed decode steps per (variant, context) and round")
-    ap.add_argument("--rounds", type=int, default=5,
+    ap.add_argument("--steps", type=at_least(1), default=32, help="timed decode steps per (variant, context) and round")
+    ap.add_argument("--rounds", type=at_least(1), default=5,
                     help="rounds over all variants and contexts (interleaved, so machine noise hits all alike)")
-    ap.add_argument("--warmup", type=int, default=4, help="untimed decode steps before them")
-    ap.add_argument("--check-context", type=int, default=48, help="prompt length of the cache-equivalence check")
-    ap.add_argument("--check-tokens", type=int, default=16, help="cached steps of the equivalence check")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warmup", type=at_least(0), default=4, help="untimed decode steps before them")
+    ap.add_argument("--check-context", type=at_least(1), default=48,
+                    help="prompt length of the cache-equivalence check")
+    ap.add_argument("--check-tokens", type=at_least(1), default=16, help="cached steps of the equivalence check")
+    ap.add_argument("--threads", type=at_least(1), default=1)
+    ap.add_argument("--seed", type=any_seed, default=0)
     ap.add_argument("--out", default="benchmarks/results/generation_cache.json")
     args = ap.parse_args()
     contexts = sorted(args.contexts or (QUICK_CONTEXTS if args.quick else CONTEXTS))

@@ -15,7 +15,6 @@ weights. Prints a table; writes ``benchmarks/results/kill_trials.json``; exit 1 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -23,6 +22,9 @@ import random
 import sys
 import tempfile
 from pathlib import Path
+
+from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import seed as any_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -41,9 +43,9 @@ PASSES = {"checkpoint.writing": [1, 5, 12], "checkpoint.renamed": [1, 6, 12], "b
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=30, help="named-window trials first, random moments after")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=at_least(1), default=30, help="named-window trials first, random moments after")
+    ap.add_argument("--seed", type=any_seed, default=0)
     ap.add_argument("--out", default="benchmarks/results/kill_trials.json")
     args = ap.parse_args()
     assert set(PASSES) == set(KILL_POINTS)

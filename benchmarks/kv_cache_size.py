@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab.cli.errors import OneLineParser, at_least
 from attnlab.nn.attention import KVCache, MultiHeadAttention
 from attnlab.nn.attention.latent import LatentKVCache, MultiHeadLatentAttention
 
@@ -139,19 +140,19 @@ def measure_decode(args: argparse.Namespace, backend: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n-layer", type=int, default=12)
-    ap.add_argument("--d-model", type=int, default=768)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--gqa", type=int, nargs="+", default=[4, 2], help="kv-head counts for GQA rows")
-    ap.add_argument("--d-latent", type=int, default=256)
-    ap.add_argument("--d-rope", type=int, default=32)
-    ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192, 32768])
-    ap.add_argument("--alloc-batch", type=int, default=2, help="batch of the caches allocated for counting")
-    ap.add_argument("--alloc-len", type=int, default=256, help="max_len of the caches allocated for counting")
-    ap.add_argument("--decode-context", type=int, default=1024)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n-layer", type=at_least(1), default=12)
+    ap.add_argument("--d-model", type=at_least(1), default=768)
+    ap.add_argument("--heads", type=at_least(1), default=12)
+    ap.add_argument("--gqa", type=at_least(1), nargs="+", default=[4, 2], help="kv-head counts for GQA rows")
+    ap.add_argument("--d-latent", type=at_least(1), default=256)
+    ap.add_argument("--d-rope", type=at_least(1), default=32)
+    ap.add_argument("--contexts", type=at_least(1), nargs="+", default=[1024, 8192, 32768])
+    ap.add_argument("--alloc-batch", type=at_least(1), default=2, help="batch of the caches allocated for counting")
+    ap.add_argument("--alloc-len", type=at_least(1), default=256, help="max_len of the caches allocated for counting")
+    ap.add_argument("--decode-context", type=at_least(1), default=1024)
     ap.add_argument("--backends", nargs="+", default=["eager", "sdpa"])
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=at_least(1), default=1)
     ap.add_argument("--budget", type=float, default=1.5, help="seconds of timing per (backend, variant)")
     ap.add_argument("--out", default="benchmarks/results/kv_cache_size.json")
     args = ap.parse_args()

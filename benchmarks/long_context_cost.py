@@ -16,7 +16,6 @@ Prints a table and writes long_context_cost_<device>.json under --results (defau
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.devices import resolve_device
+from attnlab.cli.errors import OneLineParser, at_least
 from attnlab.experiments.base import slope_text, slopes
 from attnlab.experiments.ssm_vs_attention import FULL, MIXERS, SLOPE_FROM, cost, cost_outcomes
 
@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda where torch sees one)")
-    ap.add_argument("--lengths", type=int, nargs="+", default=list(FULL["lengths"]))
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--lengths", type=at_least(1), nargs="+", default=list(FULL["lengths"]))
+    ap.add_argument("--reps", type=at_least(1), default=3)
     ap.add_argument("--max-step-s", type=float, default=3.0, help="no step predicted to take longer is started")
     ap.add_argument("--max-mib", type=float, default=40_000, help="no step predicted to need more is started")
     ap.add_argument("--eager-max-mib", type=float, default=8192, help="cap on eager's (4, T, T) probabilities")

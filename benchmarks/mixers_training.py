@@ -12,19 +12,19 @@ shares of assignments, after the LR warmup, after a quarter and after half of th
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from attnlab.bench.mixers import VARIANTS, run
+from attnlab.cli.errors import OneLineParser, at_least
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="../shared/data/tinyshakespeare.txt")
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--steps", type=at_least(1), default=1000)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=at_least(1), default=2)
     ap.add_argument("--out-dir", default="runs/mixers")
     ap.add_argument("--out", default="benchmarks/results/mixers_training.json")
     args = ap.parse_args()

@@ -15,7 +15,6 @@ Prints a table and writes parallel_time_<device>.json under --results (default b
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.devices import resolve_device
+from attnlab.cli.errors import OneLineParser, at_least
 from attnlab.experiments.base import slope_interval
 from attnlab.experiments.long_range import forward_times, parallel_outcome
 
@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda where torch sees one)")
-    ap.add_argument("--lengths", type=int, nargs="+", help="default: 64 256 1024 4096 (a GPU: and 16384)")
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--lengths", type=at_least(1), nargs="+", help="default: 64 256 1024 4096 (a GPU: and 16384)")
+    ap.add_argument("--repeats", type=at_least(1), default=7)
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
     device = resolve_device(args.device, "parallel_time")

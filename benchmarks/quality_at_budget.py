@@ -15,7 +15,6 @@ evaluation shape, its training time against the budget, and its tokens/s.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import tempfile
@@ -23,6 +22,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from attnlab.cli.errors import OneLineParser, at_least
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,13 +55,13 @@ def common_val_loss(trainer, batches: int = 200, batch_size: int = 12, block: in
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
     ap.add_argument("--default", default=str(ROOT / "configs" / "shakespeare-char.yaml"))
     ap.add_argument("--fast", nargs="+", default=[str(ROOT / "configs" / "shakespeare-char-fast.yaml")])
     ap.add_argument("--budget-s", type=float, default=None, help="skip the default run and use this budget")
-    ap.add_argument("--calibration-steps", type=int, default=40)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--calibration-steps", type=at_least(1), default=40)
+    ap.add_argument("--threads", type=at_least(1), default=None)
     ap.add_argument("--out", default="benchmarks/results/quality_at_budget.json")
     args = ap.parse_args()
     if args.threads:

@@ -20,7 +20,6 @@ on seed 0 (--lrs). Reports held-out MSE, MAE (original units) and R^2; writes be
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import platform
@@ -29,6 +28,9 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import seed as any_seed
 
 
 class DeepSets(nn.Module):
@@ -120,12 +122,12 @@ def load_data(n: int, seed: int = 0) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--n", type=int, default=32000, help="sets generated (80%% train, 20%% held out)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=at_least(1), default=3000)
+    ap.add_argument("--n", type=at_least(1), default=32000, help="sets generated (80%% train, 20%% held out)")
+    ap.add_argument("--seeds", type=any_seed, nargs="+", default=[0])
     ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 3e-3], help="swept on the first seed")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=at_least(1), default=1)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "set_interaction.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

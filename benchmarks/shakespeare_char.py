@@ -10,7 +10,6 @@ differs, so the val loss at step 2000 says whether attnlab's model trains as wel
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import seed as any_seed
 from train_throughput import build_hf  # the same HF GPT-2 the throughput benchmark uses
 
 RECIPE = dict(n_layer=4, n_head=4, d_model=128, block_size=64, batch_size=12, vocab_size=65)
@@ -74,14 +75,14 @@ def train_one(name: str, seed: int, data, steps: int, eval_batches: int) -> dict
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="../shared/data/tinyshakespeare.txt")
     ap.add_argument("--models", nargs="+", default=["attnlab", "hf-gpt2"],
                     choices=["attnlab", "attnlab-bias", "hf-gpt2"])
-    ap.add_argument("--seeds", nargs="+", type=int, default=[1337])
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--eval-batches", type=int, default=200)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--seeds", nargs="+", type=any_seed, default=[1337])
+    ap.add_argument("--steps", type=at_least(1), default=2000)
+    ap.add_argument("--eval-batches", type=at_least(1), default=200)
+    ap.add_argument("--threads", type=at_least(1), default=None)
     ap.add_argument("--out", default="benchmarks/results/shakespeare_char.json")
     args = ap.parse_args()
     if args.threads:

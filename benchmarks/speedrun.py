@@ -49,7 +49,6 @@ Writes speedrun.json and speedrun.png (``--gpu``: speedrun_gpu.json, speedrun_gp
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import os
@@ -61,6 +60,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import seed as any_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -314,20 +316,20 @@ def _torch_version() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nanogpt", help="a checkout of karpathy/nanoGPT (copied, never modified)")
     ap.add_argument("--gpu", action="store_true", help="nanoGPT's GPU recipe against the GPU speed-run preset")
     ap.add_argument("--preset", help="attnlab's preset (default: shakespeare-char-speedrun, --gpu: "
                                      "shakespeare-char-gpu-speedrun)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=1337, help="attnlab's seed in the first round (round r: seed + r)")
+    ap.add_argument("--rounds", type=at_least(1), default=3)
+    ap.add_argument("--seed", type=any_seed, default=1337, help="attnlab's seed in the first round (round r: seed + r)")
     ap.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                     help="no runs: put the rounds of earlier runs' JSON files together")
     ap.add_argument("--target", type=float, help="val loss to reach (default 1.88, --gpu: 1.47)")
     ap.add_argument("--data", type=Path, default=DATA, help="tinyshakespeare's text")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and plot go")
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--step-iters", type=int, default=400, help="iterations of each fp32 step measurement")
+    ap.add_argument("--threads", type=at_least(1), default=os.cpu_count())
+    ap.add_argument("--step-iters", type=at_least(1), default=400, help="iterations of each fp32 step measurement")
     ap.add_argument("--skip-step", action="store_true", help="leave out the fp32 step measurement")
     ap.add_argument("extra", nargs="*", help="key=value overrides of the attnlab preset")
     args = ap.parse_args()

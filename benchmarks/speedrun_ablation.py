@@ -19,7 +19,6 @@ Writes benchmarks/results/speedrun_ablation.json; prints a Markdown table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -31,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from attnlab.cli.errors import OneLineParser
+from attnlab.cli.errors import seed as any_seed
 from attnlab.training.runs import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,8 +117,8 @@ def search(names: list[str], seeds: list[int], target: float, work: Path, start:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=any_seed, nargs="+", default=[1337, 1338, 1339])
     ap.add_argument("--target", type=float, default=1.88)
     ap.add_argument("--only", nargs="+", choices=sorted(VARIANTS), help="these variants (and the preset)")
     args = ap.parse_args()

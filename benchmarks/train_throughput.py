@@ -21,7 +21,6 @@ synchronisation, and the MFU peak is the GPU's measured matmul rate.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.devices import resolve_device
+from attnlab.cli.errors import OneLineParser, at_least
 
 SHAPES = {
     # nanoGPT's shakespeare-char CPU recipe
@@ -107,13 +107,13 @@ def time_steps(model, opt, loss_fn, batches, dtype: str, device: torch.device) -
 
 
 def main() -> int | None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=30, help="timed steps per contender per round")
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--rounds", type=at_least(1), default=5)
+    ap.add_argument("--steps", type=at_least(1), default=30, help="timed steps per contender per round")
+    ap.add_argument("--warmup", type=at_least(0), default=10)
+    ap.add_argument("--threads", type=at_least(1), default=None)
     ap.add_argument("--compile", action="store_true", help="also time attnlab with torch.compile")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when one is visible)")
     ap.add_argument("--keep-denormals", action="store_true",

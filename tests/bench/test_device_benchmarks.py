@@ -102,3 +102,15 @@ def test_the_attention_benchmark_refuses_bad_arguments_in_one_line_before_any_me
         code = e.code
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_every_benchmark_reads_its_counts_as_checked_integers():
+    """A bare ``type=int`` let 0 or a negative count through to a ZeroDivisionError or an endless run
+    (`bench generation_cache --heads 0`, `bench set_interaction --seeds 0`); counts go through the command line's
+    checked types (cli/errors.py: at_least, seed) and a one-line parser."""
+    from pathlib import Path
+
+    scripts = sorted((Path(__file__).resolve().parents[2] / "benchmarks").glob("*.py"))
+    bare = [p.name for p in scripts if "type=int" in p.read_text()]
+    two_line = [p.name for p in scripts if "argparse.ArgumentParser(" in p.read_text()]
+    assert scripts and not bare and not two_line, (bare, two_line)
