@@ -76,7 +76,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from attnlab.core.extras import require
     from attnlab.core.schema import apply_overrides, from_dict
     from attnlab.data.labelled import read_labelled
-    from attnlab.inspect.encoders import embed_texts, linear_probe
+    from attnlab.inspect.encoders import embed_texts, linear_probe, probe_split
     from attnlab.training.config import ProbeOptions
 
     require("sklearn", "linear probes")  # before the encoder is loaded and the texts embedded
@@ -97,14 +97,15 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         raise ConfigError("n_labels applies to image runs (vit, cnn, mae, dino); a text probe uses test_fraction")
     model, tokenizer = _load_encoder(args.run_dir)
     data = read_labelled(opts.data)
-    t0 = time.perf_counter()
-    features = embed_texts(model, tokenizer, data.texts, max_len=opts.max_len, pooling=opts.pooling)
-    t_embed = time.perf_counter() - t0
     numeric = data.numeric_labels() if opts.kind in ("auto", "ridge") else None
     if opts.kind == "ridge" and numeric is None:
         from attnlab.core.errors import DataError
 
         raise DataError(f"{opts.data}: kind=ridge needs numeric labels")
+    probe_split(data.labels, opts.test_fraction, opts.seed, numeric=numeric is not None)  # before embedding
+    t0 = time.perf_counter()
+    features = embed_texts(model, tokenizer, data.texts, max_len=opts.max_len, pooling=opts.pooling)
+    t_embed = time.perf_counter() - t0
     r = linear_probe(features, data.labels, opts.test_fraction, opts.seed, numeric=numeric)
     print(f"frozen {args.run_dir}: {len(data)} rows -> {features.size(1)}-d {opts.pooling}-pooled features "
           f"({t_embed:.1f} s); {r.kind} probe, {r.n_train} train / {r.n_test} held-out")

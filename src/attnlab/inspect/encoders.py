@@ -129,6 +129,22 @@ class ProbeResult:
     macro_f1: float | None = None
 
 
+def probe_split(labels: Sequence, test_fraction: float, seed: int, numeric: bool = False) -> tuple[list, list]:
+    """The seeded (train, test) row indices of a probe, refused in one line when the training part cannot be
+    fit (class labels: rows of one class only; numbers: fewer than 2 rows). Cheap: callers check it before
+    embedding anything."""
+    from attnlab.data.labelled import split_indices
+
+    train, test = split_indices(len(labels), test_fraction, seed)
+    classes = {labels[i] for i in train}
+    if len(train) < 2 or (not numeric and len(classes) < 2):
+        rows = f"{len(train)} row" + "s" * (len(train) != 1)
+        what = rows if numeric else f"{rows} of {len(classes)} class" + "es" * (len(classes) != 1)
+        raise DataError(f"test_fraction={test_fraction:g} of {len(labels)} rows leaves {what} to fit the probe on; "
+                        "use a smaller test_fraction or more rows")
+    return train, test
+
+
 def linear_probe(features: Tensor, labels: Sequence[str], test_fraction: float = 0.2, seed: int = 0,
                  numeric: Sequence[float] | None = None) -> ProbeResult:
     """Fit a linear probe on frozen features (N, C) and score it on a seeded held-out split.
@@ -136,9 +152,7 @@ def linear_probe(features: Tensor, labels: Sequence[str], test_fraction: float =
     Class labels: multinomial logistic regression (accuracy, macro-F1, majority baseline); numeric
     labels (``numeric``): ridge regression (R^2).
     """
-    from attnlab.data.labelled import split_indices
-
-    train, test = split_indices(len(features), test_fraction, seed)
+    train, test = probe_split(labels, test_fraction, seed, numeric=numeric is not None)
     y = list(numeric) if numeric is not None else list(labels)
     return fit_linear_probe(features[train], [y[i] for i in train], features[test], [y[i] for i in test],
                             numeric=numeric is not None)
