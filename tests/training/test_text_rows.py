@@ -58,6 +58,18 @@ def test_numeric_labels_are_refused_for_classify_with_a_hint_before_any_training
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_split_that_leaves_one_class_to_train_on_is_refused_before_any_training(tmp_path, capsys):
+    """classify.test_fraction=0.99 of 40 rows left one training row: it trained and reported the majority
+    baseline as its accuracy, exit 0."""
+    data = write_labelled_csv(generate_topics(40, seed=1), tmp_path / "topics.csv")
+    assert main(["train", "bert-solubility", f"data={data}", "task=classify", "tokenizer=wordpiece",
+                 "bpe_vocab_size=200", "classify.test_fraction=0.99", f"out_dir={tmp_path / 'runs'}", "max_iters=2",
+                 *TINY_BERT]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "leaves 1 training row of 1 class" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_few_numeric_class_names_are_still_classes():
     data = LabelledText(["x", "y", "z", "w"], ["1", "2", "1", "2"])
     assert data.numeric_labels() is None and data.classes == ["1", "2"]

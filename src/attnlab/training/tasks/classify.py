@@ -46,6 +46,13 @@ class ClassifyTask(TextRowsTask):
         self.targets = self.labels = torch.tensor([index[y] for y in data.labels], dtype=torch.long)  # (N,)
         self.cfg.model.n_classes = len(self.classes)
 
+    def _check_training_rows(self, data: LabelledText, rows: list[int]) -> None:
+        seen = {data.labels[i] for i in rows}
+        if len(seen) < 2:
+            raise DataError(f"{self.cfg.data}: classify.test_fraction={self.cfg.classify.test_fraction:g} leaves "
+                            f"{len(rows)} training row{'s' * (len(rows) != 1)} of {len(seen)} class; a classifier "
+                            "needs two or more (use a smaller classify.test_fraction or more rows)")
+
     @staticmethod
     def _load_classes(folder: Path) -> list[str]:
         file = folder / LABELS_FILE

@@ -65,8 +65,13 @@ class TextRowsTask(RowsTask):
         enc = self.tokenizer.encode_batch(data.texts, max_len=max_len)
         self.inputs = {k: torch.tensor(v, dtype=torch.long) for k, v in enc.items()}  # (N, T) each
         train, held_out = held_out_split(data, opts.test_fraction, opts.split_seed)
+        if assets is None:  # training: the rows it learns from must be learnable
+            self._check_training_rows(data, train)
         self.rows = {"train": torch.tensor(train), "val": torch.tensor(held_out)}
         cfg.model.vocab_size = self.tokenizer.vocab_size
+
+    def _check_training_rows(self, data: LabelledText, rows: list[int]) -> None:
+        """Refuse, in one line, training rows a model cannot learn from (a task's own rule; none here)."""
 
     @abstractmethod
     def _targets(self, data: LabelledText, assets: Path | None) -> None:
