@@ -49,7 +49,9 @@ from attnlab.bench.attention import (
 )
 from attnlab.bench.devices import resolve_device
 from attnlab.cli.errors import OneLineParser, at_least, finite
+from attnlab.core.errors import ConfigError
 from attnlab.core.fileio import check_writable_file
+from attnlab.core.runtime import intra_op_threads
 
 OUT, PLOT = "benchmarks/results/attention.json", "docs/attention_memory.png"
 
@@ -140,10 +142,10 @@ def summary_at(rows: list[dict], T: int) -> dict | None:
 
 def bad_arguments(args: argparse.Namespace) -> str | None:
     """One line on what cannot run (checked before any measurement), else None."""
-    import os
-
-    if args.threads > (os.cpu_count() or 1):
-        return f"--threads {args.threads} is more than this machine's {os.cpu_count()} CPU cores"
+    try:
+        intra_op_threads(args.threads)  # the trainer's rule: no more threads than usable cores
+    except ConfigError as e:
+        return str(e)
     if (args.budget is not None and args.budget <= 0) or args.max_gib <= 0:
         return "--budget and --max-gib must be > 0"
     for flag, path in (("--out", args.out), ("--plot", args.plot)):
