@@ -45,8 +45,10 @@ ARMS = {"dense": dict(ffn=4), "dense-wide": dict(ffn=16), "moe-4-top1": dict(ffn
         "moe-8-top2": dict(ffn=4, experts=8, top_k=2)}
 # Sized for the 2-core CPU's 45-minute limit with --workers 2 (measured: one step of all six arms together costs
 # ~0.62 s on one core at d_model 64, ~0.92 s at 96; 3000 steps at 96 would take ~2.5 h): 1500 steps of 32 x 64
-# characters, 3.1M per arm, ~3.4 epochs of the training split.
-FULL = dict(n_layer=3, d_model=64, context=64, batch=32, steps=1500, eval_every=250, lrs=[1e-3, 3e-3],
+# characters, 3.1M per arm, ~3.4 epochs of the training split. Rates: the run with 1e-3 / 3e-3 extended twice
+# left five of six arms at the top (2.7e-2, still improving), so the sweep starts a decade higher (3e-3 to 3e-2)
+# and may extend twice more, to 0.27 (or down to 2.7e-4).
+FULL = dict(n_layer=3, d_model=64, context=64, batch=32, steps=1500, eval_every=250, lrs=[3e-3, 1e-2, 3e-2],
             time_rounds=7, extend_edges=2)
 QUICK = dict(n_layer=1, d_model=32, context=32, batch=8, steps=40, eval_every=20, lrs=[3e-3], time_rounds=2)
 RULES = [Difference(arm, "dense", "test_loss", higher_is_better=False)
@@ -175,7 +177,7 @@ interval lies wholly short of 0, else not decidable.
 **Setup.** Char-level Shakespeare, GPT with {s['n_layer']} layers, d_model {s['d_model']}, 4 heads, context
 {s['context']}, batch {s['batch']}; {s['steps']} steps ({s['steps'] * s['batch'] * s['context']:,} characters, the
 same for every arm), AdamW (0.9, 0.95, weight decay 0.1), warmup 50 steps and cosine to 10%, clip 1.0; rates
-{s['lrs']} per arm chosen on validation loss, a best rate at the top of its sweep extended by the sweep's ratio up
+{s['lrs']} per arm chosen on validation loss, a best rate at either end of its sweep extended by the sweep's ratio up
 to {protocol.extend_edges} times (rates run: {_rates_run(arms)}); seed {protocol.confirm_seeds[0]} held out.
 MoE: experts of width 4d, capacity factor 1.25, load-balancing weight 0.01, router z-loss 0.001. FLOPs per token
 C = 6 (N_active + n_layer T d).
