@@ -69,10 +69,11 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
     for key in INT_KEYS:
         cases += [(f"train {key}={v}", [*base, f"{key}={v}"]) for v in BAD_INTS]
     for key in ("warmup_iters", "sample_tokens", "threads", "checkpoint_interval", "max_nonfinite_steps",
-                "profile_steps"):
+                "profile_steps", "lr_decay_iters"):
         cases += [(f"train {key}={v}", [*base, f"{key}={v}"]) for v in ("-1", "x", "1.5", str(2**70))]
     cases += [(f"train seed={v}", [*base, f"seed={v}"]) for v in ("x", "1.5", str(2**70), str(-(2**64)))]
     cases += [("train threads above the CPU cores", [*base, "threads=100000"])]
+    cases += [("train lr_decay_iters=0 (the rate would sit at min_lr)", [*base, "lr_decay_iters=0"])]
     for key, values in (("lr", ["-1", "0"]), ("min_lr", ["-1"]), ("val_fraction", ["0", "1", "-0.5"]),
                         ("grad_clip", ["-1"]), ("model.norm_eps", ["0", "-1"]), ("model.rope_theta", ["0", "-5"]),
                         ("dropout", ["-0.1", "1.5"]), ("beta1", ["-0.1", "1.5"]), ("beta2", ["1", "2"])):

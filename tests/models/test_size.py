@@ -6,6 +6,7 @@ vocabulary is refused before the Rust trainer can abort the process."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -103,3 +104,14 @@ def test_the_inference_estimate_counts_kept_attention_weights():
     plain, kept = inference_bytes(config, 10), inference_bytes(config, 10, patterns=True)
     assert plain == 4 * parameter_estimate(config) + 4 * 10 * 64 * (10 * 128 + 2 * 65)
     assert kept - plain == 4 * 10 * 64 * 4 * 4 * 64  # B T L H T floats
+
+
+def test_a_batch_beyond_memory_is_named_as_the_cause_when_the_model_itself_fits(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "c.txt")
+    argv = ["train", "configs/shakespeare-char.yaml", *tiny_overrides(corpus, tmp_path / "runs", name="wide"),
+            "batch_size=100000000"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "use a smaller batch_size" in err and "100,000,000 does not" in err
+    assert re.search(r"needs about \d{1,3}(,\d{3})+\.\d GiB", err), err  # thousands separated
+    assert not (tmp_path / "runs" / "wide").exists()

@@ -44,8 +44,8 @@ def free_disk(path: str | Path) -> int | None:
 
 
 def gib(n: float) -> str:
-    """Bytes as GiB with one decimal."""
-    return f"{n / 2**30:.1f} GiB"
+    """Bytes as GiB with one decimal (and thousands separated: 537,109.4 GiB)."""
+    return f"{n / 2**30:,.1f} GiB"
 
 
 def check_room(what: str, memory: int = 0, disk: int = 0, where: str | Path | None = None, advice: str = "",

@@ -80,6 +80,8 @@ def check_fits(config: Any, what: str, batch_size: int | None = None, where: str
     else:
         need, verb = training_bytes(config, batch_size), "train it"
     if available is not None and need > available:
+        if advice is None and not inference and batch_size is not None and training_bytes(config, 1) <= available:
+            advice = f"use a smaller batch_size (the model itself fits; its batch of {batch_size:,} does not)"
         advice = advice or ("use a smaller --batch-size" if inference else "make it smaller")
         size = f"{params / 1e6:,.0f}M" if params >= 10**7 else f"{params / 1e6:.2g}M"
         raise ConfigError(f"{where}{what} has about {size} parameters: to {verb} needs about "

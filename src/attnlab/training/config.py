@@ -255,6 +255,8 @@ class TrainConfig:
             raise ConfigError("optimizer=muon needs whole weight matrices; use parallel=ddp (FSDP shards them)")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise ConfigError(f"'eval_batch_size' must be >= 1, got {self.eval_batch_size}")
+        if self.lr_decay_iters is not None and self.lr_decay_iters < 1:  # else the rate sits at min_lr throughout
+            raise ConfigError(f"'lr_decay_iters' must be >= 1 (or unset: max_iters), got {self.lr_decay_iters}")
         if self.checkpoint_interval is not None and self.checkpoint_interval < 1:
             raise ConfigError(f"'checkpoint_interval' must be >= 1, got {self.checkpoint_interval}")
         if self.batch_size % self.batch_threads:
