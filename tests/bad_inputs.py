@@ -169,6 +169,14 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
     cases += [(f"sample {flag} {v!r}", [*sample, flag, v]) for flag, v in (
         ("--top-k", "x"), ("--temperature", "x"), ("--top-p", "-1"), ("--num-samples", "-2"),
         ("--max-new-tokens", str(2**70)), ("--seed", "x"))]
+    # an empty path (an unset shell variable): read as "." or as no argument, it evaluated the run's own data
+    # (eval --data ""), wrote into the current folder (--out ""), or named "." in its error
+    cases += [(f"empty path: {' '.join(a if a else repr(a) for a in argv)}", argv) for argv in (
+        ["eval", "RUN", "--data", ""], ["heads", "RUN", "--data", ""], ["sample", ""], ["export", "RUN", "--out", ""],
+        ["experiment", "grokking", "--quick", "--out", ""], ["inspect", "RUN", "--text", "the", "--out", ""],
+        ["lens", "logit-lens", "RUN", "--text", "the", "--json", ""], ["translate", "RUN", "--file", ""],
+        ["predict", "RUN", "--data", "", "--out", str(root / "p.csv")], ["train", ""],
+        *([*base, f"{key}="] for key in ("data", "out_dir", "init_from")))]
     cases += [("eval iters huge", ["eval", "RUN", "--eval-iters", str(2**70)]),
               ("eval batch nan", ["eval", "RUN", "--batch-size", "nan"]),
               ("explore port -1", ["explore", "RUN", "--port", "-1"]), ("explore port x", ["explore", "RUN", "--port",

@@ -7,12 +7,15 @@ line on stderr and exit status 2; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
+import os
+import select
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: sys.argv[1:]), run the command, and map errors to exit statuses:
-    0 done, 2 a user error (one line), 130 interrupted, 1 an unexpected error (one line + its type)."""
+    0 done, 2 a user error (one line), 130 interrupted, 1 an unexpected error (one line + its type), 141
+    (128 + SIGPIPE, as for any Unix tool) when stdout's reader went away (``attnlab sample RUN | head``): quietly."""
     from attnlab.cli.parser import build_parser
     from attnlab.core.errors import AttnlabError
 
@@ -34,9 +37,22 @@ def main(argv: list[str] | None = None) -> int:
         print("attnlab: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
+        if isinstance(e, BrokenPipeError) and _stdout_closed():  # not another pipe (a socket, a child process)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes nowhere
+            return 141
         if args.debug:
             raise
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(f"attnlab: error: {type(e).__name__}: {msg} (run with --debug for the traceback)",
               file=sys.stderr)
         return 1
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on its write end)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (captured), or no poll
+        return False

@@ -7,12 +7,27 @@ import argparse
 from attnlab.core.errors import ConfigError
 from attnlab.core.schema import did_you_mean
 
+# the arguments that name a file or folder, by dest: an empty one is refused, where it would otherwise read as
+# the current folder (Path("") is ".": `--out ""` wrote into it) or as no argument at all (`eval RUN --data ""`
+# evaluated the run's own data, exit 0): the usual cause is an unset shell variable (`--data $FILE`)
+PATHS = {"run_dir": "RUN", "directory": "DIRECTORY", "config": "CONFIG", "data": "--data", "out": "--out",
+         "file": "--file", "image": "--image", "audio": "--audio", "json": "--json", "figure": "--figure",
+         "faithfulness": "--faithfulness"}
+
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the full usage stays available with --help)."""
+    """argparse, but a usage error is one line (the full usage stays available with --help), and an empty
+    path (``PATHS``) is a usage error."""
 
     def error(self, message: str):
         self.exit(2, f"attnlab: error: {message} (see '{self.prog} --help')\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extra = super().parse_known_args(args, namespace)
+        for dest, name in PATHS.items():
+            if getattr(parsed, dest, None) == "":
+                self.error(f"{name} is empty (an unset shell variable?); give a file or folder")
+        return parsed, extra
 
 
 def unknown_name(kind: str, name: str, options: list[str]) -> ConfigError:

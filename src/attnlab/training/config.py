@@ -271,5 +271,9 @@ class TrainConfig:
             from attnlab.core.extras import require
 
             require("tensorboard", "logger=tensorboard")
+        for key in ("data", "out_dir", "init_from"):  # `init_from=$RUN` with RUN unset trained from scratch
+            if getattr(self, key) == "":
+                raise ConfigError(f"'{key}' is empty (an unset shell variable?); give a path"
+                                  + (" or leave it out" if key == "init_from" else ""))
         if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
             raise ConfigError(f"'name' must be a plain folder name, got {self.name!r}")
