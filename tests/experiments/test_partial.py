@@ -175,3 +175,21 @@ def test_a_part_cut_off_mid_way_counts_the_earlier_sittings_kept_work(tmp_path, 
     with pytest.raises(ConfigError, match="single runs of an unfinished experiment"):
         partial.run_parts(tmp_path, "x", {}, False, ["p"], lambda p, where: 1, resume=False, keep_runs=True)
     assert other.exists()
+
+
+def test_a_fresh_run_over_a_finished_one_with_other_settings_can_be_resumed_when_cut_off(tmp_path):
+    """A finished run re-run afresh with new settings, cut off in its second part, resumes: the finished run's
+    partial.json (other settings) used to stop the --resume in one line, so the kept work was unreachable."""
+    run_parts(tmp_path, "x", {"lr": 1}, False, ["p", "q"], lambda part: 1, resume=False)  # the finished run
+
+    def cut_off(part: str) -> int:
+        if part == "q":
+            raise KeyboardInterrupt
+        return 2
+
+    with pytest.raises(KeyboardInterrupt):
+        run_parts(tmp_path, "x", {"lr": 3}, False, ["p", "q"], cut_off, resume=False)
+    calls: list[str] = []
+    parts, _, _ = run_parts(tmp_path, "x", {"lr": 3}, False, ["p", "q"], lambda part: calls.append(part) or 3,
+                            resume=True)
+    assert calls == ["q"] and parts == {"p": 2, "q": 3}

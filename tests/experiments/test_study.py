@@ -189,3 +189,61 @@ def test_a_contrast_of_two_arms_is_welchs_interval_and_a_gap_contrast_adds_the_v
     assert outcome["verdict"] == (HELD if low > 0 else NOT_HELD if high < 0 else UNDECIDED)
     assert outcome["rule"].startswith("the gap shrinks: the contrast 1 x a - 1 x b - 1 x c + 1 x d")
     assert contrast_interval({"a": summarize([1.0]), "b": b}, {"a": 1, "b": -1})[1] == -math.inf
+
+
+def _miss(a_vals, b_vals):
+    """The outcome of "a beats b" (higher is better) on these seeds."""
+    return Difference("a", "b", "acc").decide({"a": {"acc": summarize(a_vals)}, "b": {"acc": summarize(b_vals)}})
+
+
+def test_a_part_that_misses_at_95_percent_but_not_family_wise_does_not_refute_a_claim_of_several():
+    """With K parts each at 95%, one misses by chance up to K times as often: the claim is refuted only by a part
+    whose interval at 1 - 0.05/K (Bonferroni) still lies wholly short; held still needs every part held at 95%."""
+    from attnlab.experiments.verdicts import family_interval, refutes
+
+    near = _miss([0.50, 0.53, 0.56], [0.60, 0.62, 0.64])  # short of 0 at 95%, not at 98.33%
+    far = _miss([0.50, 0.51, 0.52], [0.90, 0.91, 0.92])  # short at any level
+    held = _miss([0.90, 0.91, 0.92], [0.50, 0.52, 0.51])
+    assert near["verdict"] == far["verdict"] == NOT_HELD and held["verdict"] == HELD
+    # the widened interval is the t interval at the Bonferroni level, from the same se and df (scipy's Welch)
+    ref = scipy_stats.ttest_ind([0.50, 0.53, 0.56], [0.60, 0.62, 0.64], equal_var=False)
+    low, high = family_interval(near, 3)
+    assert (low, high) == pytest.approx((ref.confidence_interval(1 - 0.05 / 3).low,
+                                         ref.confidence_interval(1 - 0.05 / 3).high))
+    assert high > 0 > near["interval"][1] and not refutes(near, 3) and refutes(near, 1) and refutes(far, 3)
+    assert verdict_of([near]) == NOT_HELD  # one part: its own 95% interval decides
+    assert verdict_of([near, held, held]) == UNDECIDED
+    assert verdict_of([far, held, held]) == NOT_HELD
+    assert verdict_of([held, held, held]) == HELD
+    # a lower-is-better part is widened in the claim's direction, so is a Threshold's (below its bound)
+    loss = Difference("a", "b", "loss", higher_is_better=False).decide(
+        {"a": {"loss": summarize([0.60, 0.62, 0.64])}, "b": {"loss": summarize([0.50, 0.53, 0.56])}})
+    assert loss["verdict"] == NOT_HELD and not refutes(loss, 3)
+    s = {"x": {"loss": summarize([1.01, 1.02, 1.03])}}
+    above = Threshold("x", "loss", 0.995, above=False).decide(s)  # the mean is credibly above 0.995 at 95% ...
+    assert above["verdict"] == NOT_HELD and not refutes(above, 3)  # ... but not at 98.33%
+    assert refutes(Threshold("x", "loss", 0.9, above=False).decide(s), 3)
+    # an outcome without a standard error (an exact measurement, an older record) keeps its own verdict
+    assert verdict_of([{"verdict": NOT_HELD}, {"verdict": HELD}]) == NOT_HELD
+
+
+def test_outcome_lines_say_when_a_miss_does_not_survive_the_family_wise_level():
+    from attnlab.experiments.study import outcome_lines
+
+    near, held = _miss([0.50, 0.53, 0.56], [0.60, 0.62, 0.64]), _miss([0.90, 0.91, 0.92], [0.50, 0.52, 0.51])
+    text = outcome_lines([near, held, held]).splitlines()
+    assert "at the family-wise level 1 - 0.05/3" in text[0] and "does not refute the claim" in text[0]
+    assert "family-wise" not in text[1]
+    assert "still wholly short: it refutes the claim" in outcome_lines([near, held])  # at 97.5% it still misses
+    assert "family-wise" not in outcome_lines([near])  # one part: nothing to widen
+
+
+def test_an_outcome_records_its_family_parts_as_strict_json():
+    import json
+
+    one = _miss([0.5], [0.6, 0.62, 0.64])  # one value: no spread, an infinite interval
+    flat = _miss([0.5, 0.5, 0.5], [0.6, 0.6, 0.6])  # no spread on either side: a point
+    for o in (one, flat):
+        back = {**o, "family": json.loads(json.dumps(o["family"], allow_nan=False))}
+        assert verdict_of([back, back]) == verdict_of([o, o])
+    assert one["verdict"] == UNDECIDED and flat["verdict"] == NOT_HELD and verdict_of([flat, flat]) == NOT_HELD

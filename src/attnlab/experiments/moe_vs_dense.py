@@ -16,7 +16,8 @@ validation loss every ``eval_every`` steps gives each arm's loss-vs-FLOPs curve.
 step is measured separately, the arms interleaved over ``time_rounds`` rounds (medians; ratios to dense).
 
 Verdict rule, fixed before the run: for every top-1 MoE, Difference(moe, dense, test_loss, lower is better)
-> 0 by its 95% Welch interval (held if all hold, not held if any interval lies wholly short of 0). The
+> 0 by its 95% Welch interval: held if all three hold, not held if one interval lies wholly short of 0 even at
+the family-wise level 1 - 0.05/3 (Bonferroni over the three, experiments/verdicts.py), else not decidable. The
 top-2 arm and dense-wide (equal total parameters, 4x the FFN FLOPs) are reported with their intervals.
 """
 
@@ -171,8 +172,9 @@ def _report(s, arms, outcomes, others, results, protocol) -> str:
                          f"interval [{o['interval'][0]:+.4f}, {o['interval'][1]:+.4f}] ({o['verdict']} as "
                          f"'{arm} beats dense')" for arm, o in others.items())
     return f"""**Verdict rule, fixed before the run.** Every top-1 MoE beats dense on test loss (lower is better) by
-its 95% Welch interval (seeds {protocol.seeds}, each arm at its tuned rate); held if all do, not held if any
-interval lies wholly short of 0, else not decidable.
+its 95% Welch interval (seeds {protocol.seeds}, each arm at its tuned rate); held if all do, not held if an
+interval lies wholly short of 0 even at the family-wise level 1 - 0.05/{len(outcomes)} (Bonferroni: with
+{len(outcomes)} intervals at 95%, one misses by chance up to {len(outcomes)} times as often), else not decidable.
 
 **Setup.** Char-level Shakespeare, GPT with {s['n_layer']} layers, d_model {s['d_model']}, 4 heads, context
 {s['context']}, batch {s['batch']}; {s['steps']} steps ({s['steps'] * s['batch'] * s['context']:,} characters, the

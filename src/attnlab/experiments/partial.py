@@ -120,15 +120,19 @@ def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names
     ``keep_runs``: ``one(part, folder)`` is given the folder where it keeps the part's single runs
     (``kept_arms``); a part finished over several sittings then counts the time earlier sittings spent on it
     (``begin_sitting``), a run without ``resume`` first forgets every kept run, and the kept runs are removed
-    once every part is finished. Returns (parts in the order of ``names``, wall seconds per part, a
-    ``time.perf_counter()`` origin such that now minus it is the wall time of every part, earlier sittings
-    included)."""
+    once every part is finished. A run without ``resume`` also removes the partial.json of the finished run it
+    replaces, which would otherwise (made with other settings) stop a later ``--resume`` of this one.
+
+    Returns (parts in the order of ``names``, wall seconds per part, a ``time.perf_counter()`` origin such that
+    now minus it is the wall time of every part, earlier sittings included)."""
     names = list(names)
     if not resume:
         refuse_to_overwrite(out, name, quick)
     parts, spent = finished_parts(out, name, settings, quick) if resume else ({}, {})
-    if keep_runs and not resume:
-        forget_runs(out)  # a fresh run computes every run again
+    if not resume:  # refuse_to_overwrite let it through: any record here is a finished run this one replaces
+        (out / FILE).unlink(missing_ok=True)  # so that this run, if cut off, resumes from its own parts
+        if keep_runs:
+            forget_runs(out)  # a fresh run computes every run again
     origin = time.perf_counter() - sum(spent.get(p, 0.0) for p in names if p in parts)
     for part in names:
         if part in parts:

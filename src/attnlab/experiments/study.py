@@ -1,5 +1,5 @@
 """The protocol every trained comparison follows: seeds, a budget, a learning-rate sweep per arm, a verdict
-rule fixed in code before anything runs, and summaries with their spread.
+rule fixed in code before anything runs (experiments/verdicts.py), and summaries with their spread.
 
 A study compares *arms* (models or settings). ``run_arms`` trains every arm at every learning rate of its
 sweep with every seed, interleaved (seed after seed, arm after arm, so machine load and drift land on all
@@ -12,24 +12,14 @@ own ratio) until the best rate is inside or the extensions are spent. A selectio
 seeds: the chosen rate is run again with seeds that took no part in choosing it, and their summary is
 reported next to the selection's.
 
-A verdict rule states the statistic and the comparison. ``Difference(a, b, metric)``: the claim "a is
-better than b by more than ``margin``" is
-
-    held           when the whole 95% interval of the difference lies beyond the margin,
-    not held       when the whole interval lies short of it,
-    not decidable  when the interval straddles it (the numbers do not carry a verdict at this scale);
-
-the interval is Welch's t interval of the difference of two means (unequal variances, each over its seeds).
-``Threshold(arm, metric, bound)`` does the same for one arm's mean against a fixed number.
-
 ``results.json`` records the ``protocol`` (seeds, budget, lr_sweep, verdict_rule) and per-arm summaries with
-``mean`` and ``sd``; ``verdict_of`` turns several rule outcomes into one.
+``mean`` and ``sd``. The rules that decide a claim from those summaries (``Difference``, ``Threshold``,
+``Contrast``, ``verdict_of``) live in experiments/verdicts.py and are importable from here too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing
 import statistics
 import time
@@ -37,7 +27,25 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-HELD, NOT_HELD, UNDECIDED = "held", "not held", "not decidable"
+from attnlab.experiments.verdicts import (
+    COMBINATION,
+    HELD,
+    NOT_HELD,
+    UNDECIDED,
+    Contrast,
+    Difference,
+    Threshold,
+    contrast_interval,
+    mean_interval,
+    outcome_lines,
+    verdict_of,
+    welch_interval,
+)
+
+# the rules are re-exported: every experiment imports its protocol and its rules from here
+__all__ = ["HELD", "NOT_HELD", "UNDECIDED", "Contrast", "Difference", "Protocol", "Threshold", "contrast_interval",
+           "edge_text", "fmt", "mean_interval", "outcome_lines", "parallel_runs", "plateaued", "run_arms",
+           "summarize", "verdict_of", "welch_interval"]
 
 
 def summarize(values: Sequence[float]) -> dict[str, Any]:
@@ -48,148 +56,10 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
             "values": vals, "min": min(vals), "max": max(vals)}
 
 
-def welch_interval(a: Mapping[str, Any], b: Mapping[str, Any], level: float = 0.95) -> tuple[float, float, float]:
-    """(difference of means a - b, lower, upper): Welch's t interval from two summaries (mean, sd, n). With a
-    single value on either side there is no spread to estimate and the interval is infinite."""
-    diff = a["mean"] - b["mean"]
-    va, vb = a["sd"] ** 2 / a["n"], b["sd"] ** 2 / b["n"]
-    if a["n"] < 2 or b["n"] < 2:
-        return diff, -math.inf, math.inf
-    se = math.sqrt(va + vb)
-    if se == 0.0:
-        return diff, diff, diff
-    df = (va + vb) ** 2 / ((va**2 / (a["n"] - 1) if va else 0.0) + (vb**2 / (b["n"] - 1) if vb else 0.0))
-    half = _t_quantile((1 + level) / 2, df) * se
-    return diff, diff - half, diff + half
-
-
-def mean_interval(s: Mapping[str, Any], level: float = 0.95) -> tuple[float, float]:
-    """The t interval of one summary's mean (infinite with one value)."""
-    if s["n"] < 2:
-        return -math.inf, math.inf
-    half = _t_quantile((1 + level) / 2, s["n"] - 1) * s["sd"] / math.sqrt(s["n"])
-    return s["mean"] - half, s["mean"] + half
-
-
-def _t_quantile(p: float, df: float) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(p, df))
-
-
-@dataclass(frozen=True)
-class Difference:
-    """Claim: arm ``a`` is better than arm ``b`` on ``metric`` by more than ``margin`` (in the metric's units,
-    in the direction of "better"); decided on Welch's 95% interval of the difference of means."""
-
-    a: str
-    b: str
-    metric: str
-    higher_is_better: bool = True
-    margin: float = 0.0
-
-    def describe(self) -> str:
-        """The rule in one sentence (recorded as the protocol's verdict_rule)."""
-        better = "higher" if self.higher_is_better else "lower"
-        return (f"{self.a} beats {self.b} on {self.metric} ({better} is better) by more than {self.margin:g}: held if "
-                f"the 95% Welch interval of the difference lies wholly beyond {self.margin:g}, not held if wholly "
-                f"short of it, else not decidable")
-
-    def decide(self, summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-        """The outcome on ``summaries[arm][metric]``: verdict, the difference (oriented so that > 0 favours a) and
-        its interval."""
-        diff, low, high = welch_interval(summaries[self.a][self.metric], summaries[self.b][self.metric])
-        if not self.higher_is_better:
-            diff, low, high = -diff, -high, -low
-        verdict = HELD if low > self.margin else NOT_HELD if high < self.margin else UNDECIDED
-        return {"rule": self.describe(), "verdict": verdict, "difference": diff, "interval": [low, high]}
-
-
-@dataclass(frozen=True)
-class Threshold:
-    """Claim: ``arm``'s mean ``metric`` is beyond ``bound`` (above it if ``above``, else below); decided on the
-    mean's 95% t interval."""
-
-    arm: str
-    metric: str
-    bound: float
-    above: bool = True
-
-    def describe(self) -> str:
-        """The rule in one sentence (recorded as the protocol's verdict_rule)."""
-        side = "above" if self.above else "below"
-        return (f"{self.arm}'s mean {self.metric} is {side} {self.bound:g}: held if its 95% interval lies wholly "
-                f"{side} it, not held if wholly on the other side, else not decidable")
-
-    def decide(self, summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-        """The outcome on ``summaries[arm][metric]``."""
-        s = summaries[self.arm][self.metric]
-        low, high = mean_interval(s)
-        if not self.above:
-            low, high = -high, -low
-            bound = -self.bound
-        else:
-            bound = self.bound
-        verdict = HELD if low > bound else NOT_HELD if high < bound else UNDECIDED
-        interval = mean_interval(s)
-        return {"rule": self.describe(), "verdict": verdict, "mean": s["mean"], "interval": list(interval)}
-
-
-def contrast_interval(summaries: Mapping[str, Mapping[str, Any]], weights: Mapping[str, float],
-                      level: float = 0.95) -> tuple[float, float, float]:
-    """(c, lower, upper) for the contrast c = sum_i w_i mean_i of independent arms' means, with
-    se^2 = sum_i w_i^2 sd_i^2 / n_i and Welch-Satterthwaite degrees of freedom (two arms with weights +1, -1
-    give ``welch_interval``). Infinite when an arm has a single value."""
-    c = sum(w * summaries[arm]["mean"] for arm, w in weights.items())
-    if any(summaries[arm]["n"] < 2 for arm in weights):
-        return c, -math.inf, math.inf
-    parts = [w**2 * summaries[arm]["sd"] ** 2 / summaries[arm]["n"] for arm, w in weights.items()]
-    se = math.sqrt(sum(parts))
-    if se == 0.0:
-        return c, c, c
-    df = sum(parts) ** 2 / sum(v**2 / (summaries[arm]["n"] - 1) for v, arm in zip(parts, weights) if v)
-    half = _t_quantile((1 + level) / 2, df) * se
-    return c, c - half, c + half
-
-
-@dataclass(frozen=True)
-class Contrast:
-    """Claim: sum_i w_i mean_i(metric) > ``margin`` (e.g. a gap that shrinks: (a1 - b1) - (a2 - b2) > 0);
-    decided on the Welch-Satterthwaite 95% interval of the contrast. ``text`` says what it means."""
-
-    weights: tuple[tuple[str, float], ...]
-    metric: str
-    text: str
-    margin: float = 0.0
-
-    def describe(self) -> str:
-        """The rule in one sentence (recorded as the protocol's verdict_rule)."""
-        terms = " ".join(f"{'+' if w > 0 else '-'} {abs(w):g} x {arm}" for arm, w in self.weights)
-        return (f"{self.text}: the contrast {terms.lstrip('+ ')} of mean {self.metric} exceeds {self.margin:g}: held "
-                f"if its 95% Welch-Satterthwaite interval lies wholly above, not held if wholly below, else not "
-                f"decidable")
-
-    def decide(self, summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-        """The outcome on ``summaries[arm][metric]``."""
-        c, low, high = contrast_interval({arm: summaries[arm][self.metric] for arm, _ in self.weights},
-                                         dict(self.weights))
-        verdict = HELD if low > self.margin else NOT_HELD if high < self.margin else UNDECIDED
-        return {"rule": self.describe(), "verdict": verdict, "difference": c, "interval": [low, high]}
-
-
 def plateaued(scores: Sequence[float], patience: int, min_gain: float) -> bool:
     """The budget-to-a-plateau rule: True when the last ``patience`` validation scores (higher is better) gain
     less than ``min_gain`` over the best score before them."""
     return len(scores) > patience and max(scores[-patience:]) < max(scores[:-patience]) + min_gain
-
-
-def verdict_of(outcomes: Sequence[Mapping[str, Any]]) -> str:
-    """One verdict from several parts of a claim: not held if any part is not held, held if all are held,
-    else not decidable."""
-    verdicts = [o["verdict"] for o in outcomes]
-    if NOT_HELD in verdicts:
-        return NOT_HELD
-    return HELD if all(v == HELD for v in verdicts) else UNDECIDED
 
 
 @dataclass
@@ -206,6 +76,8 @@ class Protocol:
     # when an arm's best rate is the largest (smallest) of its sweep, the optimum may lie beyond it: extend that
     # arm's sweep by one more rate in that direction (the sweep's own ratio), at most this many times
     extend_edges: int = 0
+    # how the parts' verdicts make the claim's (verdict_of): recorded so that a reader of results.json has it
+    combination: str = COMBINATION
 
     def as_dict(self) -> dict[str, Any]:
         """The protocol as results.json records it."""
@@ -342,22 +214,6 @@ def _summaries(results: list[dict[str, float]]) -> dict[str, dict[str, Any]]:
 
 def _brief(result: Mapping[str, float]) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, int | float))
-
-
-def outcome_lines(outcomes: Sequence[Mapping[str, Any]]) -> str:
-    """One Markdown bullet per rule outcome: the rule, its statistic and 95% interval where it has them, the
-    verdict."""
-    lines = []
-    for o in outcomes:
-        if o.get("exact"):  # one exact measurement: its value, no interval
-            lines.append(f"- {o['rule']}: measured {o['mean']:.3g}: **{o['verdict']}**")
-            continue
-        stat = (f"difference {o['difference']:.3f}" if "difference" in o
-                else f"mean {o['mean']:.3f}" if "mean" in o else "")
-        interval = f", 95% interval [{o['interval'][0]:.3f}, {o['interval'][1]:.3f}]" if "interval" in o else ""
-        where = f" (k = {o['k']})" if o.get("k") is not None else ""
-        lines.append(f"- {o['rule']}{where}: {stat}{interval}{': ' if stat else ''}**{o['verdict']}**")
-    return "\n".join(lines)
 
 
 def edge_text(arms: Mapping[str, Mapping[str, Any]]) -> str:
