@@ -30,6 +30,8 @@ class Loaded:
     path: Path
 
     def _ids(self, text: str) -> torch.Tensor:
+        if not isinstance(text, str):  # a list would be encoded item by item, as if each were one character
+            raise ConfigError(f"expected the text as a str, got {type(text).__name__}")
         ids = self.tokenizer.encode(text)
         if not ids:
             raise ConfigError("the text is empty once tokenized: give at least one token")

@@ -81,3 +81,26 @@ def test_a_prompt_longer_than_the_context_is_cropped_with_a_notice(exported, cap
     patterns = lm.attention("the fox")
     assert len(patterns) == lm.model.config.n_layer and patterns[0].shape[-1] == 7
     torch.testing.assert_close(patterns[0].sum(-1), torch.ones_like(patterns[0].sum(-1)))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=float("nan")), "temperature must be a finite number"),  # torch's multinomial raised
+    (dict(top_p=float("nan")), "top_p must be a finite number"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty must be a finite number"),
+    (dict(max_new_tokens=2.5), "max_new_tokens must be an integer"),
+    (dict(top_k=True), "top_k must be an integer"),
+])
+def test_the_api_refuses_non_finite_and_non_integer_options_before_generating(exported, kwargs, message):
+    import attnlab
+
+    with pytest.raises(ConfigError, match=message):
+        attnlab.load(exported[0]).generate("the", **kwargs)
+
+
+@pytest.mark.parametrize("prompt", [["the", "fox"], 123, None])
+def test_the_api_refuses_a_prompt_that_is_not_a_string(exported, prompt):
+    import attnlab
+
+    # a list was encoded item by item, as if each item were one character ("not in the vocabulary: 'the', 'fox'")
+    with pytest.raises(ConfigError, match="expected the text as a str"):
+        attnlab.load(exported[0]).generate(prompt)

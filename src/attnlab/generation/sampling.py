@@ -46,8 +46,18 @@ class SamplingConfig:
 
     def validate(self) -> None:
         """Range checks; ConfigError (one line) naming the option."""
+        import math
+
         from attnlab.core.errors import ConfigError
 
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):  # nan passes every comparison below
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and math.isfinite(value)):
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        for name in ("max_new_tokens", "top_k", "num_beams"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
         if self.max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.temperature < 0:
