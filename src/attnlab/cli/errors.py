@@ -23,6 +23,7 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"attnlab: error: {message} (see '{self.prog} --help')\n")
 
     def parse_known_args(self, args=None, namespace=None):
+        """argparse's, then a usage error for an empty path (``PATHS``)."""
         parsed, extra = super().parse_known_args(args, namespace)
         for dest, name in PATHS.items():
             if getattr(parsed, dest, None) == "":
