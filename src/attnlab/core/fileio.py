@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +15,22 @@ from pathlib import Path
 CACHE_DIR_ENV = "ATTNLAB_CACHE_DIR"
 
 
+def _created_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: 0o666 less the process's umask (read once, at import,
+    since reading it means setting it for an instant)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+CREATED_MODE = _created_mode()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it is fsynced and renamed onto ``path``."""
+    """Yield a temporary path beside ``path``; on success it is fsynced and renamed onto ``path``, with the
+    mode the file had, or for a new file the mode ``open`` would give it (``mkstemp``'s 0600 would make every
+    result, report and model readable by its owner alone)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -25,6 +39,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield Path(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            mode = CREATED_MODE
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
