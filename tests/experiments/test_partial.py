@@ -8,7 +8,7 @@ import json
 import pytest
 
 from attnlab.core.errors import ConfigError
-from attnlab.experiments.partial import FILE, run_parts
+from attnlab.experiments.partial import FILE, refuse_to_overwrite, run_parts
 
 
 def test_parts_are_kept_and_resumed(tmp_path):
@@ -107,8 +107,9 @@ def test_a_quick_run_or_another_experiment_never_overwrites_a_full_run(tmp_path)
     (tmp_path / "results.json").write_text(json.dumps({"accuracy": 0.9}))  # not an experiment's: kept too
     with pytest.raises(ConfigError, match=r"holds the results.json of something else; choose another --out"):
         refuse_to_overwrite(tmp_path, "y", quick=False)
-    (tmp_path / "results.json").write_text("{not json")  # unreadable: nothing to keep
-    refuse_to_overwrite(tmp_path, "y", quick=True)
+    (tmp_path / "results.json").write_text("{not json")  # unreadable: not a record, so not this run's to replace
+    with pytest.raises(ConfigError, match=r"holds files that are not a run of y \(results.json\)"):
+        refuse_to_overwrite(tmp_path, "y", quick=True)
 
 
 def test_a_partial_record_without_its_part_names_is_finished_only_beside_its_results(tmp_path):
@@ -193,3 +194,19 @@ def test_a_fresh_run_over_a_finished_one_with_other_settings_can_be_resumed_when
     parts, _, _ = run_parts(tmp_path, "x", {"lr": 3}, False, ["p", "q"], lambda part: calls.append(part) or 3,
                             resume=True)
     assert calls == ["q"] and parts == {"p": 2, "q": 3}
+
+
+def test_a_folder_of_ones_own_files_is_refused_before_any_work(tmp_path):
+    """An --out holding files but no record of the experiment: its report.md would be replaced (it was, exit 0)."""
+    from attnlab.experiments.partial import refuse_foreign_files
+
+    (tmp_path / "report.md").write_text("my own notes")
+    with pytest.raises(ConfigError, match=r"holds files that are not a run of x \(report\.md\)"):
+        refuse_to_overwrite(tmp_path, "x", quick=False)
+    with pytest.raises(ConfigError, match="choose a new or empty --out"):
+        refuse_foreign_files(tmp_path, "x")  # what a --resume checks
+    assert (tmp_path / "report.md").read_text() == "my own notes"
+    run_parts(tmp_path / "own", "x", {}, False, ["p"], lambda part: 1, resume=False)  # a new folder: fine
+    (tmp_path / "own" / "notes.md").write_text("beside a run of x")
+    refuse_to_overwrite(tmp_path / "own", "x", quick=False)  # a run of x with a note beside it may run again
+    refuse_foreign_files(tmp_path / "empty", "x")  # missing or empty: fine

@@ -45,10 +45,11 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
                           f"use at most {cores}")
     out = Path(args.out) if args.out else Path("runs") / "experiments" / args.name
     check_writable_folder(out, "the output folder", ConfigError)  # before any work
-    if not args.resume:  # a fresh run never destroys unfinished or full-run work kept in OUT
-        from attnlab.experiments.partial import refuse_to_overwrite
+    from attnlab.experiments.partial import refuse_foreign_files, refuse_to_overwrite
 
+    if not args.resume:  # a fresh run never destroys unfinished or full-run work kept in OUT
         refuse_to_overwrite(out, args.name, args.quick)
+    refuse_foreign_files(out, args.name)  # nor, resumed or not, a user's own files
     module = load(args.name)
     if args.resume:
         import inspect

@@ -109,6 +109,21 @@ def refuse_to_overwrite(out: Path, name: str, quick: bool) -> None:
         if record is not None and quick and record.get("quick") is False:
             raise ConfigError(f"{out} holds a full run of {name} ({file}); a --quick run would overwrite it: "
                               f"choose another --out")
+    refuse_foreign_files(out, name)
+
+
+def refuse_foreign_files(out: Path, name: str) -> None:
+    """ConfigError, before any work, where ``out`` holds files but no record of experiment ``name`` (its
+    partial.json or results.json, or kept single runs): a run writes report.md, results.json and its figures
+    there, and would overwrite a user's files of those names (a `report.md` of one's own, replaced, exit 0)."""
+    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not entries or (out / RUNS).is_dir():
+        return
+    if any((r := _record(out / f)) is not None and r.get("experiment") == name for f in (FILE, RESULTS)):
+        return
+    shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+    raise ConfigError(f"{out} holds files that are not a run of {name} ({shown}); the run would write its "
+                      f"report.md, results.json and figures among them: choose a new or empty --out")
 
 
 def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names: Iterable[str],
