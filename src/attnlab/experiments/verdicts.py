@@ -18,7 +18,9 @@ family-wise level 1 - 0.05/K (Bonferroni) still lies wholly short: with K interv
 by chance up to K times as often as one alone, so a part that misses at 95% but not at 1 - 0.05/K leaves the
 claim not decidable rather than refuted. Each outcome records its estimate, standard error and degrees of
 freedom (``family``) so that its interval can be widened; an outcome without them (an exact measurement, a
-fitted slope, a record made before this rule) keeps its own verdict.
+fitted slope, a record made before this rule) keeps its own verdict. A part that is itself the verdict of
+sub-parts (long-range's "every k", scaling's "every pinned E", sqrt-dk's two parts) is corrected within its own
+sub-parts only, not for the claim's other parts: for those three the correction is a lower bound.
 """
 
 from __future__ import annotations
