@@ -167,6 +167,7 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
               ("resume not a run", ["resume", str(f["not_a_run"])]),
               ("resume missing", ["resume", str(root / "nope")]),
               ("resume bad override", ["resume", "RUN", "lr=nan"]),
+              ("resume below its step", ["resume", "RUN", "max_iters=1"]),  # it reported "done", exit 0
               ("experiment unknown", ["experiment", "hand-tracee"]),
               ("bench unknown", ["bench", "nope"]),
               ("unknown command", ["trian"]), ("no command", [])]

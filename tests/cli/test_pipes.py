@@ -1,5 +1,6 @@
-"""A command whose stdout's reader goes away (``attnlab sample RUN | head -1``) stops quietly, as Unix tools do:
-exit 141 (128 + SIGPIPE) and nothing on stderr, where it used to print "attnlab: error: BrokenPipeError"."""
+"""Command-line edges: a command whose stdout's reader goes away (``attnlab sample RUN | head -1``) stops
+quietly, as Unix tools do (exit 141, 128 + SIGPIPE, nothing on stderr; it printed "attnlab: error:
+BrokenPipeError"); a resume cannot train backwards."""
 
 from __future__ import annotations
 
@@ -41,3 +42,19 @@ class _Parser:
         import argparse
 
         return argparse.Namespace(func=self.func, debug=False)
+
+
+def test_a_resume_with_max_iters_below_its_step_is_one_line_and_trains_nothing(tmp_path, capsys):
+    """`attnlab resume RUN max_iters=5` on a run at step 10 reported "done: step 10", exit 0: it cannot train
+    backwards. At its own max_iters a resume still finishes (and publishes) the run, exit 0."""
+    from attnlab.cli import main
+
+    run = train_tiny_run(tmp_path)
+    before = (run / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main(["resume", str(run), "max_iters=5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"attnlab: error: max_iters=5 is below step 10, where {run} resumes: a run cannot train "
+                   "backwards; give max_iters above 10 to train on")
+    assert (run / "metrics.jsonl").read_text() == before
+    assert main(["resume", str(run)]) == 0

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from attnlab.core.errors import CheckpointError
+from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_path
 from attnlab.core.killpoints import kill_point
 from attnlab.core.manifest import MANIFEST_NAME, REQUIRED, read_manifest, verify_manifest, write_manifest
@@ -169,13 +169,15 @@ def refuse_links(run_dir: Path) -> None:
         raise CheckpointError(f"{links[0]} is a symbolic link; a run folder's checkpoints must be inside it")
 
 
-def resume_point(run_dir: Path, run_config: str, main: bool = True) -> Path | None:
+def resume_point(run_dir: Path, run_config: str, main: bool = True, max_iters: int | None = None) -> Path | None:
     """Where ``resume`` starts: the newest checkpoint that verifies (after tidying what a killed writer
     left, ``remove_stale_temporaries``; then its best/ and top-level copies are brought up to it,
     ``finish_publishing``; both only where ``main``, rank 0 of a distributed run). None when the run
     stopped before its first checkpoint was complete (its ``run_config`` file is there, no checkpoint
     is): training it again from step 0 with the same seeds is the same run. A CheckpointError when the
-    folder is not a run, or every checkpoint is damaged."""
+    folder is not a run, or every checkpoint is damaged; a ConfigError when ``max_iters`` lies below the
+    newest checkpoint's step (the run cannot train backwards: it used to report "done" at its old step,
+    exit 0)."""
     refuse_links(run_dir)
     if main:  # one process of a distributed run tidies and publishes; the others only read
         remove_stale_temporaries(run_dir)
@@ -184,6 +186,10 @@ def resume_point(run_dir: Path, run_config: str, main: bool = True) -> Path | No
         raise CheckpointError(f"resume=true but {run_dir} has no valid checkpoint")
     if checkpoint is not None and main:
         finish_publishing(run_dir, checkpoint)
+    step = int(checkpoint.name.removeprefix("step-")) if checkpoint is not None else 0  # verified: the name's
+    if max_iters is not None and max_iters < step:
+        raise ConfigError(f"max_iters={max_iters} is below step {step}, where {run_dir} resumes: a run cannot "
+                          f"train backwards; give max_iters above {step} to train on")
     return checkpoint
 
 

@@ -88,7 +88,8 @@ class Trainer:
         if (slow := runtime.slow_bfloat16_warning(self.device.type, self.dtype)) is not None:
             self.log(slow)
         self.run_dir = runs.run_folder(cfg.out_dir, cfg.name or runs.default_run_name(preset), self.dist.is_main)
-        checkpoint = ckpt.resume_point(self.run_dir, RUN_CONFIG, self.dist.is_main) if cfg.resume else None
+        checkpoint = (ckpt.resume_point(self.run_dir, RUN_CONFIG, self.dist.is_main, cfg.max_iters)
+                      if cfg.resume else None)
         if cfg.resume and checkpoint is None:
             self.log(f"{self.run_dir} stopped before its first checkpoint was complete; training it from step 0")
         if not cfg.resume and (self.run_dir / "checkpoints").exists():
