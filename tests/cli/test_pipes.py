@@ -58,3 +58,4 @@ def test_a_resume_with_max_iters_below_its_step_is_one_line_and_trains_nothing(t
                    "backwards; give max_iters above 10 to train on")
     assert (run / "metrics.jsonl").read_text() == before
     assert main(["resume", str(run)]) == 0
+    assert "done: the run was already at max_iters=10, nothing to train" in capsys.readouterr().out

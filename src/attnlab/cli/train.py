@@ -59,6 +59,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     else:
         shape = f"vocab {m.vocab_size}, context {m.block_size}"
     say(f"run: {trainer.run_dir}  model: {m.family}, {n_params / 1e6:.2f}M parameters, {shape}{world}")
+    start = trainer.step
     try:
         result = trainer.train()
     except TrainingInterrupted as e:
@@ -68,6 +69,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     finally:
         distributed.cleanup(trainer.dist)
     if not trainer.dist.is_main:
+        return 0
+    if result.step == start:  # resumed at its max_iters: the resume only finished publishing the run
+        print(f"done: the run was already at max_iters={result.step}, nothing to train (give max_iters above "
+              f"{result.step} to train on); weights, metrics and loss.png in {result.run_dir}")
         return 0
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
     print(f"done: step {result.step}, val loss {val}, {result.wall_time_s:.1f} s; "
