@@ -47,9 +47,10 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     check_writable_folder(out, "the output folder", ConfigError)  # before any work
     from attnlab.experiments.partial import refuse_foreign_files, refuse_to_overwrite
 
-    if not args.resume:  # a fresh run never destroys unfinished or full-run work kept in OUT
+    if not args.resume:  # a fresh run never destroys unfinished or full-run work kept in OUT, nor one's own files
         refuse_to_overwrite(out, args.name, args.quick)
-    refuse_foreign_files(out, args.name)  # nor, resumed or not, a user's own files
+    else:
+        refuse_foreign_files(out, args.name)
     module = load(args.name)
     if args.resume:
         import inspect
