@@ -74,6 +74,9 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
     cases += [(f"train seed={v}", [*base, f"seed={v}"]) for v in ("x", "1.5", str(2**70), str(-(2**64)))]
     cases += [("train threads above the CPU cores", [*base, "threads=100000"])]
     cases += [("train lr_decay_iters=0 (the rate would sit at min_lr)", [*base, "lr_decay_iters=0"])]
+    cases += [("train min_len=1 (a seq2seq option, unused by a language model)", [*base, "min_len=1"]),
+              ("train mlm.mask_prob=0.3 on a language model", [*base, "mlm.mask_prob=0.3"]),
+              ("train images.shift=3 on a language model", [*base, "images.shift=3"])]
     for key, values in (("lr", ["-1", "0"]), ("min_lr", ["-1"]), ("val_fraction", ["0", "1", "-0.5"]),
                         ("grad_clip", ["-1"]), ("model.norm_eps", ["0", "-1"]), ("model.rope_theta", ["0", "-5"]),
                         ("dropout", ["-0.1", "1.5"]), ("beta1", ["-0.1", "1.5"]), ("beta2", ["1", "2"])):
@@ -86,6 +89,8 @@ def build_cases(root: Path) -> list[tuple[str, list[str]]]:
         preset.write_text(text)
         data = [] if text.startswith("data") else [f"data={f['corpus']}"]
         cases.append((f"train preset {text.strip()[:20]!r}", ["train", str(preset), *light, *data]))
+    cases += [(f"train vit-digits {kv} (a ViT reads no text)", ["train", "vit-digits", *light, kv])
+              for kv in ("tokenizer=bpe", "bpe_vocab_size=500")]
     cases += [(f"train preset {name}", ["train", str(f[name]), *light, f"data={f['corpus']}"])
               for name in ("fifo", "binary", "latin1")]
     cases.append(("train preset missing", ["train", str(root / "nope.yaml")]))

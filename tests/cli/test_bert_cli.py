@@ -148,3 +148,13 @@ def test_mlm_run_resumes_exactly(tmp_path):
     assert losses() == full_losses and [s for s, _, _ in full_losses] == [6, 10, 12, 12]
     resumed = load_file(run / "attnlab_model.safetensors")
     assert resumed.keys() == full_weights.keys() and all(torch.equal(resumed[k], full_weights[k]) for k in resumed)
+
+
+def test_mlm_writes_no_samples_with_sample_tokens_0(tmp_path):
+    """bert-mlm.yaml documents sample_tokens as the switch of its [MASK] samples; they were written anyway."""
+    corpus = write_corpus(tmp_path / "corpus.txt", n_chars=5_000)
+    assert main(["train", "configs/bert-mlm.yaml", *_args(data=corpus, out_dir=tmp_path / "runs", name="m",
+                                                          max_iters=2, sample_tokens=0)]) == 0
+    run = tmp_path / "runs" / "m"
+    assert (run / "metrics.jsonl").is_file() and not (run / "samples.txt").exists()
+

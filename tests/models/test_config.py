@@ -134,3 +134,32 @@ def test_config_json_of_the_flat_schema_still_loads(family, tmp_path):
         assert cfg.moe_top_k == 2  # unused without experts: back at its default
     if family == "cnn":
         assert cfg.cnn_width == 8
+
+
+BROKEN = [("n_layer", 0), ("n_head", 0), ("d_model", -8), ("dropout", 2.0)]
+
+
+@pytest.mark.parametrize("family", ["gpt", "bert", "seq2seq", "vit", "encoder", "mae", "captioner", "dino"])
+@pytest.mark.parametrize("key, value", BROKEN)
+def test_a_model_built_in_python_refuses_what_the_cli_refuses(family, key, value):
+    """GPT(GPTConfig(n_layer=0)) used to build a model without a block; the constructor now runs the checks
+    of ``attnlab train`` (the same one-line ConfigError naming the option) before any weight exists."""
+    from attnlab.models.registry import model_class
+
+    config = dataclasses.replace(ModelConfig.for_family(family)(), **{key: value})
+    with pytest.raises(ConfigError, match=f"model.{key}"):
+        model_class(family)(config)
+
+
+def test_a_model_refuses_another_familys_config():
+    from attnlab.models.gpt import GPT
+
+    with pytest.raises(ConfigError, match="GPT needs a GPTConfig, got BertConfig"):
+        GPT(BertConfig(vocab_size=10))
+
+
+@pytest.mark.parametrize("family", ["gpt", "bert", "seq2seq", "vit", "cnn", "encoder", "mae", "captioner", "dino",
+                                    "recurrent", "mlp"])
+def test_every_familys_defaults_pass_its_own_checks(family):
+    """DINOConfig() used to fail them (local crops of 32 px from 28 px images)."""
+    ModelConfig.for_family(family)().validate()

@@ -124,7 +124,7 @@ def test_a_threaded_run_resumes_bit_for_bit(corpus, tmp_path):
 @pytest.mark.parametrize("extra, said", [
     (dict(batch_threads=0), "'batch_threads' must be >= 1"),
     (dict(batch_threads=3), "must split into batch_threads=3 equal parts"),
-    (dict(batch_threads=2, threads=1), "batch_threads=2 needs as many threads"),
+    (dict(batch_threads=2, threads=1), "batch_threads=2 needs as many intra-op threads; the run has 1: set threads=2"),
     (dict(batch_threads=2, threads=2, dropout=0.1), "draws random numbers in its forward pass"),
 ])
 def test_what_cannot_run_or_repeat_is_refused_before_training(corpus, tmp_path, extra, said):

@@ -80,7 +80,7 @@ def splits(d: dict[str, Any], fraction: float = 1.0) -> dict[str, Any]:
 
 
 def pretrain(s: dict[str, Any], d: dict[str, Any], seed: int, lr: float) -> dict[str, Any]:
-    """One MAE on the training images (labels unused): its encoder's tensors and the last losses."""
+    """One MAE on the training images (labels unused): its encoder's tensors and its last step's loss."""
     from attnlab.data.images import augment, channel_stats, normalize
     from attnlab.models import build_model
 
@@ -244,8 +244,10 @@ Beside the rule, the lecture's "5,000 labelled examples -> 95% accuracy": {'; '.
 
 **Regime.** The lecture's recipe reads DINOv2 (a ViT-g pre-trained on 142M images) frozen with a linear probe;
 here the encoder is a ~{tables[next(iter(tables))]['params']['vit'] // 1000}k-parameter ViT pre-trained on the
-training images it is then probed on ({', '.join(f"{name}: {t['budgets'][-1]:,}" for name, t in tables.items())}).
-Plot: `recipe.png`."""
+training images it is then probed on ({', '.join(f"{name}: {t['budgets'][-1]:,}" for name, t in tables.items())}),
+and by masked autoencoding, not DINOv2's self-distillation: MAE's authors found its features made for fine-tuning
+more than for a linear probe (He et al. 2022, which reports both), so a probe on an MAE tests the weaker half of
+the recipe; fine-tuning the same encoder is the `finetune` row. Plot: `recipe.png`."""
 
 
 def _plot(tables: dict[str, Any], out: Path) -> None:

@@ -67,6 +67,18 @@ class PretrainedModel(nn.Module):
     """Base class of every family: ``save_pretrained(dir)`` / ``from_pretrained(dir)``."""
 
     config: ModelConfig
+    config_class: type[ModelConfig]  # each family's own
+
+    def __init__(self, config: ModelConfig) -> None:
+        """Keep ``config`` once it is this family's and its options pass the checks ``attnlab train`` makes
+        (one-line ConfigError naming the option: n_layer=0, dropout=2, ...), before any weight exists. An option
+        the chosen blocks never read is ignored here, as the model ignores it (a config file refuses it)."""
+        super().__init__()
+        if not isinstance(config, self.config_class):
+            raise ConfigError(f"{type(self).__name__} needs a {self.config_class.__name__}, "
+                              f"got {type(config).__name__}")
+        config.without_unused().validate()
+        self.config = config
 
     def _init_weights(self, module: nn.Module) -> None:
         """GPT-2/BERT initialisation: Linear and Embedding weights ~ N(0, init_std), biases 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -10,7 +11,7 @@ from attnlab.core.errors import ConfigError
 from attnlab.data.pairs import Seq2SeqOptions
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt.config import GPTConfig
-from attnlab.training.tasks.names import task_name
+from attnlab.training.tasks.names import SECTIONS, TASK_SECTIONS, TOKENIZED, task_name
 
 
 @dataclass
@@ -266,7 +267,7 @@ class TrainConfig:
             raise ConfigError(f"'threads' must be >= 1, got {self.threads}")
         if not DEVICE_SPEC.fullmatch(self.device):
             raise ConfigError(f"'device' must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
-        task_name(self.task, self.model.family)  # an unknown task, or a family without a default, fails here
+        self.check_sections(task_name(self.task, self.model.family))  # an unknown task fails in task_name
         if self.logger == "tensorboard":
             from attnlab.core.extras import require
 
@@ -277,3 +278,20 @@ class TrainConfig:
                                   + (" or leave it out" if key == "init_from" else ""))
         if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
             raise ConfigError(f"'name' must be a plain folder name, got {self.name!r}")
+
+    def check_sections(self, task: str) -> None:
+        """ConfigError where a section of task options that ``task`` never reads is set away from its defaults
+        (``seq2seq.min_len=1`` on a language model, also written ``min_len=1``, used to train without it), and
+        where a task without text is given a tokenizer."""
+        for key in ("tokenizer", "bpe_vocab_size"):
+            if task not in TOKENIZED and getattr(self, key) != getattr(TrainConfig, key):
+                raise ConfigError(f"'{key}' is not used: task {task} reads no text (tasks {', '.join(TOKENIZED)} do)")
+        for section in SECTIONS:
+            if section in TASK_SECTIONS[task]:
+                continue
+            options = getattr(self, section)
+            for f in dataclasses.fields(options):
+                if getattr(options, f.name) != getattr(type(options)(), f.name):
+                    readers = sorted(t for t, s in TASK_SECTIONS.items() if section in s)
+                    raise ConfigError(f"'{section}.{f.name}' is not used: task {task} reads no {section} options "
+                                      f"(task {' or '.join(readers)} does)")

@@ -119,7 +119,7 @@ class FitResult:
 
     @property
     def final_loss(self) -> float:
-        """The mean loss of the last (up to) 10 steps."""
+        """The loss of the last step (one batch's: noisy; ``losses`` holds every step's)."""
         return self.losses[-1] if self.losses else math.nan
 
 

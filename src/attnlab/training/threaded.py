@@ -139,8 +139,9 @@ def check(parts: int, device: torch.device, world_size: int, model: nn.Module,
     if world_size > 1:
         raise ConfigError(f"batch_threads={parts} with {world_size} processes: use one or the other")
     if parts > torch.get_num_threads():
-        raise ConfigError(f"batch_threads={parts} needs as many threads; the run has {torch.get_num_threads()} "
-                          "(threads=)")
+        raise ConfigError(f"batch_threads={parts} needs as many intra-op threads; the run has "
+                          f"{torch.get_num_threads()}: set threads={parts} (at most the usable cores) or "
+                          "batch_threads=1")
     if (effect := side_effect(model, probe)) is not None:
         raise ConfigError(f"batch_threads={parts}: the model {effect}, which the threads would do in a varying "
                           "order; use batch_threads=1 (or dropout=0, cnn_norm=group)")

@@ -95,12 +95,13 @@ class BertEmbeddings(nn.Module):
 class Bert(PretrainedModel):
     """Encoder-only transformer (BERT layout) with MLM, NSP, sequence and token classification heads."""
 
+    config_class = BertConfig
 
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         if config.vocab_size is None:
             raise ValueError("BertConfig.vocab_size must be set before building a BERT")
-        self.config = c = config
+        c = config
         self.embeddings = BertEmbeddings(c)
         self.blocks = transformer_blocks(c)
         # post-norm blocks end in a norm already; pre-norm leaves the residual stream un-normalised

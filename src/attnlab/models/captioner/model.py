@@ -43,11 +43,13 @@ class CaptionerOutput:
 class Captioner(TextDecoding, PretrainedModel):
     """ViT encoder over patches + cross-attending text decoder with its own vocabulary."""
 
+    config_class = CaptionerConfig
+
     def __init__(self, config: CaptionerConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         if config.vocab_size is None:
             raise ConfigError("model.vocab_size must be set before building a captioner (a run fills it)")
-        self.config = c = config
+        c = config
         add_vit_encoder(self, c)
         n_dec = c.n_decoder_layer or c.n_layer
         self.tgt_emb = nn.Embedding(c.vocab_size, c.d_model)

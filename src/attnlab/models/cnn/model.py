@@ -54,12 +54,13 @@ class ResidualBlock(nn.Module):
 class CNN(PretrainedModel):
     """ResNet-style classifier; same forward signature and output as the ViT."""
 
+    config_class = CNNConfig
 
     def __init__(self, config: CNNConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         if config.n_classes is None:
             raise ConfigError("model.n_classes must be set before building a cnn (a run fills it from the data)")
-        self.config = c = config
+        c = config
         w = c.cnn_width
         self.stem = nn.Sequential(nn.Conv2d(c.in_channels, w, 3, padding=1, bias=False), _norm(c.cnn_norm, w),
                                   nn.ReLU())

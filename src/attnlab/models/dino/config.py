@@ -25,7 +25,7 @@ class DINOConfig(ModelConfig, TransformerOptions, ImageOptions, family="dino"):
     teacher_temp: float = 0.04  # tau_t (< tau_s: the teacher is sharpened)
     center_momentum: float = 0.9  # m_c: c <- m_c c + (1 - m_c) mean_batch(teacher outputs)
     teacher_momentum: float = 0.996  # lambda: teacher <- lambda teacher + (1 - lambda) student, every step
-    local_size: int = 32  # side of the local crops (the global crops are image_size)
+    local_size: int = 12  # side of the local crops (the global crops are image_size; 12/28 ~ DINO's 96/224)
 
     def validate(self) -> None:
         self.check_transformer()

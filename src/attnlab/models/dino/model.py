@@ -79,9 +79,11 @@ def backbone_features(net: nn.Module, images: Tensor, pooling: str) -> Tensor:
 class DINO(PretrainedModel):
     """Student ViT + head (top level, ViT names), EMA teacher (``teacher``), the center ``c`` (a buffer)."""
 
+    config_class = DINOConfig
+
     def __init__(self, config: DINOConfig) -> None:
-        super().__init__()
-        self.config = c = config
+        super().__init__(config)
+        c = config
         student = _Network(c)
         student.apply(self._init_weights)
         init_vit_encoder(student, c)

@@ -49,10 +49,11 @@ class EncoderOutput:
 class Encoder(PretrainedModel):
     """Transformer encoder over feature vectors or (element, value) sets, with a regression or classification head."""
 
+    config_class = EncoderConfig
 
     def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
-        self.config = c = config
+        super().__init__(config)
+        c = config
         self.feature_emb: FeatureEmbedding | None = None
         self.set_emb: SetEmbedding | None = None
         if c.inputs == "features":

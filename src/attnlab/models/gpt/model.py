@@ -50,11 +50,13 @@ class LMOutput:
 class GPT(PretrainedModel):
     """Decoder-only transformer LM (GPT-2 layout; positions, norms, FFN, heads set by the config)."""
 
+    config_class = GPTConfig
+
     def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         if config.vocab_size is None:
             raise ValueError("GPTConfig.vocab_size must be set before building a GPT")
-        self.config = c = config
+        c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.positions = build_positions(c.positions, c.d_model, c.n_head, c.block_size, c.rope_theta)
         self.blocks = nn.ModuleList(

@@ -56,9 +56,11 @@ def unpatchify(patches: Tensor, p: int, channels: int, grid: tuple[int, int]) ->
 class MAE(PretrainedModel):
     """Masked autoencoder: a ViT encoder on the visible patches, a light decoder that fills in the rest."""
 
+    config_class = MAEConfig
+
     def __init__(self, config: MAEConfig) -> None:
-        super().__init__()
-        self.config = c = config
+        super().__init__(config)
+        c = config
         add_vit_encoder(self, c)
         n = self.grid_size[0] * self.grid_size[1]
         d = dataclasses.replace(c, d_model=c.decoder_d_model, n_head=c.decoder_n_head, d_ff=None, n_kv_head=None)

@@ -22,9 +22,11 @@ from attnlab.models.mlp.config import MLPConfig
 class MLP(PretrainedModel):
     """Flatten -> GELU hidden layers -> a regression or classification head."""
 
+    config_class = MLPConfig
+
     def __init__(self, config: MLPConfig) -> None:
-        super().__init__()
-        self.config = c = config
+        super().__init__(config)
+        c = config
         if c.n_features is None or c.n_steps is None:
             raise ConfigError("model.n_features and model.n_steps must be set before building an mlp (a run fills "
                               "them from the data)")

@@ -26,9 +26,11 @@ _CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 class RecurrentEncoder(PretrainedModel):
     """RNN / GRU / LSTM over (B, T, F) features with a regression or classification head."""
 
+    config_class = RecurrentConfig
+
     def __init__(self, config: RecurrentConfig) -> None:
-        super().__init__()
-        self.config = c = config
+        super().__init__(config)
+        c = config
         if c.n_features is None:
             raise ConfigError("model.n_features must be set before building a recurrent model (a run fills it "
                               "from the data)")

@@ -44,11 +44,13 @@ class Seq2SeqOutput:
 class Seq2Seq(TextDecoding, PretrainedModel):
     """Encoder-decoder transformer with a shared source/target vocabulary (one tokenizer)."""
 
+    config_class = Seq2SeqConfig
+
     def __init__(self, config: Seq2SeqConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         if config.vocab_size is None:
             raise ValueError("Seq2SeqConfig.vocab_size must be set before building a Seq2Seq")
-        self.config = c = config
+        c = config
         n_dec = c.n_decoder_layer or c.n_layer
         self.src_emb = nn.Embedding(c.vocab_size, c.d_model)
         # one table for both sides (and, with tie_embeddings, the output projection too)

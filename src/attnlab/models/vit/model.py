@@ -41,12 +41,13 @@ def classification_loss(logits: Tensor, labels: Tensor | None) -> Tensor | None:
 class ViT(PretrainedModel):
     """Vision Transformer classifier: patch embedding + [CLS] + learned positions + encoder + head."""
 
+    config_class = ViTConfig
 
     def __init__(self, config: ViTConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         if config.n_classes is None:
             raise ConfigError("model.n_classes must be set before building a vit (a run fills it from the data)")
-        self.config = c = config
+        c = config
         self.grid_size = (c.image_size // c.patch_size,) * 2  # (gh, gw) the position table is learned on
         n_patches = self.grid_size[0] * self.grid_size[1]
         self.patch_emb = PatchEmbedding(c.patch_size, c.in_channels, c.d_model, bias=True)

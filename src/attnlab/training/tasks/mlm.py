@@ -88,7 +88,10 @@ class MaskedLanguageModelTask(Task):
         self.tokenizer.save(folder)
 
     def write_samples(self, model: torch.nn.Module, run_dir: Path) -> str | None:
-        """Fill the [MASK]s of a few validation lines: what the encoder predicts, beside the truth."""
+        """Fill the [MASK]s of a few validation lines: what the encoder predicts, beside the truth; none with
+        sample_tokens=0 (the preset's switch, which this used to ignore)."""
+        if self.cfg.sample_tokens <= 0:
+            return None
         gen = torch.Generator().manual_seed(self.cfg.seed)
         batch = self.data.batch("val", 4, gen, mask_prob=self.cfg.mlm.mask_prob, mask_token_prob=1.0,
                                 random_token_prob=0.0)

@@ -22,6 +22,24 @@ TASKS: dict[str, str] = {
     "dino": "attnlab.training.tasks.dino:SelfDistillationTask",
 }
 
+# the sections of task options (TrainConfig.images, .mlm, ...) each task reads; a section set away from its
+# defaults for a task that reads none of it is refused (seq2seq.min_len on a language model did nothing)
+TASK_SECTIONS: dict[str, tuple[str, ...]] = {
+    "lm": (),
+    "image-classification": ("images",),
+    "mae": ("images",),
+    "caption": ("images",),
+    "dino": ("images",),
+    "mlm": ("mlm",),
+    "classify": ("classify",),
+    "regress": ("classify",),
+    "seq2seq": ("seq2seq",),
+    "continuous": ("continuous",),
+}
+SECTIONS = ("images", "mlm", "classify", "seq2seq", "continuous")
+# the tasks that build a tokenizer (tokenizer=, bpe_vocab_size=)
+TOKENIZED = ("lm", "caption", "classify", "regress", "mlm", "seq2seq")
+
 # the task a family trains on when the config names none
 DEFAULT_TASK: dict[str, str] = {
     "gpt": "lm",
