@@ -11,7 +11,7 @@ from attnlab.core.errors import ConfigError
 from attnlab.data.pairs import Seq2SeqOptions
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt.config import GPTConfig
-from attnlab.training.tasks.names import SECTIONS, TASK_SECTIONS, TOKENIZED, task_name
+from attnlab.training.tasks.names import SECTIONS, TASK_SECTIONS, TOKENIZED, check_family, task_name
 
 
 @dataclass
@@ -282,7 +282,8 @@ class TrainConfig:
     def check_sections(self, task: str) -> None:
         """ConfigError where a section of task options that ``task`` never reads is set away from its defaults
         (``seq2seq.min_len=1`` on a language model, also written ``min_len=1``, used to train without it), and
-        where a task without text is given a tokenizer."""
+        where a task without text is given a tokenizer; first, a family the task does not train."""
+        check_family(task, self.model.family)
         for key in ("tokenizer", "bpe_vocab_size"):
             if task not in TOKENIZED and getattr(self, key) != getattr(TrainConfig, key):
                 raise ConfigError(f"'{key}' is not used: task {task} reads no text (tasks {', '.join(TOKENIZED)} do)")

@@ -46,7 +46,6 @@ class CaptionTask(ImageClassificationTask):
     """Generated micrographs and their captions; the tokenizer and the normalisation are saved with the model."""
 
     task = "caption"
-    families = ("captioner",)
 
     def __init__(self, cfg: TrainConfig, assets: Path | None = None, world_size: int = 1) -> None:
         from attnlab.data.captions import SOURCE

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from attnlab.core.errors import CheckpointError, ConfigError, DataError
 from attnlab.training.tasks.base import Batch, RowsTask
+from attnlab.training.tasks.names import check_family
 
 if TYPE_CHECKING:
     from attnlab.training.config import TrainConfig
@@ -47,9 +48,7 @@ class ContinuousTask(RowsTask):
         from attnlab.data.labelled import split_indices
 
         super().__init__(cfg, assets, world_size)
-        if cfg.model.family not in ("encoder", "recurrent", "mlp"):
-            raise ConfigError(f"task continuous trains the encoder, recurrent or mlp family, not "
-                              f"model.family={cfg.model.family}")
+        check_family("continuous", cfg.model.family)
         from attnlab.data.audio import FrontEnd
 
         opts = cfg.continuous

@@ -30,7 +30,6 @@ class SelfDistillationTask(ImageClassificationTask):
     """Images (labels ignored) as multi-crop views for a DINO student and teacher."""
 
     task = "dino"
-    families = ("dino",)
 
     def _views(self, images: Tensor, generator: torch.Generator) -> Batch:
         from attnlab.data.images import normalize

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlab.core.errors import CheckpointError, ConfigError, DataError
+from attnlab.core.errors import CheckpointError, DataError
 from attnlab.core.fileio import atomic_write_text
 from attnlab.training.tasks.base import Batch, Task, sample_rows
+from attnlab.training.tasks.names import check_family
 
 if TYPE_CHECKING:
     from attnlab.training.config import TrainConfig
@@ -46,16 +47,13 @@ class ImageClassificationTask(Task):
     unit = "images"
     splits = ("train", "val", "test")
     task: str = "image-classification"  # the task's name, for messages
-    families: tuple[str, ...] = ("vit", "cnn")  # the model families it trains (each image task names its own)
 
     def __init__(self, cfg: TrainConfig, assets: Path | None = None, world_size: int = 1) -> None:
         from attnlab.data.images import channel_stats, load_splits
 
         super().__init__(cfg, assets, world_size)
         m, opts = cfg.model, cfg.images
-        if m.family not in self.families:
-            raise ConfigError(f"task {self.task} trains the {' or '.join(self.families)} family, not "
-                              f"model.family={m.family}")
+        check_family(self.task, m.family)
         saved = load_labels(assets) if assets is not None else None
         self.data = load_splits(cfg.data, m.in_channels, m.image_size, cfg.val_fraction, opts.test_fraction,
                                 opts.train_fraction, opts.split_seed, opts.resize,

@@ -28,7 +28,6 @@ class MaskedImageTask(ImageClassificationTask):
     """Images (labels ignored) for a masked autoencoder; the reported loss is the reconstruction MSE."""
 
     task = "mae"
-    families = ("mae",)
 
     def _inputs(self, images: Tensor, labels: Tensor) -> Batch:
         from attnlab.data.images import normalize

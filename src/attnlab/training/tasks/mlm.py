@@ -19,6 +19,7 @@ from torch import Tensor
 
 from attnlab.core.errors import ConfigError
 from attnlab.training.tasks.base import Batch, Task
+from attnlab.training.tasks.names import check_family
 
 if TYPE_CHECKING:
     from attnlab.training.config import TrainConfig
@@ -35,8 +36,7 @@ class MaskedLanguageModelTask(Task):
         from attnlab.tokenizers import WordPieceTokenizer, load_tokenizer, train_tokenizer
 
         super().__init__(cfg, assets, world_size)
-        if cfg.model.family != "bert":
-            raise ConfigError(f"task mlm trains a bert encoder, not model.family={cfg.model.family}")
+        check_family("mlm", cfg.model.family)
         opts = cfg.mlm
         if opts.max_len is not None and opts.max_len > cfg.model.block_size:
             raise ConfigError(f"mlm.max_len={opts.max_len} exceeds model.block_size={cfg.model.block_size}")

@@ -40,6 +40,28 @@ SECTIONS = ("images", "mlm", "classify", "seq2seq", "continuous")
 # the tasks that build a tokenizer (tokenizer=, bpe_vocab_size=)
 TOKENIZED = ("lm", "caption", "classify", "regress", "mlm", "seq2seq")
 
+# the model families a task trains (lm and seq2seq train their one family); checked before any other task option
+TASK_FAMILIES: dict[str, tuple[str, ...]] = {
+    "image-classification": ("vit", "cnn"),
+    "mae": ("mae",),
+    "caption": ("captioner",),
+    "dino": ("dino",),
+    "continuous": ("encoder", "recurrent", "mlp"),
+    "mlm": ("bert",),
+    "classify": ("bert",),
+    "regress": ("bert",),
+}
+
+
+def check_family(task: str, family: str) -> None:
+    """ConfigError where ``task`` does not train model family ``family``."""
+    families = TASK_FAMILIES.get(task)
+    if families is not None and family not in families:
+        what = ("a bert encoder" if families == ("bert",) else
+                f"the {', '.join(families[:-1]) + ' or ' if len(families) > 1 else ''}{families[-1]} family")
+        raise ConfigError(f"task {task} trains {what}, not model.family={family}")
+
+
 # the task a family trains on when the config names none
 DEFAULT_TASK: dict[str, str] = {
     "gpt": "lm",

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from attnlab.core.errors import ConfigError
 from attnlab.training.tasks.base import Batch, RowsTask
+from attnlab.training.tasks.names import check_family
 
 if TYPE_CHECKING:
     from attnlab.data.labelled import LabelledText
@@ -54,8 +55,7 @@ class TextRowsTask(RowsTask):
         from attnlab.data.labelled import held_out_split, read_labelled
 
         super().__init__(cfg, assets, world_size)
-        if cfg.model.family != "bert":
-            raise ConfigError(f"task {self.name} trains a bert encoder, not model.family={cfg.model.family}")
+        check_family(self.name, cfg.model.family)
         opts = cfg.classify
         data = read_labelled(cfg.data)
         source = Path(opts.init_from) if assets is None and opts.init_from else self.tokenizer_source(assets)
