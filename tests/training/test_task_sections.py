@@ -63,6 +63,10 @@ def test_text_options_are_refused_where_the_task_reads_no_text(override, said):
     ("caption-micrographs", ["task=image-classification"], "task image-classification trains the vit or cnn family, "
                                                             "not model.family=captioner"),
     ("shakespeare-char", ["task=mlm"], "task mlm trains a bert encoder, not model.family=gpt"),
+    # these two ended in "AttributeError: 'BertConfig' object has no attribute 'layer_mixer'"
+    ("bert-mlm", ["task=lm"], "task lm trains the gpt family, not model.family=bert"),
+    ("seq2seq-reverse", ["task=lm"], "task lm trains the gpt family, not model.family=seq2seq"),
+    ("shakespeare-char", ["task=seq2seq"], "task seq2seq trains the seq2seq family, not model.family=gpt"),
     ("vit-digits", ["task=continuous"], "task continuous trains the encoder, recurrent or mlp family, not "
                                         "model.family=vit"),
 ])

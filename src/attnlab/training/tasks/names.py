@@ -40,8 +40,10 @@ SECTIONS = ("images", "mlm", "classify", "seq2seq", "continuous")
 # the tasks that build a tokenizer (tokenizer=, bpe_vocab_size=)
 TOKENIZED = ("lm", "caption", "classify", "regress", "mlm", "seq2seq")
 
-# the model families a task trains (lm and seq2seq train their one family); checked before any other task option
+# the model families a task trains; checked before any other task option
 TASK_FAMILIES: dict[str, tuple[str, ...]] = {
+    "lm": ("gpt",),
+    "seq2seq": ("seq2seq",),
     "image-classification": ("vit", "cnn"),
     "mae": ("mae",),
     "caption": ("captioner",),
