@@ -12,11 +12,11 @@ from attnlab.cli import main
 from attnlab.core.errors import ConfigError
 from attnlab.training.config import TrainConfig
 from attnlab.training.runs import load_train_config
-from attnlab.training.tasks.names import DEFAULT_TASK, SECTIONS, TASK_SECTIONS, TASKS
+from attnlab.training.tasks.names import DEFAULT_TASK, SECTIONS, TASK_FAMILIES, TASK_SECTIONS, TASKS
 
 
 def test_every_task_and_section_is_in_the_table():
-    assert set(TASK_SECTIONS) == set(TASKS)
+    assert set(TASK_SECTIONS) == set(TASKS) == set(TASK_FAMILIES)
     assert {s for secs in TASK_SECTIONS.values() for s in secs} == set(SECTIONS)
     sections = {f.name for f in dataclasses.fields(TrainConfig) if dataclasses.is_dataclass(f.default_factory)}
     assert sections - {"model"} == set(SECTIONS)

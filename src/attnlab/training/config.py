@@ -291,8 +291,9 @@ class TrainConfig:
             if section in TASK_SECTIONS[task]:
                 continue
             options = getattr(self, section)
+            default = type(options)()
             for f in dataclasses.fields(options):
-                if getattr(options, f.name) != getattr(type(options)(), f.name):
+                if getattr(options, f.name) != getattr(default, f.name):
                     readers = sorted(t for t, s in TASK_SECTIONS.items() if section in s)
                     raise ConfigError(f"'{section}.{f.name}' is not used: task {task} reads no {section} options "
                                       f"(task {' or '.join(readers)} does)")

@@ -57,8 +57,8 @@ TASK_FAMILIES: dict[str, tuple[str, ...]] = {
 
 def check_family(task: str, family: str) -> None:
     """ConfigError where ``task`` does not train model family ``family``."""
-    families = TASK_FAMILIES.get(task)
-    if families is not None and family not in families:
+    families = TASK_FAMILIES[task]
+    if family not in families:
         what = ("a bert encoder" if families == ("bert",) else
                 f"the {', '.join(families[:-1]) + ' or ' if len(families) > 1 else ''}{families[-1]} family")
         raise ConfigError(f"task {task} trains {what}, not model.family={family}")
