@@ -27,6 +27,12 @@ def test_a_captioner_trains_and_its_evaluation_scores_the_held_out_images(tmp_pa
     assert (run / "cross_attention.png").stat().st_size > 5_000
     lines = (run / "captions_test.txt").read_text().splitlines()
     assert lines[0].startswith("reference: ") and lines[1].startswith("generated: ")
+    assert (run / "samples.txt").read_text().count("(reference: ") == 8  # the preset's sample_tokens=1
+
+
+def test_sample_tokens_0_writes_no_captions_to_samples(tmp_path):
+    assert main(["train", "caption-micrographs", f"out_dir={tmp_path}", "name=cap", *TINY, "sample_tokens=0"]) == 0
+    assert (tmp_path / "cap" / "tokenizer.json").is_file() and not (tmp_path / "cap" / "samples.txt").exists()
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -117,3 +117,11 @@ def test_translate_rejects_a_non_seq2seq_run_and_unknown_characters(tmp_path, ca
         assert main(["translate", str(tmp_path / "runs" / "r"), *argv]) == 2, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+def test_sample_tokens_0_writes_no_samples(tmp_path):
+    """The presets' switch: 0 means no samples.txt (the translations were written whatever it said)."""
+    assert main(["train", "configs/seq2seq-reverse.yaml", *tiny(tmp_path, sample_tokens=0, max_iters=2,
+                                                              eval_interval=2)]) == 0
+    run = tmp_path / "runs" / "r"
+    assert (run / "attnlab_model.safetensors").is_file() and not (run / "samples.txt").exists()

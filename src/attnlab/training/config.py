@@ -210,7 +210,7 @@ class TrainConfig:
     mfu: bool = True  # log model FLOPs utilisation against a measured (cached) matmul peak
     logger: Literal["none", "tensorboard"] = "none"  # tensorboard: also event files in <run>/tensorboard
     profile_steps: int = 0  # > 0: record a torch profiler trace of this many steps (after 5 warm-up steps)
-    sample_tokens: int = 300  # characters/tokens sampled at the end of training (0 = none)
+    sample_tokens: int = 300  # LM: tokens sampled at the end; mlm/seq2seq/caption: > 0 writes fixed samples; 0 = none
     sample_prompt: str = "\n"
     model: ModelConfig = field(default_factory=GPTConfig)
     # task options, one section per task that has any (each a dataclass validated like the rest)

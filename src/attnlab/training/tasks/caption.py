@@ -154,6 +154,9 @@ class CaptionTask(ImageClassificationTask):
         return paths
 
     def write_samples(self, model: torch.nn.Module, run_dir: Path) -> str | None:
+        """Caption the first 8 test images beside their references; none with sample_tokens=0."""
+        if self.cfg.sample_tokens <= 0:
+            return None
         refs = self.captions["test"][:8]
         hyps = self.generate(model, "test", limit=8)
         text = "\n".join(f"{h}   (reference: {r})" for h, r in zip(hyps, refs))

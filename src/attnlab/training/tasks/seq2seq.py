@@ -192,6 +192,9 @@ class Seq2SeqTask(Task):
         return paths
 
     def write_samples(self, model: torch.nn.Module, run_dir: Path) -> str | None:
+        """Translate the first SAMPLES test sources beside their references; none with sample_tokens=0."""
+        if self.cfg.sample_tokens <= 0:
+            return None
         pairs = self.pairs.test[:SAMPLES]
         outs = translate(model, self.encoder, [s for s, _ in pairs])
         text = "\n".join(f"{s}  ->  {o}   (reference: {t})" for (s, t), o in zip(pairs, outs))
