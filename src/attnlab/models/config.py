@@ -270,7 +270,8 @@ class ImageOptions:
 @dataclass
 class MixerOptions:
     """The token mixer: multi-head attention, multi-head latent attention (DeepSeek-V2), a selective SSM
-    (Mamba), or a hybrid stack where every hybrid_attention_every-th layer is attention, the rest SSM."""
+    (Mamba), or a hybrid stack where every hybrid_attention_every-th layer is attention, the rest SSM. The
+    SSM's scan: the chunked form in PyTorch ops, or attnlab's C++ loop for CPUs (built on first use)."""
 
     mixer: Literal["attention", "latent", "ssm", "hybrid"] = "attention"
     hybrid_attention_every: int = 2
@@ -280,6 +281,7 @@ class MixerOptions:
     ssm_d_state: int = 16
     ssm_d_conv: int = 4
     ssm_expand: int = 2
+    ssm_scan: Literal["chunked", "cpu-fused"] = "chunked"  # cpu-fused: one C++ loop per pass (nn/scan_cpu.py)
 
     def layer_mixer(self, index: int) -> str:
         """The token mixer of layer ``index``: "attention", "latent" or "ssm"."""
@@ -311,7 +313,8 @@ class MixerOptions:
         return [
             *self._unless(self.mixer == "latent", f"latent-attention sizes, and mixer={self.mixer}",
                           "d_latent", "d_rope", "q_latent"),
-            *self._unless(has_ssm, f"SSM sizes, and mixer={self.mixer}", "ssm_d_state", "ssm_d_conv", "ssm_expand"),
+            *self._unless(has_ssm, f"SSM options, and mixer={self.mixer}", "ssm_d_state", "ssm_d_conv", "ssm_expand",
+                          "ssm_scan"),
             *self._unless(self.mixer == "hybrid", f"for mixer=hybrid, and mixer={self.mixer}",
                           "hybrid_attention_every"),
             *self._unless(self.mixer != "ssm", "mixer=ssm has no attention", "attn_backend", "n_kv_head"),

@@ -36,7 +36,8 @@ def build_mixer(c: ModelConfig, kind: str = "attention") -> nn.Module:
             rope_theta=c.rope_theta, max_len=c.block_size,
         )
     if kind == "ssm":
-        return SelectiveSSM(c.d_model, bias=c.bias, d_state=c.ssm_d_state, d_conv=c.ssm_d_conv, expand=c.ssm_expand)
+        return SelectiveSSM(c.d_model, bias=c.bias, d_state=c.ssm_d_state, d_conv=c.ssm_d_conv, expand=c.ssm_expand,
+                            scan=c.ssm_scan)
     raise ValueError(f"unknown mixer {kind!r}; choose attention, latent or ssm")
 
 

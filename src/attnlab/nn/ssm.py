@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn import roles
+from attnlab.nn import roles, scan_cpu
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.selective_scan import compute_dtype, selective_scan
 
@@ -93,6 +93,10 @@ class SelectiveSSM(nn.Module):
     loop, and on a 2-core CPU (B=8, T=256, d_model=128, forward+backward) it measured 331 ms at chunk 4
     vs 354 ms for the loop and 2.6 s at chunk 64; larger chunks pay off where per-step overhead
     dominates (GPUs).
+
+    ``scan="cpu-fused"`` runs the scan as one C++ loop per pass instead (``nn/scan_cpu.py``, built on first
+    use; a ``KernelUnavailable`` error without a compiler): the same numbers, 20-60x faster on a CPU
+    (``benchmarks/ssm_scan.py``), with a recomputing backward. Calls it cannot serve (a GPU) take the chunked form.
     """
 
     def __init__(
@@ -107,8 +111,11 @@ class SelectiveSSM(nn.Module):
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
         chunk_size: int = 4,
+        scan: Literal["chunked", "cpu-fused"] = "chunked",
     ) -> None:
         super().__init__()
+        if scan not in ("chunked", "cpu-fused"):
+            raise ValueError(f"scan must be 'chunked' or 'cpu-fused', got {scan!r}")
         if d_conv < 1:
             raise ValueError(f"d_conv must be >= 1, got {d_conv}")
         if not 0 < dt_min <= dt_max:
@@ -116,7 +123,8 @@ class SelectiveSSM(nn.Module):
         self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
         self.d_inner = expand * d_model
         self.dt_rank = math.ceil(d_model / 16) if dt_rank in (None, "auto") else int(dt_rank)
-        self.dt_min, self.dt_max, self.chunk_size = dt_min, dt_max, chunk_size
+        self.dt_min, self.dt_max, self.chunk_size, self.scan = dt_min, dt_max, chunk_size, scan
+        self.scan_ops = scan_cpu.load() if scan == "cpu-fused" else None  # built before torch.compile traces
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias)  # x and the gate z
         self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, groups=self.d_inner, padding=d_conv - 1,
                                 bias=conv_bias)
@@ -203,14 +211,24 @@ class SelectiveSSM(nn.Module):
             xs = F.conv1d(window, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)  # (B, d_inner, T)
         xs = F.silu(xs).transpose(1, 2)  # (B, d_inner, T) -> (B, T, d_inner)
         delta, B, C = self._select(xs)
-        y, h = selective_scan(
-            xs, delta, self.A, B, C, self.D, chunk_size=self.chunk_size,
-            initial_state=None if state is None else state.ssm_state, return_final_state=True,
-        )
+        y, h = self._scan(xs, delta, B, C, None if state is None else state.ssm_state)
         if state is not None:
             state.ssm_state = h.to(state.ssm_state.dtype)
             state.length += T
         return self.out_proj(y * F.silu(z))  # (B, T, C)
+
+    def _scan(self, u: Tensor, delta: Tensor, B: Tensor, C: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+        """y = selective_scan(u, Δ, A, B, C, D) (B, T, d_inner) and the final state (B, d_inner, N), through the
+        C++ loop where it was asked for and serves the call, else the chunked form."""
+        dt = compute_dtype(u.dtype)
+        if self.scan_ops is None or not scan_cpu.supports(u):
+            return selective_scan(u, delta, self.A, B, C, self.D, chunk_size=self.chunk_size, initial_state=h0,
+                                  return_final_state=True)
+        with torch.autocast(u.device.type, enabled=False):
+            y, h = scan_cpu.fused_scan(u.to(dt), delta.to(dt), self.A.to(dt), B.to(dt), C.to(dt),
+                                       None if h0 is None else h0.to(dt), self.scan_ops)
+            y = y + u.to(dt) * self.D.to(dt)
+        return y.to(u.dtype), h
 
     def step(self, x_t: Tensor, state: SSMState) -> Tensor:
         """One token x_t (B, C) -> (B, C), advancing ``state`` in place: O(1) time and memory."""

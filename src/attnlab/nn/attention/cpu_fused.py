@@ -18,20 +18,13 @@ Where the kernel applies: CPU float32 tensors, causal self-attention (T = S, no 
 many key/value heads as query heads, and a head dimension that is a multiple of 16. ``MultiHeadAttention``
 sends every other call (sampling with a KV cache, padding masks, non-causal layers) to ``sdpa_attention``.
 
-Building: g++ (``$CXX``) with ``-O3 -march=native`` against torch's headers, ~20 s once per head dimension,
-torch version and CPU; the library is kept in ``<cache>/kernels`` (``core.fileio.default_cache_dir``) under a
-key of all of these, written atomically, and loaded with ``torch.ops.load_library``. No compiler, or a failed
-build, raises ``KernelUnavailable`` with the reason in one line.
+Building: ``nn/cpp_build.py`` (g++ with ``-O3 -march=native``), ~20 s once per head dimension, torch version
+and CPU, kept in the cache folder. No compiler, or a failed build, raises ``KernelUnavailable`` with the reason
+in one line.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -39,18 +32,14 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import ConfigError
-from attnlab.core.fileio import atomic_path, default_cache_dir
+from attnlab.core.fileio import default_cache_dir  # noqa: F401  (tests find the cached library through it)
+from attnlab.nn.cpp_build import KernelUnavailable, build_and_load
 
 SOURCE = Path(__file__).with_name("cpu_fused.cpp")
 NAME = "cpu-fused"
 VECTOR = 16  # floats per vector: the head dimension must be a multiple of it
 _LOCK = threading.Lock()
 _LOADED: dict[int, str] = {}  # head dim -> op namespace
-
-
-class KernelUnavailable(ConfigError):
-    """The kernel cannot be built or loaded here (no compiler, a failed build, an unsupported head size); the
-    message says why in one line."""
 
 
 def supports(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: object, is_causal: bool,
@@ -77,59 +66,18 @@ def check_run(model_cfg: object, device_type: str, dtype: str) -> None:
                           "use attn_backend=sdpa")
 
 
-def _compiler() -> str:
-    cxx = os.environ.get("CXX") or "g++"
-    path = shutil.which(cxx)
-    if path is None:
-        raise KernelUnavailable(f"{NAME} attention is compiled on first use and needs a C++ compiler: "
-                                f"{cxx!r} was not found (install g++ or set $CXX), or use attn_backend=sdpa")
-    return path
-
-
-def _cpu_flags() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    return next((line for line in lines if line.startswith(("flags", "Features"))), platform.processor())
-
-
-def _command(cxx: str, head_dim: int, namespace: str, out: Path) -> list[str]:
-    from torch.utils.cpp_extension import include_paths, library_paths
-
-    march = "-mcpu=native" if platform.machine() in ("aarch64", "arm64") else "-march=native"
-    return [cxx, "-std=c++17", "-O3", march, "-fno-math-errno", "-fopenmp", "-shared", "-fPIC",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            f"-DCK_HD={head_dim}", f"-DCK_NS={namespace}", *(f"-I{p}" for p in include_paths()),
-            str(SOURCE), *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu", "-o", str(out)]
-
-
 def load(head_dim: int) -> str:
     """Build (once, cached on disk) and load the kernel for ``head_dim``; returns its op namespace, whose ops
     ``attn`` and ``attn_backward`` are then registered with torch (fake tensors and autograd included)."""
     if (problem := head_dim_problem(head_dim)) is not None:
         raise KernelUnavailable(problem)
     with _LOCK:
-        if head_dim in _LOADED:
-            return _LOADED[head_dim]
-        cxx = _compiler()
-        version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-        flags = " ".join(_command("cxx", head_dim, "ns", Path("out")))
-        key = hashlib.sha256("\0".join([SOURCE.read_text(), torch.__version__, version, _cpu_flags(), flags]).encode())
-        namespace = f"attnlab_cpu_fused_{head_dim}_{key.hexdigest()[:16]}"
-        library = default_cache_dir() / "kernels" / f"{namespace}.so"
-        if not library.is_file():
-            print(f"building {NAME} attention for head dim {head_dim} (once, ~20 s): {library}", file=sys.stderr)
-            with atomic_path(library) as tmp:
-                built = subprocess.run(_command(cxx, head_dim, namespace, tmp), capture_output=True, text=True)
-                if built.returncode != 0:
-                    first = next((line for line in built.stderr.splitlines() if "error" in line),
-                                 built.stderr.strip()[-300:])
-                    raise KernelUnavailable(f"{NAME} attention: the build failed ({first.strip()})")
-        torch.ops.load_library(str(library))
-        _register(namespace)
-        _LOADED[head_dim] = namespace
-        return namespace
+        if head_dim not in _LOADED:
+            namespace = build_and_load(SOURCE, f"attnlab_cpu_fused_{head_dim}", f"{NAME} attention for head dim "
+                                       f"{head_dim}", "attn_backend=sdpa", {"CK_HD": head_dim})
+            _register(namespace)
+            _LOADED[head_dim] = namespace
+        return _LOADED[head_dim]
 
 
 def _register(namespace: str) -> None:

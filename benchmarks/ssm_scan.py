@@ -1,0 +1,132 @@
+"""The selective scan on a CPU: the C++ loop (ssm_scan=cpu-fused) against the chunked form, forward + backward.
+
+Both evaluate h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_t, y_t = C_t h_t + D x_t (nn/selective_scan.py,
+nn/scan_cpu.py) on the same random inputs of a Mamba layer (d_inner channels, d_state N); per shape the two
+are timed alternately, in a fresh order each round, after one warm-up call each; the table gives the median
+of the rounds and the ratio of the medians, and what autograd keeps for the backward pass (the bytes of the
+distinct tensors saved during the forward, through ``torch.autograd.graph.saved_tensors_hooks``).
+Shapes: the layers of ``ssm-vs-attention``'s loss
+comparison (B 8, T 256, d_inner 120) and longer contexts at batch 1.
+
+    python benchmarks/ssm_scan.py [--rounds 7] [--shapes 8x256x120 1x4096x128 1x16384x128]
+
+Prints a table and writes ssm_scan.json under --results (default benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.nn import scan_cpu
+from attnlab.nn.selective_scan import selective_scan
+
+ROOT = Path(__file__).resolve().parents[1]
+N_STATE = 16
+
+
+def shape_arg(text: str) -> tuple[int, int, int]:
+    """'BxTxD' -> (B, T, D), each >= 1."""
+    try:
+        shape = tuple(int(p) for p in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"a shape is BxTxD with three integers >= 1 (e.g. 8x256x120), got {text!r}")
+    return shape  # type: ignore[return-value]
+
+
+def inputs(batch: int, T: int, d: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(batch, T, d, generator=g)
+    delta = F.softplus(torch.randn(batch, T, d, generator=g) - 2)  # Mamba's Δ: mostly 0.01-0.3
+    A = -torch.arange(1, N_STATE + 1, dtype=torch.float32).repeat(d, 1)  # S4D-real, as SelectiveSSM starts
+    B, C = (torch.randn(batch, T, N_STATE, generator=g) for _ in range(2))
+    D = torch.ones(d)
+    return [t.requires_grad_() for t in (u, delta, A, B, C, D)]
+
+
+def chunked(args: list[torch.Tensor]) -> torch.Tensor:
+    return selective_scan(*args, chunk_size=4)  # SelectiveSSM's default chunk on a CPU
+
+
+def fused(args: list[torch.Tensor]) -> torch.Tensor:
+    u, delta, A, B, C, D = args
+    y, _ = scan_cpu.fused_scan(u, delta, A, B, C)
+    return y + u * D
+
+
+def timed(fn, args: list[torch.Tensor]) -> float:
+    start = time.perf_counter()
+    fn(args).sum().backward()
+    return time.perf_counter() - start
+
+
+def saved_mib(fn, args: list[torch.Tensor]) -> float:
+    """MiB of the distinct tensors autograd saves during one forward pass of ``fn``."""
+    seen: dict[tuple[int, int], int] = {}
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        seen[(x.untyped_storage().data_ptr(), x.untyped_storage().nbytes())] = x.untyped_storage().nbytes()
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        y = fn(args)
+    del y
+    return sum(seen.values()) / 2**20
+
+
+def main() -> int:
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=at_least(3), default=7)
+    ap.add_argument("--shapes", nargs="+", default=["8x256x120", "1x4096x128", "1x16384x128"])
+    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args()
+    try:
+        shapes = [shape_arg(s) for s in args.shapes]
+    except ValueError as exc:
+        print(f"ssm_scan: {exc}", file=sys.stderr)
+        return 2
+    scan_cpu.load()  # the build (once) is not timed
+    contenders = {"chunked (chunk 4)": chunked, "cpu-fused": fused}
+    rng = random.Random(0)
+    rows = []
+    for shape in shapes:
+        x = inputs(*shape)
+        for fn in contenders.values():
+            timed(fn, x)  # warm-up
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        for _ in range(args.rounds):
+            for name in rng.sample(list(contenders), len(contenders)):
+                times[name].append(timed(contenders[name], x))
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        rows.append({"shape": list(shape), "d_state": N_STATE, "seconds": times, "median_s": medians,
+                     "speedup": medians["chunked (chunk 4)"] / medians["cpu-fused"],
+                     "saved_mib": {name: saved_mib(fn, x) for name, fn in contenders.items()}})
+    print(f"selective scan, forward + backward, float32, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+          f"median of {args.rounds} alternating rounds (ms)")
+    print("| B x T x d_inner | chunked (chunk 4) | cpu-fused | speed-up | saved for backward, MiB: chunked / fused |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        m, s = r["median_s"], r["saved_mib"]
+        print(f"| {'x'.join(map(str, r['shape']))} | {1000 * m['chunked (chunk 4)']:.1f} | "
+              f"{1000 * m['cpu-fused']:.1f} | {r['speedup']:.1f}x | "
+              f"{s['chunked (chunk 4)']:.1f} / {s['cpu-fused']:.1f} |")
+    args.results.mkdir(parents=True, exist_ok=True)
+    out = args.results / "ssm_scan.json"
+    out.write_text(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__,
+                               "rounds": args.rounds, "rows": rows}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

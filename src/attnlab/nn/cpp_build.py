@@ -1,0 +1,99 @@
+"""Building attnlab's C++ kernels on first use, and keeping them: one shared library per source, defines,
+torch version, compiler and CPU.
+
+    namespace = build_and_load(source, "attnlab_cpu_fused", "cpu-fused attention", {"CK_HD": 64})
+    torch.ops.<namespace>.<op>(...)
+
+g++ (``$CXX``) with ``-O3 -march=native`` against torch's headers and libraries; the library is kept in
+``<cache>/kernels`` (``core.fileio.default_cache_dir``) under a key of all of the above, written atomically,
+and loaded with ``torch.ops.load_library``. The source defines its ops in ``TORCH_LIBRARY(CK_NS, m)``;
+``CK_NS`` is set to the namespace returned. No compiler, or a failed build, raises ``KernelUnavailable`` with
+the reason in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from attnlab.core.errors import ConfigError
+from attnlab.core.fileio import atomic_path, default_cache_dir
+
+
+class KernelUnavailable(ConfigError):
+    """A kernel cannot be built or loaded here (no compiler, a failed build, an unsupported size); the message
+    says why in one line."""
+
+
+def compiler(what: str, instead: str) -> str:
+    """The C++ compiler's path; ``what`` and ``instead`` (the option to use without one) go into the error."""
+    cxx = os.environ.get("CXX") or "g++"
+    path = shutil.which(cxx)
+    if path is None:
+        raise KernelUnavailable(f"{what} is compiled on first use and needs a C++ compiler: "
+                                f"{cxx!r} was not found (install g++ or set $CXX), or use {instead}")
+    return path
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags (part of the cache key: ``-march=native`` code runs only on a CPU like this)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line for line in lines if line.startswith(("flags", "Features"))), platform.processor())
+
+
+def command(cxx: str, source: Path, defines: dict[str, object], out: Path) -> list[str]:
+    """The compiler's command line for ``source`` with ``-D`` ``defines`` into the library ``out``."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    march = "-mcpu=native" if platform.machine() in ("aarch64", "arm64") else "-march=native"
+    return [cxx, "-std=c++17", "-O3", march, "-fno-math-errno", "-fopenmp", "-shared", "-fPIC",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            *(f"-D{k}={v}" for k, v in defines.items()), *(f"-I{p}" for p in include_paths()),
+            str(source), *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu", "-o", str(out)]
+
+
+def build_and_load(source: Path, prefix: str, what: str, instead: str, defines: dict[str, object] | None = None,
+                   seconds: int = 20) -> str:
+    """Build ``source`` (once per key; cached on disk) and load it; returns the op namespace (``prefix`` and a
+    hash of the key) under which its ``TORCH_LIBRARY(CK_NS, ...)`` ops are now registered with torch.
+    ``what`` names the kernel in messages, ``instead`` the option to use where it cannot be built, ``seconds``
+    the build's usual time."""
+    defines = dict(defines or {})
+    cxx = compiler(what, instead)
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    flags = " ".join(command("cxx", source, {**defines, "CK_NS": "ns"}, Path("out")))
+    key = hashlib.sha256("\0".join([source.read_text(), torch.__version__, version, cpu_flags(), flags]).encode())
+    namespace = f"{prefix}_{key.hexdigest()[:16]}"
+    library = default_cache_dir() / "kernels" / f"{namespace}.so"
+    if not library.is_file():
+        print(f"building {what} (once, ~{seconds} s): {library}", file=sys.stderr)
+        with atomic_path(library) as tmp:
+            built = subprocess.run(command(cxx, source, {**defines, "CK_NS": namespace}, tmp),
+                                   capture_output=True, text=True)
+            if built.returncode != 0:
+                first = next((line for line in built.stderr.splitlines() if "error" in line),
+                             built.stderr.strip()[-300:])
+                raise KernelUnavailable(f"{what}: the build failed ({first.strip()})")
+    torch.ops.load_library(str(library))
+    return namespace
+
+
+def check_run(model_cfg: object, device_type: str, dtype: str) -> None:
+    """ConfigError, before training, where a run's model asks for one of these CPU kernels but the run computes
+    where it never runs: ``attn_backend=cpu-fused`` (float32 CPU only) and ``ssm_scan=cpu-fused`` (CPU)."""
+    from attnlab.nn.attention import cpu_fused
+
+    cpu_fused.check_run(model_cfg, device_type, dtype)
+    if getattr(model_cfg, "ssm_scan", None) == "cpu-fused" and device_type != "cpu":
+        raise ConfigError(f"model.ssm_scan=cpu-fused is a CPU kernel; this run is on {device_type}: "
+                          "use ssm_scan=chunked")

@@ -1,0 +1,32 @@
+"""benchmarks/ssm_scan.py: the C++ selective scan against the chunked form, timed alternately. Tiny shapes here:
+the table and the JSON it writes (every round of both, what autograd keeps), and a bad shape refused in one
+line before any work."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from attnlab.cli import main
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the kernel is built with g++")
+
+
+def test_times_both_scans_and_records_what_autograd_keeps(tmp_path, capfd):
+    assert main(["bench", "ssm_scan", "--rounds", "3", "--shapes", "2x70x8", "1x130x4", "--results",
+                 str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "ssm_scan.json").read_text())
+    assert [r["shape"] for r in record["rows"]] == [[2, 70, 8], [1, 130, 4]]
+    for row in record["rows"]:
+        assert all(len(t) == 3 for t in row["seconds"].values()) and row["speedup"] > 0
+        assert row["saved_mib"]["cpu-fused"] < row["saved_mib"]["chunked (chunk 4)"]  # checkpoints, not states
+    assert "| 2x70x8 |" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--shapes", "8x0x1"], ["--shapes", "8x256"], ["--rounds", "2"]])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capfd, argv):
+    assert main(["bench", "ssm_scan", *argv, "--results", str(tmp_path)]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and not list(tmp_path.iterdir()), err

@@ -1,0 +1,109 @@
+"""ssm_scan=cpu-fused (nn/scan_cpu.py): the selective scan as one C++ loop per pass with a recomputing backward.
+Against the Python loop of the specification in float64 (outputs, final state and every gradient, over several
+checkpoint segments); gradcheck; torch's own op checks (the fake tensors torch.compile uses); the Mamba layer
+and a GPT with it equal to the chunked form; a GPU run with it refused before training."""
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.core.errors import ConfigError
+from attnlab.models import GPTConfig, build_model
+from attnlab.nn import cpp_build, scan_cpu
+from attnlab.nn.selective_scan import selective_scan_reference
+from attnlab.nn.ssm import SelectiveSSM
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the kernel is built with g++")
+
+
+def _inputs(batch: int, T: int, d: int, N: int, dtype=torch.float64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(batch, T, d, generator=g, dtype=dtype)
+    delta = F.softplus(torch.randn(batch, T, d, generator=g, dtype=dtype) * 2)  # some steps large (fast forgetting)
+    A = -torch.rand(d, N, generator=g, dtype=dtype) * 4 - 0.01
+    B, C = (torch.randn(batch, T, N, generator=g, dtype=dtype) for _ in range(2))
+    h0 = torch.randn(batch, d, N, generator=g, dtype=dtype)
+    return [t.requires_grad_() for t in (u, delta, A, B, C, h0)]
+
+
+@pytest.mark.parametrize("T", [1, 5, 64, 65, 150])  # within one segment, exactly one, across three
+@pytest.mark.parametrize("with_h0", [True, False])
+def test_outputs_state_and_every_gradient_equal_the_specification(T, with_h0):
+    u, delta, A, B, C, h0 = _inputs(2, T, 5, 7)
+    h0_arg = h0 if with_h0 else None
+    y_ref, h_ref = selective_scan_reference(u, delta, A, B, C, initial_state=h0_arg, return_final_state=True)
+    y, h = scan_cpu.fused_scan(u, delta, A, B, C, h0_arg)
+    assert torch.allclose(y, y_ref, rtol=1e-12, atol=1e-12) and torch.allclose(h, h_ref, rtol=1e-12, atol=1e-12)
+    g = torch.Generator().manual_seed(1)
+    gy, gh = torch.randn(y.shape, generator=g, dtype=y.dtype), torch.randn(h.shape, generator=g, dtype=h.dtype)
+    inputs = (u, delta, A, B, C, h0) if with_h0 else (u, delta, A, B, C)
+    ref = torch.autograd.grad((y_ref * gy).sum() + (h_ref * gh).sum(), inputs)
+    ours = torch.autograd.grad((y * gy).sum() + (h * gh).sum(), inputs)
+    for name, a, b in zip(["u", "delta", "A", "B", "C", "h0"], ours, ref):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-10), (name, (a - b).abs().max().item())
+
+
+def test_gradcheck_and_only_the_output_used():
+    """Finite differences agree; a loss of y alone (the final state unused: its gradient is None) works."""
+    args = _inputs(1, 70, 2, 3)
+    assert torch.autograd.gradcheck(lambda *a: scan_cpu.fused_scan(*a), args)
+    y, _ = scan_cpu.fused_scan(*args[:5])
+    y.sum().backward()
+    assert args[0].grad is not None and args[5].grad is None
+
+
+def test_float32_close_to_float64_and_torch_op_checks():
+    args64 = _inputs(2, 100, 4, 16)
+    args32 = [a.detach().float().requires_grad_() for a in args64]
+    y64, _ = scan_cpu.fused_scan(*args64)
+    y32, _ = scan_cpu.fused_scan(*args32)
+    assert (y32.double() - y64).abs().max() <= 1e-5 * y64.abs().max()
+    op = getattr(torch.ops, scan_cpu.load()).scan.default
+    result = torch.library.opcheck(op, tuple(args32))
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_the_mamba_layer_equals_its_chunked_form_with_and_without_state():
+    torch.manual_seed(0)
+    chunked = SelectiveSSM(24, d_state=8)
+    fused = SelectiveSSM(24, d_state=8, scan="cpu-fused")
+    fused.load_state_dict(chunked.state_dict())
+    x = torch.randn(3, 80, 24, requires_grad=True)
+    y_c = chunked(x)
+    (gx_c,) = torch.autograd.grad(y_c.sum(), x)
+    y_f = fused(x)
+    (gx_f,) = torch.autograd.grad(y_f.sum(), x)
+    assert torch.allclose(y_f, y_c, atol=1e-5) and torch.allclose(gx_f, gx_c, atol=1e-5)
+    with torch.no_grad():  # a prompt prefilled through the kernel, then generation steps: the state carries on
+        states = [m.new_state(3) for m in (chunked, fused)]
+        outs = [torch.cat([m(x[:, :50], state=s), *(m(x[:, t:t + 1], state=s) for t in range(50, 53))], 1)
+                for m, s in zip((chunked, fused), states)]
+        assert torch.allclose(outs[0], outs[1], atol=1e-5)
+        assert torch.allclose(states[0].ssm_state, states[1].ssm_state, atol=1e-5)
+
+
+def test_a_gpt_trains_the_same_with_either_scan_and_compiles():
+    cfg = dict(vocab_size=11, block_size=32, n_layer=2, n_head=2, d_model=16, mixer="ssm", positions="none")
+    torch.manual_seed(0)
+    a = build_model(GPTConfig(**cfg))
+    b = build_model(GPTConfig(**cfg, ssm_scan="cpu-fused"))
+    b.load_state_dict(a.state_dict())
+    idx = torch.randint(0, 11, (4, 32), generator=torch.Generator().manual_seed(0))
+    losses = []
+    for model in (a, b, torch.compile(b)):
+        loss = model(idx, targets=idx).loss
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5) and losses[1] == pytest.approx(losses[2], abs=1e-5)
+
+
+def test_misuse_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="ssm_scan=cpu-fused is a CPU kernel; this run is on cuda"):
+        cpp_build.check_run(GPTConfig(mixer="ssm", positions="none", ssm_scan="cpu-fused"), "cuda", "float32")
+    cpp_build.check_run(GPTConfig(mixer="ssm", positions="none", ssm_scan="cpu-fused"), "cpu", "bfloat16")  # fine
+    cfg = GPTConfig(ssm_scan="cpu-fused")  # an attention model never reads it
+    assert any(option == "ssm_scan" for option, _ in cfg.unused_mixer_options())
+    with pytest.raises(ValueError, match="scan must be 'chunked' or 'cpu-fused'"):
+        SelectiveSSM(8, scan="fused")
