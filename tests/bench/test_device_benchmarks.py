@@ -24,16 +24,17 @@ def test_parallel_time_measures_both_arms_and_applies_the_long_range_rule(tmp_pa
     assert outcome["verdict"] in capfd.readouterr().out
 
 
-def test_long_context_cost_records_every_mixer_and_the_four_cost_rules(tmp_path):
+def test_long_context_cost_records_every_mixer_and_the_cost_rules(tmp_path):
     assert main(["bench", "long_context_cost", "--device", "cpu", "--lengths", "64", "128", "256", "--reps", "2",
                  "--max-step-s", "5", "--results", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "long_context_cost_cpu.json").read_text())
-    assert set(record["cost"]) == {"eager", "sdpa", "tiled", "ssm"}
+    assert set(record["cost"]) == {"eager", "sdpa", "tiled", "ssm", "ssm-fused"}  # on a CPU: the C++ scan too
     assert all(len(v["seconds"]) == 2 and v["peak_mib"] is not None
                for m in record["cost"].values() for v in m.values())
-    # every length is under the rule's 2k, so no slope: each of the four parts says so rather than guessing
-    assert [o["part"] for o in record["outcomes"]] == ["SSM time linear", "attention time quadratic",
-                                                        "SSM memory linear", "eager memory quadratic"]
+    # every length is under the rule's 2k, so no slope: each of the six parts says so rather than guessing
+    assert [o["part"] for o in record["outcomes"]] == [
+        "SSM time linear", "SSM time linear (C++ scan)", "attention time quadratic", "SSM memory linear",
+        "SSM memory linear (C++ scan)", "eager memory quadratic"]
     assert all(o["verdict"] == "not decidable" for o in record["outcomes"])
 
 

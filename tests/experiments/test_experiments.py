@@ -230,7 +230,10 @@ def test_ssm_vs_attention(tmp_path):
     # equal parameters (within 5%), and the rule's verdicts follow the slopes' intervals
     a, m = r["arms"]["attention"]["params"]["mean"], r["arms"]["ssm"]["params"]["mean"]
     assert abs(m - a) / a < 0.05 and r["widths"]["attention"] == s["d_model"]
-    for o in r["outcomes"][:4]:
+    # on a CPU the C++ scan is measured too, with its own two cost rules (six slope rules and the loss rule)
+    assert set(r["cost"]) == set(sva.MIXERS) and len(r["outcomes"]) == 7
+    assert [o["part"] for o in r["outcomes"]].count("SSM time linear (C++ scan)") == 1
+    for o in r["outcomes"][:6]:
         if "interval" in o:
             low, high = o["interval"]
             above = "above" in o["rule"]
