@@ -19,13 +19,14 @@ import json
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from attnlab.bench.memory import saved_for_backward
 from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.experiments.base import interleaved_seconds
 from attnlab.nn import scan_cpu
 from attnlab.nn.selective_scan import selective_scan
 
@@ -64,24 +65,16 @@ def fused(args: list[torch.Tensor]) -> torch.Tensor:
     return y + u * D
 
 
-def timed(fn, args: list[torch.Tensor]) -> float:
-    start = time.perf_counter()
+def timed(fn, args: list[torch.Tensor]) -> None:
     fn(args).sum().backward()
-    return time.perf_counter() - start
 
 
 def saved_mib(fn, args: list[torch.Tensor]) -> float:
     """MiB of the distinct tensors autograd saves during one forward pass of ``fn``."""
-    seen: dict[tuple[int, int], int] = {}
-
-    def pack(x: torch.Tensor) -> torch.Tensor:
-        seen[(x.untyped_storage().data_ptr(), x.untyped_storage().nbytes())] = x.untyped_storage().nbytes()
-        return x
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+    with saved_for_backward() as saved:
         y = fn(args)
     del y
-    return sum(seen.values()) / 2**20
+    return sum(saved.values()) / 2**20
 
 
 def main() -> int:
@@ -103,10 +96,8 @@ def main() -> int:
         x = inputs(*shape)
         for fn in contenders.values():
             timed(fn, x)  # warm-up
-        times: dict[str, list[float]] = {name: [] for name in contenders}
-        for _ in range(args.rounds):
-            for name in rng.sample(list(contenders), len(contenders)):
-                times[name].append(timed(contenders[name], x))
+        times = interleaved_seconds({name: (lambda fn=fn, x=x: timed(fn, x)) for name, fn in contenders.items()},
+                                    args.rounds, rng)
         medians = {name: statistics.median(t) for name, t in times.items()}
         rows.append({"shape": list(shape), "d_state": N_STATE, "seconds": times, "median_s": medians,
                      "speedup": medians["chunked (chunk 4)"] / medians["cpu-fused"],

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.core.errors import ConfigError
+from attnlab.core.fileio import default_cache_dir
 from attnlab.models import GPTConfig, build_model
 from attnlab.nn.attention import cpu_fused
 from attnlab.training.trainer import Trainer
@@ -140,7 +141,7 @@ def test_no_compiler_is_one_clear_error(monkeypatch):
 def test_the_build_is_kept_and_reused(monkeypatch):
     """A second process finds the library in the cache folder instead of building it again."""
     namespace = cpu_fused.load(D)
-    library = cpu_fused.default_cache_dir() / "kernels" / f"{namespace}.so"
+    library = default_cache_dir() / "kernels" / f"{namespace}.so"
     assert library.is_file()
     built = library.stat().st_mtime_ns
     monkeypatch.setattr(cpu_fused, "_LOADED", {})

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.bench.memory import peak_mib_on
+from attnlab.bench.memory import peak_mib_on, saved_for_backward
 from attnlab.nn.attention import causal_mask, scaled_dot_product_attention, sdpa_attention
 from attnlab.nn.attention.tiled import tiled_attention
 
@@ -102,13 +102,10 @@ def memory(fn: Attention, q, k, v, grad) -> tuple[float | None, float]:
     """(peak MiB allocated during one forward + backward, MiB saved for backward), in one run."""
     storages: dict[int, int] = {}
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
     def step() -> None:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved_for_backward() as saved:
             out = _forward(fn, q, k, v)
+        storages.update(saved)
         out.backward(grad)
         del out
 

@@ -20,12 +20,29 @@ On a GPU (``peak_mib_on`` with a CUDA device) the measure is the caching allocat
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
+@contextlib.contextmanager
+def saved_for_backward() -> Iterator[dict[int, int]]:
+    """Within the block, the distinct storages autograd saves for the backward pass (data pointer -> bytes):
+    what a forward pass keeps alive until its backward, each storage counted once however many views share it."""
+    import torch
+
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield storages
 
 
 def _status_mib(key: str) -> float:

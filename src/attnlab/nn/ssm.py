@@ -227,9 +227,10 @@ class SelectiveSSM(nn.Module):
             return selective_scan(u, delta, self.A, B, C, self.D, chunk_size=self.chunk_size, initial_state=h0,
                                   return_final_state=True)
         with torch.autocast(u.device.type, enabled=False):
-            y, h = scan_cpu.fused_scan(u.to(dt), delta.to(dt), self.A.to(dt), B.to(dt), C.to(dt),
+            x = u.to(dt)
+            y, h = scan_cpu.fused_scan(x, delta.to(dt), self.A.to(dt), B.to(dt), C.to(dt),
                                        None if h0 is None else h0.to(dt), self.scan_ops)
-            y = y + u.to(dt) * self.D.to(dt)
+            y = y + x * self.D.to(dt)
         return y.to(u.dtype), h
 
     def step(self, x_t: Tensor, state: SSMState) -> Tensor:

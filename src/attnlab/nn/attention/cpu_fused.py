@@ -32,7 +32,6 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import ConfigError
-from attnlab.core.fileio import default_cache_dir  # noqa: F401  (tests find the cached library through it)
 from attnlab.nn.cpp_build import KernelUnavailable, build_and_load
 
 SOURCE = Path(__file__).with_name("cpu_fused.cpp")
