@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from attnlab.core.errors import ConfigError
 from attnlab.models import GPTConfig, build_model
-from attnlab.nn import cpp_build, scan_cpu
+from attnlab.nn import cpu_kernels, scan_cpu
 from attnlab.nn.selective_scan import selective_scan_reference
 from attnlab.nn.ssm import SelectiveSSM
 
@@ -101,8 +101,8 @@ def test_a_gpt_trains_the_same_with_either_scan_and_compiles():
 
 def test_misuse_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="ssm_scan=cpu-fused is a CPU kernel; this run is on cuda"):
-        cpp_build.check_run(GPTConfig(mixer="ssm", positions="none", ssm_scan="cpu-fused"), "cuda", "float32")
-    cpp_build.check_run(GPTConfig(mixer="ssm", positions="none", ssm_scan="cpu-fused"), "cpu", "bfloat16")  # fine
+        cpu_kernels.check_run(GPTConfig(mixer="ssm", positions="none", ssm_scan="cpu-fused"), "cuda", "float32")
+    cpu_kernels.check_run(GPTConfig(mixer="ssm", positions="none", ssm_scan="cpu-fused"), "cpu", "bfloat16")  # fine
     cfg = GPTConfig(ssm_scan="cpu-fused")  # an attention model never reads it
     assert any(option == "ssm_scan" for option, _ in cfg.unused_mixer_options())
     with pytest.raises(ValueError, match="scan must be 'chunked' or 'cpu-fused'"):

@@ -87,13 +87,3 @@ def build_and_load(source: Path, prefix: str, what: str, instead: str, defines: 
     torch.ops.load_library(str(library))
     return namespace
 
-
-def check_run(model_cfg: object, device_type: str, dtype: str) -> None:
-    """ConfigError, before training, where a run's model asks for one of these CPU kernels but the run computes
-    where it never runs: ``attn_backend=cpu-fused`` (float32 CPU only) and ``ssm_scan=cpu-fused`` (CPU)."""
-    from attnlab.nn.attention import cpu_fused
-
-    cpu_fused.check_run(model_cfg, device_type, dtype)
-    if getattr(model_cfg, "ssm_scan", None) == "cpu-fused" and device_type != "cpu":
-        raise ConfigError(f"model.ssm_scan=cpu-fused is a CPU kernel; this run is on {device_type}: "
-                          "use ssm_scan=chunked")

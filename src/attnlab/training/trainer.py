@@ -69,7 +69,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, preset: str | None = None, log=print) -> None:
         from attnlab.models.registry import build_model
         from attnlab.models.size import check_fits
-        from attnlab.nn import cpp_build
+        from attnlab.nn import cpu_kernels
         from attnlab.training.tasks import build_task
 
         self.device = distributed.resolve_device(cfg.device)
@@ -102,7 +102,7 @@ class Trainer:
         self.tokenizer = getattr(self.task, "tokenizer", None)
         cfg.model.validate()
         check_fits(cfg.model, "the model", batch_size=cfg.batch_size)  # sizes before allocation, now with the vocab
-        cpp_build.check_run(cfg.model, self.device.type, self.dtype)  # before the model builds a kernel
+        cpu_kernels.check_run(cfg.model, self.device.type, self.dtype)  # before the model builds a kernel
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model).to(self.device)
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process (global batches)
