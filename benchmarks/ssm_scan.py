@@ -8,7 +8,10 @@ distinct tensors saved during the forward, through ``torch.autograd.graph.saved_
 Shapes: the layers of ``ssm-vs-attention``'s loss
 comparison (B 8, T 256, d_inner 120) and longer contexts at batch 1.
 
-    python benchmarks/ssm_scan.py [--rounds 7] [--shapes 8x256x120 1x4096x128 1x16384x128]
+    python benchmarks/ssm_scan.py [--rounds 7] [--shapes 8x256x120 1x4096x128 1x16384x128] [--against OLD.cpp]
+
+``--against`` adds another version of nn/scan_cpu.cpp as a third contender, built beside the current one
+(e.g. ``git show REV:src/attnlab/nn/scan_cpu.cpp > old.cpp``): the ratio is old / current.
 
 Prints a table and writes ssm_scan.json under --results (default benchmarks/results).
 """
@@ -32,6 +35,7 @@ from attnlab.nn.selective_scan import selective_scan
 
 ROOT = Path(__file__).resolve().parents[1]
 N_STATE = 16
+AGAINST = "cpu-fused (--against)"
 
 
 def shape_arg(text: str) -> tuple[int, int, int]:
@@ -59,9 +63,9 @@ def chunked(args: list[torch.Tensor]) -> torch.Tensor:
     return selective_scan(*args, chunk_size=4)  # SelectiveSSM's default chunk on a CPU
 
 
-def fused(args: list[torch.Tensor]) -> torch.Tensor:
+def fused(args: list[torch.Tensor], namespace: str | None = None) -> torch.Tensor:
     u, delta, A, B, C, D = args
-    y, _ = scan_cpu.fused_scan(u, delta, A, B, C)
+    y, _ = scan_cpu.fused_scan(u, delta, A, B, C, namespace=namespace)
     return y + u * D
 
 
@@ -82,14 +86,21 @@ def main() -> int:
     ap.add_argument("--rounds", type=at_least(3), default=7)
     ap.add_argument("--shapes", nargs="+", default=["8x256x120", "1x4096x128", "1x16384x128"])
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--against", type=Path, help="another version of nn/scan_cpu.cpp, timed as a third contender")
     args = ap.parse_args()
     try:
         shapes = [shape_arg(s) for s in args.shapes]
     except ValueError as exc:
         print(f"ssm_scan: {exc}", file=sys.stderr)
         return 2
-    scan_cpu.load()  # the build (once) is not timed
+    if args.against is not None and not args.against.is_file():
+        print(f"ssm_scan: --against {args.against} is not a file", file=sys.stderr)
+        return 2
+    scan_cpu.load()  # the builds (once) are not timed
     contenders = {"chunked (chunk 4)": chunked, "cpu-fused": fused}
+    if args.against is not None:
+        other = scan_cpu.load(args.against.resolve())
+        contenders[AGAINST] = lambda x, ns=other: fused(x, ns)
     rng = random.Random(0)
     rows = []
     for shape in shapes:
@@ -102,19 +113,25 @@ def main() -> int:
         rows.append({"shape": list(shape), "d_state": N_STATE, "seconds": times, "median_s": medians,
                      "speedup": medians["chunked (chunk 4)"] / medians["cpu-fused"],
                      "saved_mib": {name: saved_mib(fn, x) for name, fn in contenders.items()}})
+        if AGAINST in medians:
+            rows[-1]["speedup_over_against"] = medians[AGAINST] / medians["cpu-fused"]
     print(f"selective scan, forward + backward, float32, {torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"median of {args.rounds} alternating rounds (ms)")
-    print("| B x T x d_inner | chunked (chunk 4) | cpu-fused | speed-up | saved for backward, MiB: chunked / fused |")
-    print("|---|---|---|---|---|")
+    extra = f" {AGAINST} | its time / cpu-fused's |" if args.against else ""
+    print(f"| B x T x d_inner | chunked (chunk 4) | cpu-fused | speed-up | saved for backward, MiB: chunked / fused |"
+          f"{extra}")
+    print("|---|---|---|---|---|" + "---|---|" * bool(extra))
     for r in rows:
         m, s = r["median_s"], r["saved_mib"]
+        more = f" {1000 * m[AGAINST]:.1f} | {r['speedup_over_against']:.2f}x |" if extra else ""
         print(f"| {'x'.join(map(str, r['shape']))} | {1000 * m['chunked (chunk 4)']:.1f} | "
               f"{1000 * m['cpu-fused']:.1f} | {r['speedup']:.1f}x | "
-              f"{s['chunked (chunk 4)']:.1f} / {s['cpu-fused']:.1f} |")
+              f"{s['chunked (chunk 4)']:.1f} / {s['cpu-fused']:.1f} |{more}")
     args.results.mkdir(parents=True, exist_ok=True)
     out = args.results / "ssm_scan.json"
     out.write_text(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__,
-                               "rounds": args.rounds, "rows": rows}, indent=2))
+                               "rounds": args.rounds, "against": None if args.against is None else str(args.against),
+                               "rows": rows}, indent=2))
     print(f"wrote {out}")
     return 0
 

@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from attnlab.cli import main
+from attnlab.nn import scan_cpu
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the kernel is built with g++")
 
@@ -25,7 +26,22 @@ def test_times_both_scans_and_records_what_autograd_keeps(tmp_path, capfd):
     assert "| 2x70x8 |" in capfd.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["--shapes", "8x0x1"], ["--shapes", "8x256"], ["--rounds", "2"]])
+def test_another_version_of_the_kernel_is_a_third_contender(tmp_path, capfd):
+    """--against builds another scan_cpu.cpp beside the current one (here the same text plus a comment, so a
+    namespace of its own) and reports its time over the current kernel's."""
+    other = tmp_path / "older.cpp"
+    other.write_text(scan_cpu.SOURCE.read_text() + "// another version\n")
+    out = tmp_path / "out"
+    assert main(["bench", "ssm_scan", "--rounds", "3", "--shapes", "1x70x8", "--against", str(other), "--results",
+                 str(out)]) == 0
+    row = json.loads((out / "ssm_scan.json").read_text())["rows"][0]
+    assert set(row["seconds"]) == {"chunked (chunk 4)", "cpu-fused", "cpu-fused (--against)"}
+    assert row["speedup_over_against"] > 0 and "its time / cpu-fused's" in capfd.readouterr().out
+    assert scan_cpu.load(other) != scan_cpu.load()
+
+
+@pytest.mark.parametrize("argv", [["--shapes", "8x0x1"], ["--shapes", "8x256"], ["--rounds", "2"],
+                                  ["--against", "no-such-kernel.cpp"]])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capfd, argv):
     assert main(["bench", "ssm_scan", *argv, "--results", str(tmp_path)]) == 2
     err = capfd.readouterr().err.strip().splitlines()

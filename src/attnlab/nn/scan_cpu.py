@@ -30,19 +30,21 @@ SOURCE = Path(__file__).with_name("scan_cpu.cpp")
 NAME = "cpu-fused"
 SEGMENT = 64  # steps between the forward's checkpoints (SEG in scan_cpu.cpp)
 _LOCK = threading.Lock()
-_LOADED: list[str] = []
+_LOADED: dict[Path, str] = {}
 
 
-def load() -> str:
+def load(source: Path = SOURCE) -> str:
     """Build (once, cached on disk) and load the scan; returns its op namespace (ops ``scan`` and
-    ``scan_backward``, with their fake tensors and autograd formula registered)."""
+    ``scan_backward``, with their fake tensors and autograd formula registered). ``source``: another version of
+    scan_cpu.cpp with the same ops (``benchmarks/ssm_scan.py --against``), loaded under a namespace of its own."""
     with _LOCK:
-        if not _LOADED:
-            namespace = build_and_load(SOURCE, "attnlab_scan_cpu", f"the {NAME} selective scan",
+        if source not in _LOADED:
+            namespace = build_and_load(source, "attnlab_scan_cpu", f"the {NAME} selective scan",
                                        "ssm_scan=chunked", seconds=15)
-            _register(namespace)
-            _LOADED.append(namespace)
-        return _LOADED[0]
+            if namespace not in _LOADED.values():  # the same text at another path: already registered
+                _register(namespace)
+            _LOADED[source] = namespace
+        return _LOADED[source]
 
 
 def _register(namespace: str) -> None:
