@@ -46,6 +46,24 @@ def test_outputs_state_and_every_gradient_equal_the_specification(T, with_h0, N)
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-10), (name, (a - b).abs().max().item())
 
 
+@pytest.mark.parametrize("N", [7, 16])
+def test_two_threads_split_the_channels_and_give_the_same_numbers(N):
+    """The suite runs one torch thread; here two, so the channels are split between threads and dB, dC are
+    summed over the threads' own buffers."""
+    args = _inputs(3, 130, 9, N)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            y, h = scan_cpu.fused_scan(*args)
+            results.append((y, h, *torch.autograd.grad(y.square().sum() + h.sum(), args)))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_gradcheck_and_only_the_output_used():
     """Finite differences agree; a loss of y alone (the final state unused: its gradient is None) works."""
     args = _inputs(1, 70, 2, 3)
