@@ -49,6 +49,21 @@ def test_as_close_to_float64_as_pytorchs_kernel(B, T, H):
         assert err <= bound, (err, bound)
 
 
+def test_two_threads_give_the_same_numbers():
+    """The suite runs one torch thread; here two, so the (batch, head) pairs are split between threads, each
+    with scratch buffers of its own."""
+    qkv, grad = _heads(4, 200, 4)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 2, 2):  # the first call after the switch may still run on one thread
+            torch.set_num_threads(threads)
+            results.append(_attention(lambda q, k, v: cpu_fused.cpu_fused_attention(q, k, v, D ** -0.5), qkv, grad))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for other in results[1:] for a, b in zip(results[0], other))
+
+
 def test_other_scale_and_fake_tensors():
     """The scale is the caller's; the op's fake (meta) implementation and autograd pass torch's own checks,
     which torch.compile relies on."""
