@@ -23,7 +23,8 @@ scan (the same function as the chunked form, ~19x faster at this size since its 
 6x in the committed run: benchmarks/ssm_scan.py). Budget: a fixed
 3,000 steps of 8 sequences (6.1 M characters), stated in advance: the first run's 600 steps left both arms at
 the top of their sweep and attention at 2.45 nats, near a bigram model, so it compared learning speed early
-in training, not the models. ~45 minutes with ``--workers 2``; part 1 takes ~10 minutes.
+in training, not the models. The committed run took 70 minutes with ``--workers 2`` on a 2-core CPU (4,225 s,
+over the issue's 45-minute ceiling), part 1 ~10 of them.
 
 Verdict rule, fixed before the run (95% intervals):
     SSM time linear          slope of the SSM's time below 1.5 (closer to linear than quadratic), each scan
