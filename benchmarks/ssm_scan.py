@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from attnlab.bench.memory import saved_for_backward
 from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.core.errors import ConfigError
 from attnlab.experiments.base import interleaved_seconds
 from attnlab.nn import scan_cpu
 from attnlab.nn.selective_scan import selective_scan
@@ -99,7 +100,11 @@ def main() -> int:
     scan_cpu.load()  # the builds (once) are not timed
     contenders = {"chunked (chunk 4)": chunked, "cpu-fused": fused}
     if args.against is not None:
-        other = scan_cpu.load(args.against.resolve())
+        try:
+            other = scan_cpu.load(args.against.resolve())
+        except (ConfigError, RuntimeError) as exc:  # it does not build, or defines other ops
+            print(f"ssm_scan: --against {args.against}: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+            return 2
         contenders[AGAINST] = lambda x, ns=other: fused(x, ns)
     rng = random.Random(0)
     rows = []

@@ -46,3 +46,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capfd, argv):
     assert main(["bench", "ssm_scan", *argv, "--results", str(tmp_path)]) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and not list(tmp_path.iterdir()), err
+
+
+@pytest.mark.parametrize("text", ["garbage\n", "int x;\n"])  # does not build; builds but defines no scan ops
+def test_an_against_kernel_that_cannot_serve_is_one_line_and_exit_2(tmp_path, capfd, text):
+    source = tmp_path / "broken.cpp"
+    source.write_text(text)
+    out = tmp_path / "out"
+    assert main(["bench", "ssm_scan", "--rounds", "3", "--shapes", "1x10x4", "--against", str(source),
+                 "--results", str(out)]) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(f"ssm_scan: --against {source}")
+    assert not out.exists()
