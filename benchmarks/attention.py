@@ -48,7 +48,7 @@ from attnlab.bench.attention import (
     tune_block,
 )
 from attnlab.bench.devices import resolve_device
-from attnlab.cli.errors import OneLineParser, at_least, finite
+from attnlab.cli.errors import OneLineParser, at_least, finite, run_script
 from attnlab.core.errors import ConfigError
 from attnlab.core.fileio import check_writable_file
 from attnlab.core.runtime import intra_op_threads
@@ -260,4 +260,4 @@ def main() -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "attention")

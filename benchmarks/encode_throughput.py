@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import OneLineParser, at_least, run_script
 
 SUBJECTS = ["The old fisherman", "A small child", "Our new neighbour", "The committee", "She", "The engineer",
             "A flock of geese", "The orchestra", "My grandmother", "The startup", "Nobody", "The river"]
@@ -124,4 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "encode_throughput")

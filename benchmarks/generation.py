@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.devices import resolve_device
-from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import OneLineParser, at_least, run_script
 
 
 def main() -> int | None:
@@ -164,4 +163,4 @@ def per_token_latency(ours, hf, args, device: torch.device, sync) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "generation")

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import OneLineParser, at_least, run_script
 from attnlab.cli.errors import seed as any_seed
 from attnlab.models import GPTConfig, build_model
 from attnlab.models.gpt import GPT
@@ -337,4 +337,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "generation_cache")

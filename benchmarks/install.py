@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from attnlab.cli.errors import run_script
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("fastapi", "uvicorn", "captum", "scipy", "sklearn", "sacrebleu")
 
@@ -91,4 +93,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "install")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import OneLineParser, at_least, run_script
 from attnlab.nn.attention import KVCache, MultiHeadAttention
 from attnlab.nn.attention.latent import LatentKVCache, MultiHeadLatentAttention
 
@@ -208,4 +208,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "kv_cache_size")

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.devices import resolve_device
-from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import OneLineParser, at_least, run_script
 from attnlab.experiments.base import slope_text, slopes
 from attnlab.experiments.ssm_vs_attention import FULL, SLOPE_FROM, cost, cost_outcomes
 
@@ -85,4 +85,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "long_context_cost")

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from attnlab.bench.mixers import VARIANTS, run
-from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import OneLineParser, at_least, run_script
 
 
 def main() -> None:
@@ -47,4 +47,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "mixers_training")

@@ -61,7 +61,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import OneLineParser, at_least, run_script
 from attnlab.cli.errors import seed as any_seed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -407,4 +407,4 @@ def write(results: Path, mode: dict, record: dict) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "speedrun")

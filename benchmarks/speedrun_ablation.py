@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnlab.cli.errors import OneLineParser
+from attnlab.cli.errors import OneLineParser, run_script
 from attnlab.cli.errors import seed as any_seed
 from attnlab.training.runs import load_train_config
 
@@ -158,4 +158,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "speedrun_ablation")

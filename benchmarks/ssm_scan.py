@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.bench.memory import saved_for_backward
-from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import OneLineParser, at_least, run_script
 from attnlab.core.errors import ConfigError
 from attnlab.experiments.base import interleaved_seconds
 from attnlab.nn import scan_cpu
@@ -142,4 +142,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "ssm_scan")

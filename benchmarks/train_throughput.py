@@ -24,14 +24,13 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from attnlab.bench.devices import resolve_device
-from attnlab.cli.errors import OneLineParser, at_least
+from attnlab.cli.errors import OneLineParser, at_least, run_script
 
 SHAPES = {
     # nanoGPT's shakespeare-char CPU recipe
@@ -190,4 +189,4 @@ def main() -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "train_throughput")

@@ -58,3 +58,11 @@ def test_an_against_kernel_that_cannot_serve_is_one_line_and_exit_2(tmp_path, ca
     err = capfd.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(f"ssm_scan: --against {source}")
     assert not out.exists()
+
+
+def test_no_compiler_is_one_line_and_exit_2(tmp_path, capfd, monkeypatch):
+    """benchmarks/ run through cli.errors.run_script: a kernel that cannot be built here is a user error."""
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    assert main(["bench", "ssm_scan", "--rounds", "3", "--shapes", "1x10x4", "--results", str(tmp_path)]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ssm_scan: ") and "C++ compiler" in err[0], err

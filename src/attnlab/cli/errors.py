@@ -1,10 +1,13 @@
-"""The command line's one-line usage errors."""
+"""The command line's one-line usage errors, and the same for the scripts under benchmarks/."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
+from typing import NoReturn
 
-from attnlab.core.errors import ConfigError
+from attnlab.core.errors import AttnlabError, ConfigError
 from attnlab.core.schema import did_you_mean
 
 # the arguments that name a file or folder, by dest: an empty one is refused, where it would otherwise read as
@@ -73,3 +76,15 @@ def finite(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
     return value
+
+
+def run_script(main: Callable[[], int | None], name: str) -> NoReturn:
+    """Run a script's ``main`` (benchmarks/*.py) and exit with its status; a user error raised on the way (an
+    ``AttnlabError``: a bad setting, a kernel that cannot be built here) is one line, ``NAME: message``, and
+    exit 2, as from the ``attnlab`` command, instead of a traceback."""
+    try:
+        code = main()
+    except AttnlabError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code or 0)
