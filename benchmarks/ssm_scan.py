@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from attnlab.bench.memory import saved_for_backward
 from attnlab.cli.errors import OneLineParser, at_least, run_script
 from attnlab.core.errors import ConfigError
+from attnlab.core.resources import check_room
 from attnlab.experiments.base import interleaved_seconds
 from attnlab.nn import scan_cpu
 from attnlab.nn.selective_scan import selective_scan
@@ -94,6 +95,10 @@ def main() -> int:
     except ValueError as exc:
         print(f"ssm_scan: {exc}", file=sys.stderr)
         return 2
+    for batch, T, d in shapes:  # a lower bound: the inputs, and the chunked form's states with their gradient
+        check_room(f"the shape {batch}x{T}x{d}", memory=4 * (3 * batch * T * d + 2 * batch * T * N_STATE
+                                                             + 2 * batch * T * d * N_STATE),
+                   advice="give smaller --shapes")
     if args.against is not None and not args.against.is_file():
         print(f"ssm_scan: --against {args.against} is not a file", file=sys.stderr)
         return 2

@@ -41,7 +41,8 @@ def test_another_version_of_the_kernel_is_a_third_contender(tmp_path, capfd):
 
 
 @pytest.mark.parametrize("argv", [["--shapes", "8x0x1"], ["--shapes", "8x256"], ["--rounds", "2"],
-                                  ["--against", "no-such-kernel.cpp"]])
+                                  ["--against", "no-such-kernel.cpp"],
+                                  ["--shapes", "64x65536x65536"]])  # ~35 PiB: refused before any allocation
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capfd, argv):
     assert main(["bench", "ssm_scan", *argv, "--results", str(tmp_path)]) == 2
     err = capfd.readouterr().err.strip().splitlines()
