@@ -87,8 +87,8 @@ def build(args: argparse.Namespace, variant: Variant, block_size: int) -> GPT:
 def set_absorb(model: GPT, absorb: bool) -> None:
     """Switch the decoding form of every MLA layer (a no-op for other mixers)."""
     for block in model.blocks:
-        if isinstance(block.self_attn, MultiHeadLatentAttention):
-            block.self_attn.absorb = absorb
+        if isinstance(block.mixer, MultiHeadLatentAttention):
+            block.mixer.absorb = absorb
 
 
 # ------------------------------------------------------------------------------- cache bytes
