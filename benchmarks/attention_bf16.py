@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.core.resources import check_room
 from attnlab.nn.attention.kernels import MAX_SCORES, bmm_attention
 
 
@@ -75,9 +76,12 @@ def main() -> None:
     ap.add_argument("--threads", type=at_least(1), default=None)
     ap.add_argument("--out", default="benchmarks/results/attention_bf16.json")
     args = ap.parse_args()
+    B, H, D = args.batch, args.heads, args.head_dim
+    T = max(args.lengths)  # a lower bound, in bf16: q, k, v and the output's gradient, and the bmm path's scores
+    check_room(f"T={T} at B={B} H={H} D={D}", memory=2 * (4 * B * H * T * D + 2 * B * H * T * T),
+               advice="give smaller --lengths or --batch")
     if args.threads:
         torch.set_num_threads(args.threads)
-    B, H, D = args.batch, args.heads, args.head_dim
     rows = []
     print(f"\nbf16 causal attention, forward + backward per layer, B={B} H={H} D={D}, "
           f"CPU, {torch.get_num_threads()} threads, median of {args.rounds} rounds x {args.reps}\n")

@@ -23,14 +23,17 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, finite, run_script
+from attnlab.core.resources import check_room
 from attnlab.nn.attention import KVCache, MultiHeadAttention
+from attnlab.nn.attention.kernels import BACKENDS, CPU_FUSED
 from attnlab.nn.attention.latent import LatentKVCache, MultiHeadLatentAttention
 
 MiB = 2**20
@@ -139,7 +142,7 @@ def measure_decode(args: argparse.Namespace, backend: str) -> dict:
 # ------------------------------------------------------------------------------------- main
 
 
-def main() -> None:
+def main() -> int | None:
     ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n-layer", type=at_least(1), default=12)
     ap.add_argument("--d-model", type=at_least(1), default=768)
@@ -151,11 +154,23 @@ def main() -> None:
     ap.add_argument("--alloc-batch", type=at_least(1), default=2, help="batch of the caches allocated for counting")
     ap.add_argument("--alloc-len", type=at_least(1), default=256, help="max_len of the caches allocated for counting")
     ap.add_argument("--decode-context", type=at_least(1), default=1024)
-    ap.add_argument("--backends", nargs="+", default=["eager", "sdpa"])
+    ap.add_argument("--backends", nargs="+", default=["eager", "sdpa"], choices=[*BACKENDS, CPU_FUSED])
     ap.add_argument("--threads", type=at_least(1), default=1)
-    ap.add_argument("--budget", type=float, default=1.5, help="seconds of timing per (backend, variant)")
+    ap.add_argument("--budget", type=finite, default=1.5, help="seconds of timing per (backend, variant), > 0")
     ap.add_argument("--out", default="benchmarks/results/kv_cache_size.json")
     args = ap.parse_args()
+    problem = (f"--budget must be > 0, got {args.budget}" if args.budget <= 0
+               else f"--d-rope must be even (RoPE rotates pairs), got {args.d_rope}" if args.d_rope % 2
+               else f"--d-model {args.d_model} must be a multiple of --heads {args.heads}" if args.d_model % args.heads
+               else f"--heads {args.heads} must be a multiple of each --gqa {args.gqa}"
+               if any(args.heads % g for g in args.gqa) else "")
+    if problem:
+        print(f"kv_cache_size: {problem}", file=sys.stderr)
+        return 2
+    # a lower bound: the MHA caches allocated for counting (K and V, fp32, every layer)
+    check_room(f"caches of batch {args.alloc_batch} x {args.alloc_len} positions",
+               memory=4 * 2 * args.alloc_batch * args.alloc_len * args.n_layer * args.d_model,
+               advice="give a smaller --alloc-batch or --alloc-len")
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     head_dim = args.d_model // args.heads
