@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +32,9 @@ import torch
 
 from attnlab.bench.devices import resolve_device
 from attnlab.cli.errors import OneLineParser, at_least, run_script
+
+CONTEXT = 1024  # the model's block_size
+PROMPTS = (16, 512)  # the throughput part's prompt lengths
 
 
 def main() -> int | None:
@@ -44,6 +48,11 @@ def main() -> int | None:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when one is visible)")
     ap.add_argument("--out", default="benchmarks/results/generation.json")
     args = ap.parse_args()
+    if max(args.contexts) > CONTEXT or max(PROMPTS) + args.new_tokens > CONTEXT:
+        print(f"generation: the model's context is {CONTEXT} tokens: --contexts at most {CONTEXT} (got "
+              f"{max(args.contexts)}), --new-tokens at most {CONTEXT - max(PROMPTS)} (got {args.new_tokens})",
+              file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device, "generation")
@@ -57,7 +66,8 @@ def main() -> int | None:
     from attnlab.models import GPTConfig, build_model
 
     torch.manual_seed(0)
-    ours = build_model(GPTConfig(vocab_size=256, block_size=1024, n_layer=6, n_head=6, d_model=384, bias=True)).eval()
+    cfg = GPTConfig(vocab_size=256, block_size=CONTEXT, n_layer=6, n_head=6, d_model=384, bias=True)
+    ours = build_model(cfg).eval()
     with tempfile.TemporaryDirectory() as tmp:
         save_gpt2(ours, tmp)
         hf = transformers.GPT2LMHeadModel.from_pretrained(tmp).eval().to(device)
@@ -79,7 +89,7 @@ def main() -> int | None:
         contenders["attnlab+compile"] = run_ours_compiled
     rows = []
     for batch in (1, 8):
-        for prompt_len in (16, 512):
+        for prompt_len in PROMPTS:
             prompt = torch.randint(0, 256, (batch, prompt_len), generator=torch.Generator().manual_seed(1)).to(device)
             reference = run_hf(prompt)  # also warms up (and compiles) every contender
             same = {name: torch.equal(fn(prompt), reference) for name, fn in contenders.items() if name != "hf"}

@@ -18,6 +18,8 @@ from attnlab.cli import main
     (["kv_cache_size", "--backends", "nosuch"], "invalid choice"),  # was a ValueError traceback
     (["kv_cache_size", "--budget", "-1"], "--budget must be > 0"),  # was accepted: exit 0
     (["kv_cache_size", "--budget", "nan"], "finite number"),  # likewise
+    (["generation", "--contexts", "100000000"], "--contexts at most 1024"),  # was a ValueError after minutes
+    (["generation", "--new-tokens", "600"], "--new-tokens at most 512"),
 ])
 def test_one_line_and_exit_2_before_any_work(tmp_path, capfd, argv, message):
     out = tmp_path / "out.json"
