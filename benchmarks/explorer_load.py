@@ -51,8 +51,11 @@ def free_port() -> int:
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the explorer exited early (status {proc.returncode})")
+        if proc.poll() is not None:  # its own one-line reason, and its status (2: the run was refused)
+            why = (proc.stderr.read() if proc.stderr else "").strip().splitlines()
+            print(f"explorer_load: the explorer exited early: {why[-1] if why else f'status {proc.returncode}'}",
+                  file=sys.stderr)
+            sys.exit(2 if proc.returncode == 2 else 1)
         try:
             if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
                 return
@@ -73,7 +76,7 @@ def start_explorer(run_dir: Path) -> tuple[subprocess.Popen, str, int]:
     return proc, url, port
 
 
-def main() -> None:
+def main() -> int | None:
     ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", default=None, help="a trained GPT run (default: train a tiny one in a temp dir)")
     ap.add_argument("--requests", type=at_least(1), default=200)
@@ -81,6 +84,9 @@ def main() -> None:
     ap.add_argument("--text", default=None, help="default: the run's example text")
     ap.add_argument("--out", default="benchmarks/results/explorer_load.json")
     args = ap.parse_args()
+    if args.run_dir is not None and not Path(args.run_dir).is_dir():
+        print(f"explorer_load: --run-dir {args.run_dir}: run folder not found", file=sys.stderr)
+        return 2
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(args.run_dir) if args.run_dir else tiny_run(Path(tmp))

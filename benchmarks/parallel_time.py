@@ -24,6 +24,7 @@ import torch
 
 from attnlab.bench.devices import resolve_device
 from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.core.resources import check_room
 from attnlab.experiments.base import slope_interval
 from attnlab.experiments.long_range import forward_times, parallel_outcome
 
@@ -44,6 +45,8 @@ def main() -> int:
     if len(lengths) < 3 or min(lengths) < 2 or args.repeats < 3:
         print("parallel_time: give at least 3 lengths (each >= 2) and --repeats >= 3", file=sys.stderr)
         return 2
+    T = max(lengths)  # a lower bound: one T x T matrix of attention scores in float32
+    check_room(f"T={T}", memory=4 * T * T, advice="give smaller --lengths")
     times = forward_times(tuple(sorted(set(lengths))), args.repeats, str(device))
     slopes = {arm: slope_interval(t) for arm, t in times.items()}
     outcome = parallel_outcome(slopes)

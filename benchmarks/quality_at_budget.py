@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, positive, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
     ap.add_argument("--default", default=str(ROOT / "configs" / "shakespeare-char.yaml"))
     ap.add_argument("--fast", nargs="+", default=[str(ROOT / "configs" / "shakespeare-char-fast.yaml")])
-    ap.add_argument("--budget-s", type=float, default=None, help="skip the default run and use this budget")
+    ap.add_argument("--budget-s", type=positive, default=None, help="skip the default run and use this budget")
     ap.add_argument("--calibration-steps", type=at_least(1), default=40)
     ap.add_argument("--threads", type=at_least(1), default=None)
     ap.add_argument("--out", default="benchmarks/results/quality_at_budget.json")

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnlab.cli.errors import OneLineParser, run_script
+from attnlab.cli.errors import OneLineParser, positive, run_script
 from attnlab.cli.errors import seed as any_seed
 from attnlab.training.runs import load_train_config
 
@@ -119,7 +119,7 @@ def search(names: list[str], seeds: list[int], target: float, work: Path, start:
 def main() -> int:
     ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=any_seed, nargs="+", default=[1337, 1338, 1339])
-    ap.add_argument("--target", type=float, default=1.88)
+    ap.add_argument("--target", type=positive, default=1.88)
     ap.add_argument("--only", nargs="+", choices=sorted(VARIANTS), help="these variants (and the preset)")
     args = ap.parse_args()
     if not DATA.is_file():

@@ -20,10 +20,20 @@ from attnlab.cli import main
     (["kv_cache_size", "--budget", "nan"], "finite number"),  # likewise
     (["generation", "--contexts", "100000000"], "--contexts at most 1024"),  # was a ValueError after minutes
     (["generation", "--new-tokens", "600"], "--new-tokens at most 512"),
+    (["parallel_time", "--lengths", "64", "128", "100000000", "--results", "{tmp}"], "of memory"),  # was a traceback
+    (["quality_at_budget", "--budget-s", "nan"], "must be a finite number"),  # was a ValueError traceback
+    (["quality_at_budget", "--budget-s", "-5"], "must be a number > 0"),  # was accepted
+    (["set_interaction", "--lrs", "-1"], "must be a number > 0"),  # was a ValueError traceback
+    (["speedrun_ablation", "--target", "nan"], "must be a finite number"),  # was accepted: hours of runs
+    (["explorer_load", "--run-dir", "/no/such/run"], "run folder not found"),  # was "exited early", exit 1
+    (["explorer_load", "--run-dir", "{tmp}"], "not a trained run folder"),  # the explorer's own reason, exit 2
 ])
 def test_one_line_and_exit_2_before_any_work(tmp_path, capfd, argv, message):
     out = tmp_path / "out.json"
-    assert main(["bench", *argv, "--out", str(out)]) == 2
+    (tmp_path / "empty").mkdir()
+    argv = [a.replace("{tmp}", str(tmp_path / ("empty" if argv[0] == "explorer_load" else "results"))) for a in argv]
+    takes_out = argv[0] not in ("parallel_time", "speedrun_ablation")  # these write under --results / fixed paths
+    assert main(["bench", *argv, *(["--out", str(out)] if takes_out else [])]) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "results").exists()

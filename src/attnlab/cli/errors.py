@@ -78,6 +78,14 @@ def finite(text: str) -> float:
     return value
 
 
+def positive(text: str) -> float:
+    """An argparse type: a finite number > 0 (a budget, a rate, a target)."""
+    value = finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
 def run_script(main: Callable[[], int | None], name: str) -> NoReturn:
     """Run a script's ``main`` (benchmarks/*.py) and exit with its status; a user error raised on the way (an
     ``AttnlabError``: a bad setting, a kernel that cannot be built here) is one line, ``NAME: message``, and
