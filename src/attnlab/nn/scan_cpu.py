@@ -41,8 +41,7 @@ def load(source: Path = SOURCE) -> str:
         if source not in _LOADED:
             namespace = build_and_load(source, "attnlab_scan_cpu", f"the {NAME} selective scan",
                                        "ssm_scan=chunked", seconds=15)
-            if namespace not in _LOADED.values():  # the same text at another path: already registered
-                _register(namespace)
+            _register(namespace)  # a namespace of its own: the build's key includes the source's path
             _LOADED[source] = namespace
         return _LOADED[source]
 
