@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnlab.cli.errors import run_script
+from attnlab.cli.errors import OneLineParser, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("fastapi", "uvicorn", "captum", "scipy", "sklearn", "sacrebleu")
@@ -57,6 +57,7 @@ def stand_in_torch(python: Path, version: str) -> None:
 
 
 def main() -> int:
+    OneLineParser(description=__doc__.splitlines()[0]).parse_args()  # --help, and nothing else is accepted
     results: dict = {"checks": {}}
     with tempfile.TemporaryDirectory() as tmp:
         py = venv(Path(tmp) / "real")

@@ -61,7 +61,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, positive, run_script
 from attnlab.cli.errors import seed as any_seed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -325,7 +325,7 @@ def main() -> int:
     ap.add_argument("--seed", type=any_seed, default=1337, help="attnlab's seed in the first round (round r: seed + r)")
     ap.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                     help="no runs: put the rounds of earlier runs' JSON files together")
-    ap.add_argument("--target", type=float, help="val loss to reach (default 1.88, --gpu: 1.47)")
+    ap.add_argument("--target", type=positive, help="val loss to reach (default 1.88, --gpu: 1.47)")
     ap.add_argument("--data", type=Path, default=DATA, help="tinyshakespeare's text")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and plot go")
     ap.add_argument("--threads", type=at_least(1), default=os.cpu_count())

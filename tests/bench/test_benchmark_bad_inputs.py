@@ -27,13 +27,21 @@ from attnlab.cli import main
     (["speedrun_ablation", "--target", "nan"], "must be a finite number"),  # was accepted: hours of runs
     (["explorer_load", "--run-dir", "/no/such/run"], "run folder not found"),  # was "exited early", exit 1
     (["explorer_load", "--run-dir", "{tmp}"], "not a trained run folder"),  # the explorer's own reason, exit 2
+    (["speedrun", "--nanogpt", "{tmp}", "--target", "nan"], "must be a finite number"),  # was accepted: a full run
+    (["install", "--quick"], "unrecognized arguments"),  # install.py took no arguments: any ran the install
 ])
 def test_one_line_and_exit_2_before_any_work(tmp_path, capfd, argv, message):
     out = tmp_path / "out.json"
     (tmp_path / "empty").mkdir()
-    argv = [a.replace("{tmp}", str(tmp_path / ("empty" if argv[0] == "explorer_load" else "results"))) for a in argv]
-    takes_out = argv[0] not in ("parallel_time", "speedrun_ablation")  # these write under --results / fixed paths
+    argv = [a.replace("{tmp}", str(tmp_path / ("results" if argv[0] == "parallel_time" else "empty"))) for a in argv]
+    takes_out = argv[0] not in ("parallel_time", "speedrun_ablation", "speedrun", "install")  # no --out
     assert main(["bench", *argv, *(["--out", str(out)] if takes_out else [])]) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists() and not (tmp_path / "results").exists()
+
+
+def test_install_benchmark_has_a_help(capfd):
+    """`bench install --help` prints its usage; it used to start the two-minute install it measures."""
+    assert main(["bench", "install", "--help"]) == 0
+    assert "usage:" in capfd.readouterr().out
