@@ -148,6 +148,12 @@ def test_bench_lists_runs_and_rejects_unknown_names(tmp_path, capsys):
         assert name in listing
     err = _one_line_error(capsys, main(["bench", "atention"]))
     assert "did you mean 'attention'" in err
+    assert main(["bench", "--list", "attention"]) == 0  # one line: that benchmark's
+    assert capsys.readouterr().out.splitlines() == [line for line in listing.splitlines()
+                                                    if line.startswith("attention ")]
+    assert "unknown benchmark 'atention'" in _one_line_error(capsys, main(["bench", "--list", "atention"]))
+    assert "--quick would be passed to a run" in _one_line_error(capsys, main(["bench", "--list", "attention",
+                                                                               "--quick"]))
     out = tmp_path / "a.json"
     code = main(["bench", "attention", "--lengths", "128", "--block", "64", "--out", str(out),
                  "--plot", str(tmp_path / "a.png")])

@@ -24,6 +24,20 @@ def test_experiment_list_and_unknown_name(capsys):
     assert "is more than this machine's" in capsys.readouterr().err
 
 
+def test_list_with_a_name_shows_that_one_and_refuses_what_only_a_run_uses(capsys):
+    """`--list extra` once listed everything and exited 0; `--list --quick` silently ran nothing."""
+    assert main(["experiment", "--list", "grokking"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("grokking ") and "modular addition" in out[0]
+    assert main(["experiment", "--list", "extra"]) == 2
+    assert "unknown experiment 'extra'" in capsys.readouterr().err
+    for argv, flags in ((["--list", "--quick"], "--quick"), (["--list", "chomsky", "--resume", "--workers", "2"],
+                                                             "--resume and --workers")):
+        assert main(["experiment", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"attnlab: error: {flags} only apply to a run"), err
+
+
 def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
     import attnlab.experiments as experiments
 

@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (prints a table, writes JSON)")
     p.add_argument("name", nargs="?", help="e.g. train_throughput, attention, generation_cache")
     p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark, e.g. --quick")
-    p.add_argument("--list", action="store_true", help="list the benchmarks")
+    p.add_argument("--list", action="store_true", help="list the benchmarks (with a name: that one's line)")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -35,11 +35,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     folder = _benchmarks_dir()
     scripts = {p.stem: p for p in sorted(folder.glob("*.py")) if not p.name.startswith("_")}
+    if args.name and args.name not in scripts:
+        raise unknown_name("benchmark", args.name, list(scripts))
     if args.list or not args.name:
-        for name, path in scripts.items():
-            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        if args.args:  # arguments for a run that --list would silently drop
+            from attnlab.core.errors import ConfigError
+
+            raise ConfigError(f"--list only lists; {' '.join(args.args)} would be passed to a run: "
+                              "leave out --list to run the benchmark")
+        for name in [args.name] if args.name else scripts:
+            doc = ast.get_docstring(ast.parse(scripts[name].read_text(encoding="utf-8"))) or ""
             print(f"{name:<20} {doc.splitlines()[0] if doc else ''}")
         return 0
-    if args.name not in scripts:
-        raise unknown_name("benchmark", args.name, list(scripts))
     return subprocess.call([sys.executable, str(scripts[args.name]), *args.args])

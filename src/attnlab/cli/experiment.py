@@ -12,7 +12,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the experiment command to the parser."""
     p = sub.add_parser("experiment", help="run an experiment that tests one of the course's claims")
     p.add_argument("name", nargs="?", help="see --list")
-    p.add_argument("--list", action="store_true", help="list the experiments and their claims")
+    p.add_argument("--list", action="store_true",
+                   help="list the experiments and their claims (with a name: that one's)")
     p.add_argument("--quick", action="store_true", help="a small version (minutes on 2 cores)")
     p.add_argument("--out", default=None, help="output folder (default runs/experiments/NAME)")
     p.add_argument("--resume", action="store_true", help="keep what an earlier run in OUT finished "
@@ -24,15 +25,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
+    from attnlab.core.errors import ConfigError
     from attnlab.experiments import EXPERIMENTS, load
 
+    if args.name and args.name not in EXPERIMENTS:
+        raise unknown_name("experiment", args.name, list(EXPERIMENTS))
     if args.list or not args.name:
-        for name in EXPERIMENTS:
+        running = [flag for flag, given in (("--quick", args.quick), ("--out", args.out is not None),
+                                            ("--resume", args.resume), ("--workers", args.workers != 1)) if given]
+        if running:  # they only mean something for a run: a list that ignored them would hide the mistake
+            raise ConfigError(f"{' and '.join(running)} only apply to a run, and --list (or no name) only lists: "
+                              "leave them out, or name an experiment without --list")
+        for name in [args.name] if args.name else EXPERIMENTS:
             print(f"{name:<20} {load(name).CLAIM}")
         return 0
-    if args.name not in EXPERIMENTS:
-        raise unknown_name("experiment", args.name, list(EXPERIMENTS))
-    from attnlab.core.errors import ConfigError
     from attnlab.core.fileio import check_writable_folder
 
     if args.workers < 1:
