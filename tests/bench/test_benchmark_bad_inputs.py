@@ -16,7 +16,7 @@ from attnlab.cli import main
     (["kv_cache_size", "--gqa", "5"], "multiple of each --gqa"),
     (["kv_cache_size", "--d-rope", "3"], "--d-rope must be even"),  # was a ValueError traceback
     (["kv_cache_size", "--backends", "nosuch"], "invalid choice"),  # was a ValueError traceback
-    (["kv_cache_size", "--budget", "-1"], "--budget must be > 0"),  # was accepted: exit 0
+    (["kv_cache_size", "--budget", "-1"], "--budget: must be a number > 0"),  # was accepted: exit 0
     (["kv_cache_size", "--budget", "nan"], "finite number"),  # likewise
     (["generation", "--contexts", "100000000"], "--contexts at most 1024"),  # was a ValueError after minutes
     (["generation", "--new-tokens", "600"], "--new-tokens at most 512"),
