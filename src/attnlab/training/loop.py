@@ -67,43 +67,46 @@ def train_step(
     whether to skip a non-finite step. ``parts`` > 1 splits each micro-batch (a dict) into that many parts
     whose passes run concurrently on CPU threads (``training/threaded.py``; ``accum * parts`` terms in g).
     """
-    if accum is None:
-        batches = list(batches)
-        accum = len(batches)
-    forward = forward or (lambda batch: model(**batch))
-    if lr is not None:
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-    device = next(model.parameters()).device
-    loss_sum = torch.zeros((), device=device)
-    objective_sum = torch.zeros((), device=device)
-    moe_stats: list[Any] = []
-    params = [p for p in model.parameters() if p.requires_grad]
-    for a, batch in zip(range(accum), batches):
-        if parts > 1:
-            outs = threaded.part_gradients(forward, batch, params, parts, 1 / (accum * parts), autocast)
-        else:
-            with micro_sync(a == accum - 1) if micro_sync is not None else contextlib.nullcontext():
-                with autocast():
-                    outs = [forward(batch)]
-                (_objective(outs[0]) / accum).backward()
-        for out in outs:
-            objective = _objective(out)
-            reported = reported_loss(out) if reported_loss is not None else objective
-            loss_sum += reported.detach() / (accum * len(outs))
-            objective_sum += objective.detach() / (accum * len(outs))
-            if getattr(out, "moe_stats", None):
-                moe_stats.append(out.moe_stats)
-    grad_norm = nn.utils.clip_grad_norm_(params, grad_clip or float("inf"))
-    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
-        grad_norm = grad_norm.full_tensor()
-    bad = not (torch.isfinite(objective_sum) and torch.isfinite(grad_norm))
-    if agree is not None:
-        bad = agree(bad)
-    if not bad:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_sum, objective_sum, grad_norm, not bad, moe_stats)
+    # with parts, the whole step (the parts' passes, the sum, clipping and the update) runs at one intra-op thread
+    # per thread: no OpenMP team of the caller's is left spinning while the parts run (threaded.step_threads)
+    with threaded.step_threads(parts):
+        if accum is None:
+            batches = list(batches)
+            accum = len(batches)
+        forward = forward or (lambda batch: model(**batch))
+        if lr is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        device = next(model.parameters()).device
+        loss_sum = torch.zeros((), device=device)
+        objective_sum = torch.zeros((), device=device)
+        moe_stats: list[Any] = []
+        params = [p for p in model.parameters() if p.requires_grad]
+        for a, batch in zip(range(accum), batches):
+            if parts > 1:
+                outs = threaded.part_gradients(forward, batch, params, parts, 1 / (accum * parts), autocast)
+            else:
+                with micro_sync(a == accum - 1) if micro_sync is not None else contextlib.nullcontext():
+                    with autocast():
+                        outs = [forward(batch)]
+                    (_objective(outs[0]) / accum).backward()
+            for out in outs:
+                objective = _objective(out)
+                reported = reported_loss(out) if reported_loss is not None else objective
+                loss_sum += reported.detach() / (accum * len(outs))
+                objective_sum += objective.detach() / (accum * len(outs))
+                if getattr(out, "moe_stats", None):
+                    moe_stats.append(out.moe_stats)
+        grad_norm = nn.utils.clip_grad_norm_(params, grad_clip or float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+            grad_norm = grad_norm.full_tensor()
+        bad = not (torch.isfinite(objective_sum) and torch.isfinite(grad_norm))
+        if agree is not None:
+            bad = agree(bad)
+        if not bad:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss_sum, objective_sum, grad_norm, not bad, moe_stats)
 
 
 def _objective(out: Any) -> Tensor:
