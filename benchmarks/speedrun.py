@@ -35,6 +35,7 @@ published 1.4697); nanoGPT's model is scored on 200 batches of 64 x 256 (its own
 nanoGPT keeps the checkpoint of its best evaluation, so that is the model scored. No fp32 step measurement.
 
     python benchmarks/speedrun.py --nanogpt PATH [--rounds 3] [--step-iters 400] [--skip-step]
+    python benchmarks/speedrun.py --nanogpt PATH --step-only [--rounds 6]     # the fp32 step alone
     python benchmarks/speedrun.py --nanogpt PATH --gpu [--rounds 1] [--seed 1337] [--results DIR]
     python benchmarks/speedrun.py --combine A.json B.json ... [--results DIR]
 
@@ -331,11 +332,17 @@ def main() -> int:
     ap.add_argument("--threads", type=at_least(1), default=os.cpu_count())
     ap.add_argument("--step-iters", type=at_least(1), default=400, help="iterations of each fp32 step measurement")
     ap.add_argument("--skip-step", action="store_true", help="leave out the fp32 step measurement")
+    ap.add_argument("--step-only", action="store_true", help="only the fp32 step measurement, --rounds alternating "
+                    "rounds of whole processes (writes speedrun_step.json)")
     ap.add_argument("extra", nargs="*", help="key=value overrides of the attnlab preset")
     args = ap.parse_args()
     mode = GPU if args.gpu else CPU
     args.preset = args.preset or mode["preset"]
     args.target = mode["target"] if args.target is None else args.target
+    if args.step_only and (args.skip_step or args.gpu):
+        print(f"speedrun: --step-only measures the fp32 step on a CPU; it cannot go with "
+              f"{'--skip-step' if args.skip_step else '--gpu'}", file=sys.stderr)
+        return 2
     if args.combine:
         record = combine(args.combine)
         if isinstance(record, str):
@@ -365,6 +372,15 @@ def main() -> int:
         return 2
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT / "src"),
            "PYTHONUNBUFFERED": "1"}
+    if args.step_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            step = step_rounds(args, checkout, Path(tmp), env)
+        report_step(step)
+        args.results.mkdir(parents=True, exist_ok=True)
+        (args.results / "speedrun_step.json").write_text(json.dumps({
+            "threads": args.threads, "step_iters": args.step_iters, "device": device_name("cpu"),
+            "torch": _torch_version(), "fp32_step": step}, indent=1))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         rounds, summary = time_rounds(args, checkout, Path(tmp), env, mode)
         step = None if args.skip_step or args.gpu else step_rounds(args, checkout, Path(tmp), env)
@@ -391,12 +407,19 @@ def report(rounds: list[dict], summary: dict, step: dict | None, mode: dict) -> 
           + (f"{summary['ratio']:.3f} (bar: <= 0.333): {'held' if summary['held'] else 'not held'}"
              if summary["ratio"] else "attnlab did not reach the target"))
     if step is not None:
-        print("\nfp32 step, nanoGPT's model and recipe (median ms per iteration; speed-up = nanoGPT ms / attnlab ms):")
-        for name, ms in step["median_ms_per_iter"].items():
-            gain = step["speedup_vs_nanogpt"].get(name)
-            print(f"  {name:16s} {ms:6.2f} ms" + (f"  {gain:.3f}x" if gain else ""))
+        report_step(step)
     print(f"\nsample, nanoGPT (round 1):\n{rounds[0]['nanogpt']['sample']}\n\nsample, attnlab (round 1):\n"
           f"{rounds[0]['attnlab']['sample']}")
+
+
+def report_step(step: dict) -> None:
+    print("\nfp32 step, nanoGPT's model and recipe (median ms per iteration; speed-up = nanoGPT ms / attnlab ms; "
+          "its range over the rounds, each round's processes run one after the other):")
+    nano = [x["ms_per_iter"] for x in step["rounds"]["nanogpt"]]
+    for name, ms in step["median_ms_per_iter"].items():
+        gain = step["speedup_vs_nanogpt"].get(name)
+        ratios = [a / x["ms_per_iter"] for a, x in zip(nano, step["rounds"][name])]
+        print(f"  {name:34s} {ms:6.2f} ms" + (f"  {gain:.3f}x ({min(ratios):.3f}-{max(ratios):.3f})" if gain else ""))
 
 
 def write(results: Path, mode: dict, record: dict) -> int:

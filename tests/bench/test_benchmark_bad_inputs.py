@@ -28,6 +28,8 @@ from attnlab.cli import main
     (["explorer_load", "--run-dir", "/no/such/run"], "run folder not found"),  # was "exited early", exit 1
     (["explorer_load", "--run-dir", "{tmp}"], "not a trained run folder"),  # the explorer's own reason, exit 2
     (["speedrun", "--nanogpt", "{tmp}", "--target", "nan"], "must be a finite number"),  # was accepted: a full run
+    (["speedrun", "--nanogpt", "{tmp}", "--step-only", "--gpu"], "cannot go with --gpu"),
+    (["speedrun", "--nanogpt", "{tmp}", "--step-only", "--skip-step"], "cannot go with --skip-step"),
     (["install", "--quick"], "unrecognized arguments"),  # install.py took no arguments: any ran the install
 ])
 def test_one_line_and_exit_2_before_any_work(tmp_path, capfd, argv, message):
