@@ -35,7 +35,7 @@ published 1.4697); nanoGPT's model is scored on 200 batches of 64 x 256 (its own
 nanoGPT keeps the checkpoint of its best evaluation, so that is the model scored. No fp32 step measurement.
 
     python benchmarks/speedrun.py --nanogpt PATH [--rounds 3] [--step-iters 400] [--skip-step]
-    python benchmarks/speedrun.py --nanogpt PATH --step-only [--rounds 6]     # the fp32 step alone
+    python benchmarks/speedrun.py --nanogpt PATH --step-only [--rounds 6] [--step-contenders NAME ...]
     python benchmarks/speedrun.py --nanogpt PATH --gpu [--rounds 1] [--seed 1337] [--results DIR]
     python benchmarks/speedrun.py --combine A.json B.json ... [--results DIR]
 
@@ -282,6 +282,9 @@ def combine(paths: list[Path]) -> dict | str:
             "combined_from": [p.name for p in paths]}
 
 
+STEP_CONTENDERS = ("attnlab", "attnlab+compile", "attnlab+compile+threads", "attnlab+compile+threads+cpu-fused")
+
+
 def step_rounds(args, checkout: Path, work: Path, env: dict) -> dict:
     contenders = {"nanogpt": lambda: nanogpt_step_ms(checkout, work, env, args.step_iters),
                   "attnlab": lambda: attnlab_step_ms(work, env, args.step_iters, compile=False),
@@ -291,6 +294,8 @@ def step_rounds(args, checkout: Path, work: Path, env: dict) -> dict:
         # and with attnlab's C++ attention kernel (nn/attention/cpu_fused.py, built by its first process)
         contenders["attnlab+compile+threads+cpu-fused"] = lambda: attnlab_step_ms(work, env, args.step_iters, True,
                                                                                   2, "cpu-fused")
+    if args.step_contenders:  # nanoGPT always: the speed-ups are taken against it
+        contenders = {name: run for name, run in contenders.items() if name in {"nanogpt", *args.step_contenders}}
     seen: dict[str, list[dict]] = {name: [] for name in contenders}
     for r in range(args.rounds):
         for name in (list(contenders) if r % 2 == 0 else list(reversed(contenders))):
@@ -332,6 +337,8 @@ def main() -> int:
     ap.add_argument("--threads", type=at_least(1), default=os.cpu_count())
     ap.add_argument("--step-iters", type=at_least(1), default=400, help="iterations of each fp32 step measurement")
     ap.add_argument("--skip-step", action="store_true", help="leave out the fp32 step measurement")
+    ap.add_argument("--step-contenders", nargs="+", choices=STEP_CONTENDERS,
+                    help="measure only these beside nanoGPT in the fp32 step (default: all)")
     ap.add_argument("--step-only", action="store_true", help="only the fp32 step measurement, --rounds alternating "
                     "rounds of whole processes (writes speedrun_step.json)")
     ap.add_argument("extra", nargs="*", help="key=value overrides of the attnlab preset")
@@ -339,6 +346,9 @@ def main() -> int:
     mode = GPU if args.gpu else CPU
     args.preset = args.preset or mode["preset"]
     args.target = mode["target"] if args.target is None else args.target
+    if args.step_contenders and args.threads < 2 and any("threads" in c for c in args.step_contenders):
+        print(f"speedrun: the +threads contenders need --threads >= 2, got {args.threads}", file=sys.stderr)
+        return 2
     if args.step_only and (args.skip_step or args.gpu):
         print(f"speedrun: --step-only measures the fp32 step on a CPU; it cannot go with "
               f"{'--skip-step' if args.skip_step else '--gpu'}", file=sys.stderr)

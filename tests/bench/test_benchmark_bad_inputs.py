@@ -30,6 +30,9 @@ from attnlab.cli import main
     (["speedrun", "--nanogpt", "{tmp}", "--target", "nan"], "must be a finite number"),  # was accepted: a full run
     (["speedrun", "--nanogpt", "{tmp}", "--step-only", "--gpu"], "cannot go with --gpu"),
     (["speedrun", "--nanogpt", "{tmp}", "--step-only", "--skip-step"], "cannot go with --skip-step"),
+    (["speedrun", "--nanogpt", "{tmp}", "--step-only", "--step-contenders", "attnlab+compile+threads",
+      "--threads", "1"], "need --threads >= 2"),
+    (["speedrun", "--nanogpt", "{tmp}", "--step-contenders", "attnlab+fast"], "invalid choice"),
     (["install", "--quick"], "unrecognized arguments"),  # install.py took no arguments: any ran the install
 ])
 def test_one_line_and_exit_2_before_any_work(tmp_path, capfd, argv, message):

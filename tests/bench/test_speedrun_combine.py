@@ -67,3 +67,32 @@ def test_a_file_that_is_not_a_result_is_refused(speedrun, tmp_path):
     (tmp_path / "y.json").write_text("{not json")
     assert "not a speedrun.py result" in speedrun.combine([tmp_path / "x.json"])
     assert "y.json" in speedrun.combine([tmp_path / "y.json"])
+
+
+def test_step_rounds_alternate_only_the_chosen_contenders_and_report_each_rounds_ratio(speedrun, monkeypatch,
+                                                                                      capsys):
+    """--step-contenders: nanoGPT and the named ones only, their order reversed every other round; the report's
+    range is over the per-round ratios (nanoGPT's ms of the round over the contender's)."""
+    calls = []
+    times = {"nanogpt": iter([40.0, 30.0, 50.0]), "fused": iter([20.0, 30.0, 25.0])}
+
+    def nano(checkout, work, env, iters):
+        calls.append("nanogpt")
+        return {"ms_per_iter": next(times["nanogpt"]), "max_mfu": 0.1}
+
+    def ours(work, env, iters, compile, batch_threads=1, attn_backend="sdpa"):
+        assert (compile, batch_threads, attn_backend) == (True, 2, "cpu-fused")
+        calls.append("fused")
+        return {"ms_per_iter": next(times["fused"]), "max_mfu": 1.0}
+
+    monkeypatch.setattr(speedrun, "nanogpt_step_ms", nano)
+    monkeypatch.setattr(speedrun, "attnlab_step_ms", ours)
+    args = type("Args", (), {"threads": 2, "rounds": 3, "step_iters": 100,
+                             "step_contenders": ["attnlab+compile+threads+cpu-fused"]})()
+    step = speedrun.step_rounds(args, Path("."), Path("."), {})
+    assert calls == ["nanogpt", "fused", "fused", "nanogpt", "nanogpt", "fused"]
+    assert set(step["median_ms_per_iter"]) == {"nanogpt", "attnlab+compile+threads+cpu-fused"}
+    assert step["speedup_vs_nanogpt"]["attnlab+compile+threads+cpu-fused"] == pytest.approx(40.0 / 25.0)
+    speedrun.report_step(step)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  attnlab+compile+threads+cpu"))
+    assert line.split()[-2:] == ["1.600x", "(1.000-2.000)"]
