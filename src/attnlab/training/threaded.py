@@ -72,9 +72,10 @@ def step_threads(parts: int) -> contextlib.AbstractContextManager:
     passes to the update, the caller's count back afterwards (for evaluation). Leaving the caller at several
     threads for the sum, clipping and the update, as part_gradients alone would, costs more than they gain:
     after each parallel kernel a worker of the caller's OpenMP team spins, waiting for the next one, on a core
-    that part 1 needs. nanoGPT's model, fp32, batch 12 in 2 parts on a 2-core AMD EPYC (one process, medians
-    of 20 steps): 36.2-38.9 ms per step with the caller at 2 threads outside the parts, 29.6-33.3 ms with the
-    whole step at one, the sum, clipping and AdamW on one thread included."""
+    that part 1 needs. nanoGPT's model, fp32, batch 12 in 2 parts, with ``attn_backend=cpu-fused``, on a 2-core
+    AMD EPYC (``benchmarks/fp32_step.py``, 12 rounds, before and after alternating as separate runs): 37.6 and
+    36.0 ms per step with the caller at 2 threads outside the parts, 30.3 and 31.2 ms with the whole step at
+    one, the sum, clipping and AdamW on one thread included (docs/fp32_step_epyc_step_threads.json)."""
     return _one_intra_op_thread() if parts > 1 else contextlib.nullcontext()
 
 
