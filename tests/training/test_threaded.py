@@ -165,6 +165,15 @@ def test_what_cannot_run_or_repeat_is_refused_before_training(corpus, tmp_path, 
         assert torch.equal(after, torch.random.get_rng_state())
 
 
+def test_more_parts_than_cores_is_refused_with_the_most_that_can_run(monkeypatch):
+    """batch_threads=3 on 2 cores used to advise threads=3, which the run then refuses as more than the cores."""
+    import attnlab.core.runtime as runtime
+
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 2)
+    with pytest.raises(ConfigError, match=r"batch_threads=4 is more than the 2 CPU cores .*at most batch_threads=2"):
+        threaded.check(4, torch.device("cpu"), 1, nn.Linear(3, 1), lambda: {"input": torch.zeros(2, 3)})
+
+
 def test_a_gpu_or_several_processes_are_refused():
     model = nn.Linear(3, 1)
     with pytest.raises(ConfigError, match="on cuda the kernels are parallel already"):

@@ -155,6 +155,11 @@ def check(parts: int, device: torch.device, world_size: int, model: nn.Module,
                           "kernels are parallel already: use batch_threads=1")
     if world_size > 1:
         raise ConfigError(f"batch_threads={parts} with {world_size} processes: use one or the other")
+    from attnlab.core.runtime import usable_cores
+
+    if parts > (cores := usable_cores()):  # one core per part, each on its own: more only wait for each other
+        raise ConfigError(f"batch_threads={parts} is more than the {cores} CPU cores this process may use; use at "
+                          f"most batch_threads={cores}")
     if parts > torch.get_num_threads():
         raise ConfigError(f"batch_threads={parts} needs as many intra-op threads; the run has "
                           f"{torch.get_num_threads()}: set threads={parts} (at most the usable cores) or "
