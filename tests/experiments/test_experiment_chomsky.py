@@ -296,7 +296,9 @@ def test_the_verdict_table_gives_each_judged_part_once_and_names_what_failed():
     assert rows["reverse_string"][0] == "**not decidable** (2 seeds still learning): 50.0 [40.0, 60.0]"
     # the still-learning note comes only with the not-decidable verdict it caused
     assert rows["reverse_string"][1] == "–" and rows["reverse_string"][2] == "**held**: 55.0 [50.0, 60.0] |"
-    assert "2 of 4 parts held; not held: lstm on parity_check; not decidable: rnn on reverse_string." in text
+    assert ("2 of 4 parts held; not held at 95%: lstm on parity_check; not decidable: rnn on reverse_string. At the "
+            "family-wise level 1 - 0.05/4: still wholly on the wrong side of 90%: lstm on parity_check. Verdict: not "
+            "held; under the earlier combination: not held.") in text  # no standard error kept: its own verdict
     # the held-out seed is compared with the mean of each decided part: the transformer's 0.93 is above 0.9
     assert text.endswith("same side of 90% as the mean in 2 of the 3 decided parts; not in: transformer on "
                          "reverse_string (shown beside, it decides nothing).")
@@ -329,3 +331,28 @@ def test_a_task_cut_off_mid_way_resumes_run_by_run(monkeypatch, tmp_path):
         return x
 
     assert without_seconds(resumed) == without_seconds(json.loads(json.dumps(whole)))
+
+
+def test_the_tally_widens_each_missed_part_to_the_family_wise_level():
+    """A part not held at 95% refutes the claim only if its interval at 1 - 0.05/K still lies wholly on the wrong
+    side of 90%; the tally says which do, with the widened interval (t quantile for 2 df in closed form:
+    t_p = (2p - 1) / sqrt(2p(1 - p)), here p = 1 - 0.05/(2K) = 0.9875 and t = 6.205), and the verdict under both
+    combinations."""
+    from attnlab.experiments.chomsky_report import verdict_table
+    from attnlab.experiments.study import NOT_HELD
+
+    tasks = {"parity_check": {"level": "regular", "chosen": {"lstm": "lstm"}, "arms": {"lstm": {}}},
+             "reverse_string": {"level": "dcf", "chosen": {"rnn": "rnn"}, "arms": {"rnn": {}}}}
+    above = {"arm": "lstm@parity_check", "verdict": NOT_HELD, "mean": 0.7, "interval": [0.67, 0.73],
+             "family": {"estimate": 0.7, "se": 0.01, "df": 2.0, "threshold": 0.9}}
+    below = {"arm": "rnn@reverse_string", "verdict": NOT_HELD, "mean": 0.95, "interval": [0.91, 0.99],
+             "family": {"estimate": -0.95, "se": 0.02, "df": 2.0, "threshold": -0.9}}  # "below" kept negated
+    text = verdict_table([above, below], tasks)
+    assert ("At the family-wise level 1 - 0.05/2: still wholly on the wrong side of 90%: lstm on parity_check "
+            "[63.8, 76.2]; reaching 90%: rnn on reverse_string [82.6, 107.4]. Verdict: not held; under the earlier "
+            "combination: not held.") in text
+    text = verdict_table([{**below, "arm": "rnn@reverse_string"}, {**above, "mean": 0.85,
+                          "family": {**above["family"], "estimate": 0.85}}], tasks)
+    assert ("none is still wholly on the wrong side of 90%; reaching 90%: rnn on reverse_string [82.6, 107.4], "
+            "lstm on parity_check [78.8, 91.2]. Verdict: not decidable; under the earlier combination: not held."
+            ) in text

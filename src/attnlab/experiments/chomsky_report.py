@@ -18,7 +18,8 @@ from attnlab.experiments.chomsky_protocol import (
     TRAIN_MAX_LENGTH,
     TRANSFORMERS,
 )
-from attnlab.experiments.study import HELD, NOT_HELD, UNDECIDED, edge_text
+from attnlab.experiments.study import HELD, NOT_HELD, UNDECIDED, edge_text, verdict_of
+from attnlab.experiments.verdicts import family_interval, refutes
 
 
 def _pct(summary: dict[str, Any]) -> str:
@@ -88,9 +89,13 @@ decided on the 95% t interval of the mean over seeds 0-2 at the model's chosen s
 lies wholly on the claimed side, not held if wholly on the other, else not decidable). A low score decides
 only from a model that stopped learning: where a seed ended at its step budget while still improving (neither
 fitted nor on a plateau), the part a low score would decide is not decidable instead. The claim holds if every
-part holds. The paper's numbers decide nothing. (The guard, the transformer's budget past its first possible
-plateau and the extension of edge rates were set after a first start that was stopped after one task, even
-pairs, a regular task on which the Transformer is not judged, and before any judged part of it had run.)
+part holds, and is not held if some part's interval at the family-wise level 1 - 0.05/K (Bonferroni over its K
+judged parts) lies wholly on the other side of {100 * SOLVED:.0f}%; else it is not decidable. The paper's numbers
+decide nothing. (The guard, the transformer's budget past its first possible plateau and the extension of edge
+rates were set after a first start that was stopped after one task, even pairs, a regular task on which the
+Transformer is not judged, and before any judged part of it had run. The family-wise level replaced "not held
+once any part is not held at 95%" while this run was under way, with 11 of its 15 tasks kept: it is the rule of
+every attnlab experiment since, `experiments/verdicts.py`; the tally below gives the verdict under both.)
 
 **Setup.** The {len(names)} tasks of Delétang et al. (2023) (`attnlab.data.formal`). Training: input lengths
 uniform in 1..{TRAIN_MAX_LENGTH} per batch of {s['batch']}, Adam, {s['schedule']} rate, gradient clip
@@ -169,9 +174,11 @@ def verdict_table(outcomes: list[dict[str, Any]], tasks: dict[str, dict[str, Any
     count = {v: [o["arm"].replace("@", " on ") for o in outcomes if o["verdict"] == v]
              for v in (HELD, NOT_HELD, UNDECIDED)}
     tally = f"{len(count[HELD])} of {len(outcomes)} parts held"
-    for v in (NOT_HELD, UNDECIDED):
+    for v, name in ((NOT_HELD, "not held at 95%"), (UNDECIDED, UNDECIDED)):
         if count[v]:
-            tally += f"; {v}: {', '.join(count[v])}"
+            tally += f"; {name}: {', '.join(count[v])}"
+    if count[NOT_HELD]:
+        tally += ". " + _family_wise(outcomes)
     decided = [o for o in outcomes if o["verdict"] != UNDECIDED]
     against = [o["arm"].replace("@", " on ") for o in decided if not _seed_agrees(o, tasks)]
     seeds = (f"The held-out seed 3, at each model's chosen setting, falls on the same side of {100 * SOLVED:.0f}% "
@@ -184,6 +191,31 @@ def verdict_table(outcomes: list[dict[str, Any]], tasks: dict[str, dict[str, Any
 {rows}
 
 {tally}. {seeds}"""
+
+
+def _family_wise(outcomes: list[dict[str, Any]]) -> str:
+    """The parts not held at 95% seen at the family-wise level 1 - 0.05/K (``verdicts.refutes``): which still
+    miss the bound there, with their widened intervals in %, and the verdict under the earlier combination (not
+    held once any part is not held at 95%)."""
+    k = len(outcomes)
+
+    def widened(o: dict[str, Any]) -> str:
+        interval = family_interval(o, k)
+        if interval is None:
+            return ""
+        sign = -1.0 if o["family"]["threshold"] < 0 else 1.0  # "below 90%" is kept as -score > -0.9
+        low, high = sorted(100 * sign * v for v in interval)
+        return f" [{low:.1f}, {high:.1f}]"
+
+    missed = [o for o in outcomes if o["verdict"] == NOT_HELD]
+    refuting = [f"{o['arm'].replace('@', ' on ')}{widened(o)}" for o in missed if refutes(o, k)]
+    reaching = [f"{o['arm'].replace('@', ' on ')}{widened(o)}" for o in missed if not refutes(o, k)]
+    text = f"At the family-wise level 1 - 0.05/{k}: "
+    text += (f"still wholly on the wrong side of {100 * SOLVED:.0f}%: {', '.join(refuting)}" if refuting
+             else f"none is still wholly on the wrong side of {100 * SOLVED:.0f}%")
+    if reaching:
+        text += f"; reaching {100 * SOLVED:.0f}%: {', '.join(reaching)}"
+    return text + (f". Verdict: {verdict_of(outcomes)}; under the earlier combination: {NOT_HELD}")
 
 
 def _seed_agrees(o: dict[str, Any], tasks: dict[str, dict[str, Any]]) -> bool:
