@@ -17,18 +17,35 @@ WORDPIECE_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def canonical_order(vocab: dict[str, int]) -> dict[str, int]:
-    """The trained vocabulary with ids that do not depend on hash order.
+    """The trained vocabulary with ids that do not depend on the order the trainer made its pieces.
 
-    The ``tokenizers`` WordPiece trainer learns the same set of pieces every time, but numbers them
-    in an order that depends on a hash map (its alphabet, and merges of equal count), which changes
-    from process to process (tokenizers#1794): two runs on one text got different ids. WordPiece
-    encodes by longest match in the set, so the order carries no meaning; here the special tokens
-    keep ids 0..4, the alphabet (characters and ``##`` + character) follows sorted by string, then
-    the merged pieces sorted by string.
+    The trainer numbers its pieces in the order it creates them; WordPiece encodes by longest match in the
+    set, so that order carries no meaning. Here the special tokens keep ids 0..4, the alphabet (characters and
+    ``##`` + character) follows sorted by string, then the merged pieces sorted by string.
     """
     specials = [t for t in WORDPIECE_SPECIAL_TOKENS if t in vocab]
     rest = sorted((t for t in vocab if t not in specials), key=lambda t: (len(t.removeprefix("##")) > 1, t))
     return {t: i for i, t in enumerate([*specials, *rest])}
+
+
+def continuing_alphabet(texts: Sequence[str], tokenizer: HFTokenizer) -> list[str]:
+    """``##`` + every character that follows another inside a word of ``texts`` (after ``tokenizer``'s
+    normaliser and pre-tokenizer), sorted.
+
+    Why: the ``tokenizers`` trainer creates these pieces while iterating over a hash map of words whose order
+    changes from process to process, and numbers them as it goes; merges of equal count are then chosen by
+    those numbers, so two runs on one text learned different vocabularies (tokenizers#1794; in attnlab's BERT
+    test corpus, six processes gave six different sets). Handed to the trainer first, as reserved tokens, they
+    get these sorted ids instead, and every run learns the same pieces. Lines are split on ``\\n`` only: it
+    is whitespace to BERT's pre-tokenizer, so no word spans two lines.
+    """
+    normalizer, pre_tokenizer = tokenizer.normalizer, tokenizer.pre_tokenizer
+    following: set[str] = set()
+    for text in texts:
+        for line in text.split("\n"):
+            for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line)):
+                following.update(word[1:])
+    return sorted("##" + c for c in following)
 
 
 class WordPieceTokenizer(Tokenizer):
@@ -78,11 +95,12 @@ class WordPieceTokenizer(Tokenizer):
         cls, text_or_iterator: str | Iterable[str], vocab_size: int = DEFAULT_BPE_VOCAB_SIZE, lowercase: bool = True
     ) -> WordPieceTokenizer:
         """Learn a WordPiece vocabulary of ``vocab_size`` (special tokens first: [PAD] = 0, ..., [MASK] = 4)."""
+        texts = list(as_iterator(text_or_iterator))  # read twice: the pieces reserved, then the training
         tokenizer = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
         cls._pipeline(tokenizer, lowercase)
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIAL_TOKENS),
-                                            show_progress=False)
-        tokenizer.train_from_iterator(as_iterator(text_or_iterator), trainer=trainer)
+        reserved = [*WORDPIECE_SPECIAL_TOKENS, *continuing_alphabet(texts, tokenizer)]  # the same ids every run
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=reserved, show_progress=False)
+        tokenizer.train_from_iterator(texts, trainer=trainer)
         canonical = HFTokenizer(models.WordPiece(canonical_order(tokenizer.get_vocab()), unk_token="[UNK]"))
         canonical.add_special_tokens(list(WORDPIECE_SPECIAL_TOKENS))  # "[MASK]" in a text is the token, as before
         return cls._with_template(canonical, lowercase)
