@@ -270,6 +270,44 @@ def _edit_config(folder: Path, resign: bool = True, **changes) -> None:
         write_manifest(folder, names=(CONFIG_NAME, WEIGHTS_NAME))
 
 
+def test_the_same_weights_give_the_same_file_in_every_process(tmp_path):
+    """safetensors writes its metadata in hash-map order (a new seed per process): a tied GPT's file has two keys
+    (the format and the tied weight) plus attnlab's version, so one model saved by two processes gave two
+    different files and manifest hashes; with the keys sorted they agree byte for byte, and load."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from attnlab.core.schema import from_dict; from attnlab.models import ModelConfig, "
+            "build_model; torch.manual_seed(0); "
+            "build_model(from_dict(ModelConfig, dict(vocab_size=11, block_size=8, n_layer=1, n_head=2, d_model=8)))"
+            ".save_pretrained(sys.argv[1])")
+    files = []
+    for seed in ("1", "2", "3", "4"):  # 4 processes: 6 orders of 3 keys all agree by chance with odds 1/216
+        out = tmp_path / seed
+        subprocess.run([sys.executable, "-c", code, str(out)], check=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        files.append((out / WEIGHTS_NAME).read_bytes())
+    assert len(set(files)) == 1
+    assert files[0].index(b'"__metadata__":{"attnlab_version":') > 0  # sorted
+    loaded = attnlab.models.from_pretrained(tmp_path / "1")
+    assert loaded.lm_head.weight is loaded.tok_emb.weight
+
+
+def test_sorting_the_metadata_keeps_the_file_byte_for_byte_when_already_sorted(tmp_path):
+    """The rewritten header is the one safetensors itself writes (compact JSON padded with spaces): on a file it
+    wrote with a single metadata key, sorting changes no byte."""
+    from safetensors.torch import save_file
+
+    from attnlab.models.base import sort_metadata
+
+    file = tmp_path / "w.safetensors"
+    save_file({"b.weight": torch.ones(3, 5), "a": torch.zeros(7, dtype=torch.int64)}, str(file),
+              metadata={"format": "pt"})
+    before = file.read_bytes()
+    sort_metadata(file)
+    assert file.read_bytes() == before
+
+
 def test_an_edited_config_is_refused_by_the_manifest(saved):
     """A shape-preserving edit (n_head 4 -> 1) would load and compute something else: the hash stops it."""
     _edit_config(saved, resign=False, n_head=1)

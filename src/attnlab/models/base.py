@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 from pathlib import Path
 from typing import Any, Self
 
@@ -28,6 +29,27 @@ from attnlab.models.size import check_fits
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "attnlab_model.safetensors"
 LEGACY_WEIGHTS_NAME = "model.safetensors"  # before 0.2: the name transformers reads, so it misread runs
+
+
+def sort_metadata(file: Path) -> None:
+    """Rewrite a safetensors file's header in place with its metadata keys sorted.
+
+    safetensors writes the metadata (ours, and one key per tied weight it stores once) in hash-map order, a new
+    order in every process, so the same weights gave different bytes, and manifest hashes, from run to run. The
+    header keeps its length (the same keys and values as compact JSON, padded with spaces as safetensors pads
+    it), so every tensor offset stays valid; a header that would not fit is left as it was written.
+    """
+    with open(file, "r+b") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        metadata = header.pop("__metadata__", None)
+        if not metadata:
+            return
+        text = json.dumps({"__metadata__": dict(sorted(metadata.items())), **header}, separators=(",", ":"),
+                          ensure_ascii=False).encode()
+        if len(text) <= length:
+            f.seek(8)
+            f.write(text + b" " * (length - len(text)))
 
 
 def weights_file(directory: str | Path) -> Path:
@@ -98,6 +120,7 @@ class PretrainedModel(nn.Module):
         atomic_write_text(directory / CONFIG_NAME, json.dumps({**meta, **dataclasses.asdict(self.config)}, indent=2))
         with atomic_path(directory / WEIGHTS_NAME) as tmp:
             save_model(self, str(tmp), metadata={"format": "pt", "attnlab_version": __version__})
+            sort_metadata(tmp)
         write_manifest(directory, names=(CONFIG_NAME, WEIGHTS_NAME))  # a caller that adds files rewrites it
         return directory
 
