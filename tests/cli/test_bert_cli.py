@@ -161,3 +161,24 @@ def test_mlm_writes_no_samples_with_sample_tokens_0(tmp_path):
     run = tmp_path / "runs" / "m"
     assert (run / "metrics.jsonl").is_file() and not (run / "samples.txt").exists()
 
+
+
+def test_the_same_run_gives_the_same_files_in_any_process(tmp_path):
+    """Two processes with different hash seeds train one config: the tokenizer, the config and the weights come
+    out byte for byte the same. This failed while the WordPiece trainer's vocabulary followed the process's hash
+    order (tokenizers#1794); the weights' metadata order (safetensors', also per process) is pinned down by
+    tests/models/test_gpt.py, where four processes make a mismatch by chance unlikely."""
+    import os
+    import subprocess
+    import sys
+
+    corpus = write_corpus(tmp_path / "corpus.txt", n_chars=20_000)
+    corpus.write_text(corpus.read_text() + "\n".join(generate_topics(400, seed=9).texts) + "\n")
+    names = ("tokenizer.json", "config.json", "attnlab_model.safetensors")
+    files = []
+    for seed in ("1", "2"):
+        subprocess.run([sys.executable, "-m", "attnlab.cli", "train", "configs/bert-mlm.yaml",
+                        *_args(data=corpus, out_dir=tmp_path / seed, name="mlm", max_iters=4, eval_interval=4)],
+                       check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        files.append([(tmp_path / seed / "mlm" / n).read_bytes() for n in names])
+    assert files[0] == files[1]
