@@ -1,8 +1,9 @@
 """How much of a run's prediction of repeated text goes through given heads: the next-token loss on the
-first copies and on the second copies of a file of ``r r`` lines (scripts/repeated_strings.py), with and
-without the heads mean-ablated (their mean over the same windows; attnlab.inspect.intervene).
+first copies and on the second copies of ``r r`` lines (the built-in corpus ``repeated``, or a file that
+scripts/repeated_strings.py wrote), with and without the heads mean-ablated (their mean over the same
+windows; attnlab.inspect.intervene).
 
-    python scripts/induction_check.py RUN --data repeated.txt --heads 1.0 1.2 [--windows 256] [--json out.json]
+    python scripts/induction_check.py RUN --data repeated --heads 1.0 1.2 [--windows 256] [--json out.json]
 
 "Second copy" counts the tokens that can be predicted by copying: the second character of the second copy
 onwards (the first one follows the space, which every line has).
@@ -13,11 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from attnlab.core.errors import AttnlabError
+from attnlab.data.text import read_text, resolve_text_source
 from attnlab.inspect.intervene import ablated, head, run_with_cache
 from attnlab.training.runs import load_model_and_tokenizer
 
@@ -47,7 +49,7 @@ def losses(model, windows: torch.Tensor, labels: torch.Tensor) -> dict[str, floa
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run")
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, help="'repeated' (built-in) or a file of 'r r' lines")
     p.add_argument("--heads", nargs="+", required=True, help="LAYER.HEAD ...")
     p.add_argument("--windows", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
@@ -59,9 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, AssertionError):
         print(f"induction_check: --heads takes LAYER.HEAD values, got {args.heads}", file=sys.stderr)
         return 2
-    model, tok = load_model_and_tokenizer(args.run)
+    try:
+        text = read_text(resolve_text_source(args.data))
+        model, tok = load_model_and_tokenizer(args.run)
+    except AttnlabError as err:
+        print(f"induction_check: {err}", file=sys.stderr)
+        return 2
     model.eval()
-    text = Path(args.data).read_text(encoding="utf-8")
     ids, labels = torch.tensor(tok.encode(text)), copy_labels(text)
     T = model.config.block_size + 1
     g = torch.Generator().manual_seed(args.seed)

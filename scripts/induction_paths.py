@@ -1,5 +1,5 @@
 """Trace the induction circuit of a 2-layer run with path patching (attnlab.inspect.circuits), averaged over
-probe inputs drawn from a file of ``r r`` lines (scripts/repeated_strings.py).
+probe inputs drawn from ``r r`` lines (the built-in corpus ``repeated``, or a file of scripts/repeated_strings.py).
 
 Each probe: clean = "r r[:k]" (the answer is r[k], found by copying); corrupted = the same text with the
 first copy's r[k-1] replaced by a character r does not use, so the second copy's last character has no
@@ -11,7 +11,7 @@ logit(answer) - logit(wrong) when patched from the clean run:
     S -> layer 1, direct       the same with the MLPs frozen: only the direct route through the stream
     S -> L1Hh                  path patching into one head of layer 1
 
-    python scripts/induction_paths.py RUN --data repeated.txt --sender 0.1 [--probes 50] [--seed 0] [--json out.json]
+    python scripts/induction_paths.py RUN --data repeated --sender 0.1 [--probes 50] [--seed 0] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from attnlab.core.errors import AttnlabError
+from attnlab.data.text import read_text, resolve_text_source
 from attnlab.inspect.circuits import path_patch
 from attnlab.inspect.intervene import head, logit_difference, patch_recovery
 from attnlab.training.runs import load_model_and_tokenizer
@@ -46,7 +48,7 @@ def probes(lines: list[str], alphabet: list[str], n: int, seed: int) -> list[tup
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("run")
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, help="'repeated' (built-in) or a file of 'r r' lines")
     p.add_argument("--sender", required=True, help="the previous-token head, LAYER.HEAD in layer 0")
     p.add_argument("--probes", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
@@ -56,16 +58,20 @@ def main(argv: list[str] | None = None) -> int:
     if layer != "0" or not h.isdigit():
         print("induction_paths: --sender is a head of layer 0, e.g. 0.1", file=sys.stderr)
         return 2
-    if not Path(args.data).is_file() or not 1 <= args.probes <= 10_000:
-        print("induction_paths: --data must be a file and --probes in 1..10000", file=sys.stderr)
+    if not 1 <= args.probes <= 10_000:
+        print("induction_paths: --probes must be in 1..10000", file=sys.stderr)
         return 2
-    model, tok = load_model_and_tokenizer(args.run)
+    try:
+        text = read_text(resolve_text_source(args.data))
+        model, tok = load_model_and_tokenizer(args.run)
+    except AttnlabError as err:
+        print(f"induction_paths: {err}", file=sys.stderr)
+        return 2
     model.eval()
     c = model.config
     if c.family != "gpt" or c.n_layer != 2 or int(h) >= c.n_head:
         print(f"induction_paths: needs a 2-layer gpt with head {h} in layer 0", file=sys.stderr)
         return 2
-    text = Path(args.data).read_text(encoding="utf-8")
     alphabet = sorted({ch for ch in text if ch not in " \n"})
     sender, layer1 = head(0, int(h)), [head(1, j) for j in range(c.n_head)]
     rows: dict[str, list[float]] = {}

@@ -1,4 +1,4 @@
-"""Tests for attnlab.data.text and data.corpora: the Shakespeare corpus, text validation, and LM windows."""
+"""Tests for attnlab.data.text and data.corpora: the built-in corpora, text validation, and LM windows."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import torch
 
 from attnlab.core.errors import DataError
 from attnlab.core.fileio import default_cache_dir
-from attnlab.data.corpora import markdown_play_to_text, shakespeare_corpus, speaker_name
+from attnlab.data.corpora import (
+    REPEATED_ALPHABET,
+    markdown_play_to_text,
+    repeated_strings,
+    shakespeare_corpus,
+    speaker_name,
+)
 from attnlab.data.text import TextDataset, read_text, resolve_text_source, token_dtype
 from attnlab.tokenizers import BPETokenizer, CharTokenizer
 
@@ -65,6 +71,33 @@ def test_resolve_text_source_path_and_missing(text_file: Path, tmp_path: Path) -
     assert resolve_text_source(str(text_file)) == text_file
     with pytest.raises(DataError, match="data file not found"):
         resolve_text_source(str(tmp_path / "missing.txt"))
+
+
+def test_a_missing_file_lists_every_built_in_corpus(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="built-in corpora: 'shakespeare', 'repeated'"):
+        resolve_text_source(str(tmp_path / "repeated.txt"))
+
+
+# --------------------------------------------------------------------------- repeated
+
+
+def test_repeated_strings_are_two_copies_without_repeats_inside() -> None:
+    text = repeated_strings(5_000, seed=3)
+    assert text == repeated_strings(5_000, seed=3) and text != repeated_strings(5_000, seed=4)
+    assert len(text) >= 5_000 and text.endswith("\n")
+    for line in text.rstrip("\n").split("\n"):
+        first, second = line.split(" ")
+        assert first == second and 6 <= len(first) <= 20 and len(set(first)) == len(first)
+        assert set(first) <= set(REPEATED_ALPHABET)
+
+
+def test_the_built_in_repeated_corpus_is_made_once_and_read_back(cache_dir: Path) -> None:
+    path = resolve_text_source("repeated")
+    assert path == cache_dir / "corpora" / "repeated.txt"
+    text = read_text(path)
+    assert text == repeated_strings(600_000, seed=0)  # what scripts/repeated_strings.py writes by default
+    stamp = path.stat().st_mtime_ns
+    assert resolve_text_source("repeated") == path and path.stat().st_mtime_ns == stamp
 
 
 # --------------------------------------------------------------------------- shakespeare

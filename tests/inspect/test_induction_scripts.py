@@ -1,12 +1,16 @@
-"""scripts/repeated_strings.py and scripts/induction_check.py: the data of the induction study and the
-labels that say which tokens a copy can predict."""
+"""scripts/repeated_strings.py, induction_check.py and induction_paths.py: the data of the induction study, the
+labels that say which tokens a copy can predict, and one line for bad input."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
+
+from attnlab.data.corpora import repeated_strings
+from attnlab.data.text import read_text, resolve_text_source
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,16 +22,25 @@ def load(name: str):
     return module
 
 
-def test_repeated_strings_are_two_copies_without_repeats_inside():
+def test_the_script_writes_the_built_in_corpus_by_default_and_other_seeds_on_request(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "cache"))
     gen = load("repeated_strings")
-    text = gen.repeated_strings(5_000, seed=3)
-    assert text == gen.repeated_strings(5_000, seed=3) and text != gen.repeated_strings(5_000, seed=4)
-    lines = text.rstrip("\n").split("\n")
-    assert len(text) >= 5_000
-    for line in lines:
-        first, second = line.split(" ")
-        assert first == second and 6 <= len(first) <= 20 and len(set(first)) == len(first)
-        assert set(first) <= set(gen.ALPHABET)
+    assert gen.main(["--out", str(tmp_path / "r.txt")]) == 0
+    assert (tmp_path / "r.txt").read_text(encoding="utf-8") == read_text(resolve_text_source("repeated"))
+    assert gen.main(["--out", str(tmp_path / "s.txt"), "--chars", "900", "--seed", "4"]) == 0
+    assert (tmp_path / "s.txt").read_text(encoding="utf-8") == repeated_strings(900, seed=4)
+
+
+@pytest.mark.parametrize("script", ["induction_check", "induction_paths"])
+def test_the_scripts_refuse_missing_data_or_run_in_one_line(script, tmp_path, capsys):
+    main = load(script).main
+    heads = ["--heads", "1.0"] if script == "induction_check" else ["--sender", "0.1"]
+    assert main([str(tmp_path), "--data", str(tmp_path / "nope.txt"), *heads]) == 2
+    assert capsys.readouterr().err.strip() == f"{script}: data file not found: {tmp_path / 'nope.txt'} " \
+        "(built-in corpora: 'shakespeare', 'repeated')"
+    (tmp_path / "r.txt").write_text("ab ab\n", encoding="utf-8")
+    assert main([str(tmp_path / "no-run"), "--data", str(tmp_path / "r.txt"), *heads]) == 2
+    assert capsys.readouterr().err.strip() == f"{script}: run folder not found: {tmp_path / 'no-run'}"
 
 
 def test_copy_labels_mark_the_copyable_part_of_each_second_copy():

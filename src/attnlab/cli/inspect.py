@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("heads", help="per-head statistics and head types (previous-token, induction, ...)")
     p.add_argument("run_dir")
-    p.add_argument("--data", required=True, help="text file (or 'shakespeare') to measure the heads on")
+    p.add_argument("--data", required=True,
+                   help="text file (or a built-in corpus: 'shakespeare', 'repeated') to measure the heads on")
     p.add_argument("--n-batches", type=at_least(1), default=8)
     p.add_argument("--batch-size", type=at_least(1), default=16)
     p.add_argument("--seed", type=seed, default=0)

