@@ -356,3 +356,20 @@ def test_the_tally_widens_each_missed_part_to_the_family_wise_level():
     assert ("none is still wholly on the wrong side of 90%; reaching 90%: rnn on reverse_string [82.6, 107.4], "
             "lstm on parity_check [78.8, 91.2]. Verdict: not decidable; under the earlier combination: not held."
             ) in text
+
+
+def test_the_reading_names_every_chosen_model_on_the_other_side_of_90_from_the_paper_both_ways():
+    """Paper (Table 2): bucket_sort RNN 27.9, LSTM 99.3, Transformer 91.9; even_pairs all 90 or more."""
+    from attnlab.experiments.chomsky_report import _against_paper
+
+    def arm(score):
+        return {"test_score": {"mean": score}}
+
+    tasks = {"bucket_sort": {"chosen": {"rnn": "rnn", "lstm": "lstm", "transformer": "tf-relative"},
+                             "arms": {"rnn": arm(0.95), "lstm": arm(0.97), "tf-relative": arm(0.703)}},
+             "even_pairs": {"chosen": {"rnn": "rnn"}, "arms": {"rnn": arm(1.0)}}}
+    assert _against_paper(tasks) == (
+        "Above 90% where the paper's table is below it: rnn on bucket_sort (95.0 vs 27.9). Below 90% where the "
+        "paper's table is above it: transformer on bucket_sort (70.3 vs 91.9).")
+    tasks["bucket_sort"]["arms"]["tf-relative"] = arm(0.92)
+    assert _against_paper(tasks).endswith("Below 90% where the paper's table is above it: none.")

@@ -75,8 +75,6 @@ def report(r: dict[str, Any], s: dict[str, Any]) -> str:
         f"| {t} | " + " | ".join(f"{100 * tasks[t]['arms'][m]['train_range_accuracy']['mean']:.1f} "
                                  f"({tasks[t]['arms'][m]['steps']['mean']:.0f}; {stops(tasks[t]['arms'][m])})"
                                  for m in s["models"]) + " |" for t in names)
-    solved_without = [f"{f} on {t}" for t in names for f, m in tasks[t]["chosen"].items()
-                      if tasks[t]["arms"][m]["test_score"]["mean"] > SOLVED and PAPER_TABLE2[t][f] < 100 * SOLVED]
     notes = []
     if "missing_duplicate_string" in tasks and any(tasks["missing_duplicate_string"]["arms"][m]["test_score"]["mean"]
                                                    > SOLVED for m in s["models"]):
@@ -142,7 +140,7 @@ seeds stopped (fitted / plateau / budget):
 {fit_rows}
 
 **Reading.** The score measures generalisation to lengths never seen in training, not fit: compare the fit
-table. Above {100 * SOLVED:.0f}% where the paper's table is below it: {', '.join(solved_without) or 'none'}.
+table. {_against_paper(tasks)}
 {' '.join(notes)} {_edges(tasks)}
 
 **Regime.** The paper trains each model far longer (recalled, not verified here: 1,000,000 steps at batch 128)
@@ -216,6 +214,21 @@ def _family_wise(outcomes: list[dict[str, Any]]) -> str:
     if reaching:
         text += f"; reaching {100 * SOLVED:.0f}%: {', '.join(reaching)}"
     return text + (f". Verdict: {verdict_of(outcomes)}; under the earlier combination: {NOT_HELD}")
+
+
+def _against_paper(tasks: dict[str, dict[str, Any]]) -> str:
+    """The chosen models whose mean test score falls on the other side of 90% from the paper's table, both ways
+    (each family, judged or not; the paper's cells are its best runs, ours means over seeds)."""
+    sides: dict[bool, list[str]] = {True: [], False: []}
+    for t, task in tasks.items():
+        for f, m in task["chosen"].items():
+            ours, paper = task["arms"][m]["test_score"]["mean"] > SOLVED, PAPER_TABLE2[t][f] > 100 * SOLVED
+            if ours != paper:
+                sides[ours].append(f"{f} on {t} ({100 * task['arms'][m]['test_score']['mean']:.1f} vs "
+                                   f"{PAPER_TABLE2[t][f]:.1f})")
+    bound = f"{100 * SOLVED:.0f}%"
+    return (f"Above {bound} where the paper's table is below it: {', '.join(sides[True]) or 'none'}. Below "
+            f"{bound} where the paper's table is above it: {', '.join(sides[False]) or 'none'}.")
 
 
 def _seed_agrees(o: dict[str, Any], tasks: dict[str, dict[str, Any]]) -> bool:
