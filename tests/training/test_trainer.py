@@ -129,6 +129,32 @@ def test_run_folder_contents_and_metrics(corpus, tmp_path):
     assert len(result.sample) > 20
 
 
+def test_runs_that_take_the_same_default_name_get_a_folder_each(corpus, tmp_path, monkeypatch):
+    """Two runs started in the same second take one default name; each is set up before either trains (as two
+    processes racing), and still each keeps its own folder, config, metrics and weights."""
+    from attnlab.training import runs
+
+    monkeypatch.setattr(runs, "default_run_name", lambda preset: "same-second")
+    first = Trainer(tiny_config(corpus, tmp_path / "runs", seed=1))
+    second = Trainer(tiny_config(corpus, tmp_path / "runs", seed=2))
+    assert (first.run_dir.name, second.run_dir.name) == ("same-second", "same-second-2")
+    a, b = first.train(), second.train()
+    assert (a.run_dir, b.run_dir) == (first.run_dir, second.run_dir)
+    for run, seed in ((a.run_dir, 1), (b.run_dir, 2)):
+        assert [r["step"] for r in read_metrics(run) if "val_loss" not in r] == [5, 10, 15, 20]
+        assert runs.load_train_config(run / "config.yaml", []).seed == seed
+    assert not torch.equal(_weights(a.run_dir)["lm_head.weight"], _weights(b.run_dir)["lm_head.weight"])
+
+
+def test_a_new_folder_is_claimed_past_every_taken_one(tmp_path):
+    from attnlab.training.runs import claim_new_folder
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r-2").write_text("a file takes the name too")
+    assert claim_new_folder(tmp_path / "r") == tmp_path / "r-3" and (tmp_path / "r-3").is_dir()
+    assert claim_new_folder(tmp_path / "new" / "s") == tmp_path / "new" / "s"
+
+
 def test_resume_after_crash_reproduces_the_uninterrupted_run(corpus, tmp_path):
     """Stop at step 10 (lose everything after it), resume: same losses, bit-identical weights."""
     extra = dict(max_iters=20, dropout=0.1, grad_accum=2, **EXACT)  # dropout: the RNG state must resume too

@@ -15,7 +15,7 @@ from pathlib import Path
 from attnlab.core.errors import ConfigError
 from attnlab.models.base import read_config
 from attnlab.models.registry import from_pretrained
-from attnlab.training.runs import default_run_name, load_train_config
+from attnlab.training.runs import load_train_config
 from attnlab.training.trainer import Trainer
 
 # fine-tuning defaults (a few hundred steps at a small learning rate); any key=value overrides them
@@ -49,7 +49,6 @@ def finetune_trainer(pretrained: str | Path, overrides: list[str]) -> Trainer:
     model_cfg = read_config(pretrained)
     if model_cfg.family in ("vit", "cnn", "mae", "dino"):
         cfg = image_finetune_config(pretrained, model_cfg, overrides)
-        cfg.name = cfg.name or default_run_name(f"finetune-{pretrained.name}")
         return Trainer(cfg, preset=f"finetune-{pretrained.name}")
     if model_cfg.family != "bert":
         raise ConfigError(f"{pretrained} holds a {model_cfg.family} model; finetune needs a bert, vit, cnn, mae or "
@@ -60,8 +59,6 @@ def finetune_trainer(pretrained: str | Path, overrides: list[str]) -> Trainer:
     cfg = load_train_config(None, [*base, *model_keys, f"classify.init_from={pretrained}", *overrides])
     if cfg.task != "classify":
         raise ConfigError(f"finetune supports task=classify, got task={cfg.task}")
-    if cfg.name is None:
-        cfg.name = default_run_name(f"finetune-{pretrained.name}")
     trainer = Trainer(cfg, preset=f"finetune-{pretrained.name}")
     if not cfg.resume:  # the encoder (and MLM/NSP/pooler) from the pre-trained model; classifier heads fresh
         state = {k: v for k, v in from_pretrained(pretrained).state_dict().items() if not k.startswith(FRESH_HEADS)}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -101,6 +102,20 @@ def default_run_name(preset: str | None) -> str:
     """``<preset stem>-YYYYmmdd-HHMMSS`` (``run-...`` without a preset)."""
     stem = Path(preset).stem if preset else "run"
     return f"{stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def claim_new_folder(run_dir: Path) -> Path:
+    """Make ``run_dir``, or, where another process made it first, ``run_dir-2``, ``run_dir-3``, ...: each
+    attempt an atomic mkdir, so two runs that took the same default name (started in the same second) never
+    share a folder, its metrics or its checkpoints."""
+    for k in itertools.count(1):
+        candidate = run_dir if k == 1 else run_dir.with_name(f"{run_dir.name}-{k}")
+        try:
+            candidate.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")  # itertools.count never ends
 
 
 def run_folder(out_dir: str | Path, name: str, check: bool) -> Path:
