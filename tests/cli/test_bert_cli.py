@@ -182,3 +182,27 @@ def test_the_same_run_gives_the_same_files_in_any_process(tmp_path):
                        check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed})
         files.append([(tmp_path / seed / "mlm" / n).read_bytes() for n in names])
     assert files[0] == files[1]
+
+
+@pytest.mark.parametrize("n_classes", [2, 4, 9])
+def test_the_confusion_figure_shows_every_text_whole(n_classes):
+    """Four classes used to cut "macro-F1 0.246" off at the figure's right edge."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.text import Text
+
+    from attnlab.training.tasks.classify import confusion_figure
+
+    classes = [f"DUKE VINCENTIO {k}" for k in range(n_classes)]
+    fig = confusion_figure(np.eye(n_classes, dtype=int), classes, {"accuracy": 0.370, "macro_f1": 0.246})
+    fig.canvas.draw()
+    texts = [t for t in fig.findobj(Text) if t.get_text() and t.get_visible()]
+    assert any("macro-F1 0.246" in t.get_text() for t in texts)
+    for t in texts:
+        box = t.get_window_extent()
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, \
+            (t.get_text(), box)
+    plt.close(fig)

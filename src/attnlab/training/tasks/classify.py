@@ -93,24 +93,33 @@ class ClassifyTask(TextRowsTask):
     def eval_report(self, model: torch.nn.Module, run_dir: Path) -> list[Path]:
         """confusion.png: held-out confusion matrix (rows true, columns predicted), and the exact scores."""
         import matplotlib
-        import numpy as np
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
         pred, true = self.predict(model, "val")
-        cm = confusion_matrix(true, pred, len(self.classes)).numpy()
-        s = self.scores(model, "val")
-        fig, ax = plt.subplots(figsize=(1.2 + 0.6 * len(self.classes), 1 + 0.6 * len(self.classes)))
-        ax.imshow(cm, cmap="Blues")
-        for (i, j), v in np.ndenumerate(cm):
-            ax.text(j, i, str(v), ha="center", va="center", fontsize=8)
-        ax.set_xticks(range(len(self.classes)), self.classes, rotation=45, ha="right", fontsize=8)
-        ax.set_yticks(range(len(self.classes)), self.classes, fontsize=8)
-        ax.set_xlabel("predicted")
-        ax.set_ylabel("true")
-        ax.set_title(f"held-out accuracy {s['accuracy']:.3f}, macro-F1 {s['macro_f1']:.3f}", fontsize=9)
-        fig.tight_layout()
+        fig = confusion_figure(confusion_matrix(true, pred, len(self.classes)).numpy(), self.classes,
+                               self.scores(model, "val"))
         path = run_dir / "confusion.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
         return [path]
+
+
+def confusion_figure(cm: Any, classes: list[str], scores: dict[str, float]) -> Any:
+    """The confusion matrix ``cm`` (K x K counts, rows true) as a figure titled with the held-out accuracy and
+    macro-F1 (on two lines, centred on the figure, so that it fits at any K and any length of class name)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(max(3.0, 1.2 + 0.6 * len(classes)), 1 + 0.6 * len(classes)))
+    ax.imshow(cm, cmap="Blues")
+    for (i, j), v in np.ndenumerate(cm):
+        ax.text(j, i, str(v), ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(classes)), classes, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(classes)), classes, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    fig.suptitle(f"held-out accuracy {scores['accuracy']:.3f}\nmacro-F1 {scores['macro_f1']:.3f}", fontsize=9)
+    fig.tight_layout()
+    return fig
