@@ -19,9 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.core.errors import AttnlabError
-from attnlab.data.text import read_text, resolve_text_source
 from attnlab.inspect.intervene import ablated, head, run_with_cache
-from attnlab.training.runs import load_model_and_tokenizer
+from attnlab.training.runs import load_run_with_text
 
 
 def copy_labels(text: str) -> torch.Tensor:
@@ -62,12 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"induction_check: --heads takes LAYER.HEAD values, got {args.heads}", file=sys.stderr)
         return 2
     try:
-        text = read_text(resolve_text_source(args.data))
-        model, tok = load_model_and_tokenizer(args.run)
+        model, tok, text = load_run_with_text(args.run, args.data)
     except AttnlabError as err:
         print(f"induction_check: {err}", file=sys.stderr)
         return 2
-    model.eval()
     ids, labels = torch.tensor(tok.encode(text)), copy_labels(text)
     T = model.config.block_size + 1
     g = torch.Generator().manual_seed(args.seed)

@@ -26,16 +26,17 @@ from pathlib import Path
 import torch
 
 from attnlab.core.errors import AttnlabError
-from attnlab.data.text import read_text, resolve_text_source
 from attnlab.inspect.circuits import path_patch
 from attnlab.inspect.intervene import head, logit_difference, patch_recovery
-from attnlab.training.runs import load_model_and_tokenizer
+from attnlab.training.runs import load_run_with_text
 
 
-def probes(lines: list[str], alphabet: list[str], n: int, seed: int) -> list[tuple[str, str, str, str]]:
-    """(clean, corrupted, answer, wrong) for n lines "r r" with len(r) >= 5."""
+def probes(lines: list[str], alphabet: list[str], n: int, seed: int, max_tokens: int = 10**9
+           ) -> list[tuple[str, str, str, str]]:
+    """(clean, corrupted, answer, wrong) for n lines "r r" with len(r) >= 5 whose longest probe, 2 len(r) - 1
+    characters, fits in ``max_tokens`` (a character a token)."""
     rng = random.Random(seed)
-    pool = [line.split(" ")[0] for line in lines if " " in line and len(line.split(" ")[0]) >= 5]
+    pool = [r for line in lines if " " in line and len(r := line.split(" ")[0]) >= 5 and 2 * len(r) - 1 <= max_tokens]
     out = []
     for r in rng.sample(pool, min(n, len(pool))):
         k = rng.randint(2, len(r) - 2)  # the second copy ends with r[k-1]; the answer r[k]; wrong r[k+1]
@@ -62,12 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         print("induction_paths: --probes must be in 1..10000", file=sys.stderr)
         return 2
     try:
-        text = read_text(resolve_text_source(args.data))
-        model, tok = load_model_and_tokenizer(args.run)
+        model, tok, text = load_run_with_text(args.run, args.data)
     except AttnlabError as err:
         print(f"induction_paths: {err}", file=sys.stderr)
         return 2
-    model.eval()
     c = model.config
     if c.family != "gpt" or c.n_layer != 2 or int(h) >= c.n_head:
         print(f"induction_paths: needs a 2-layer gpt with head {h} in layer 0", file=sys.stderr)
@@ -75,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     alphabet = sorted({ch for ch in text if ch not in " \n"})
     sender, layer1 = head(0, int(h)), [head(1, j) for j in range(c.n_head)]
     rows: dict[str, list[float]] = {}
-    for clean, corrupted, answer, wrong in probes(text.splitlines(), alphabet, args.probes, args.seed):
+    cases = probes(text.splitlines(), alphabet, args.probes, args.seed, max_tokens=c.block_size)
+    if not cases:
+        print(f"induction_paths: no line 'r r' of {args.data} fits the run's context of {c.block_size} tokens",
+              file=sys.stderr)
+        return 2
+    for clean, corrupted, answer, wrong in cases:
         x_clean, x_corr = torch.tensor([tok.encode(clean)]), torch.tensor([tok.encode(corrupted)])
         metric = logit_difference(tok.encode(answer)[0], tok.encode(wrong)[0])
         found = {"S alone": patch_recovery(model, x_clean, x_corr, [sender], metric).recovered,

@@ -56,6 +56,16 @@ def load_model_and_tokenizer(path: str | Path):
     return from_pretrained(path), load_tokenizer(path)
 
 
+def load_run_with_text(path: str | Path, data: str):
+    """The model (in eval mode) and tokenizer of the run folder ``path`` and the text of ``data`` (a file or a
+    built-in corpus), the text read first: a one-line AttnlabError for either, before any work."""
+    from attnlab.data.text import read_text, resolve_text_source
+
+    text = read_text(resolve_text_source(data))
+    model, tok = load_model_and_tokenizer(path)
+    return model.eval(), tok, text
+
+
 def strict_record(record: dict[str, Any]) -> dict[str, Any]:
     """A metrics record that strict JSON readers accept: a non-finite number becomes null and its key is
     listed under "nonfinite" (with its value as text: "nan", "inf", "-inf")."""
