@@ -80,8 +80,11 @@ def test_finetune_reports_held_out_accuracy_and_f1(pretrained, capsys):
     assert ft.config.n_classes == 3 and json.loads((tmp / "runs" / "ft" / "labels.json").read_text()) == \
         ["food", "sport", "weather"]
     assert not torch.equal(ft.embeddings.tok_emb.weight, pre.embeddings.tok_emb.weight)  # the encoder trained
+    capsys.readouterr()
     assert main(["eval", str(tmp / "runs" / "ft")]) == 0
     assert (tmp / "runs" / "ft" / "confusion.png").is_file()
+    assert (f"held-out, all 48 rows: accuracy {record['accuracy']:.4f}, macro_f1 {record['macro_f1']:.4f}"
+            in capsys.readouterr().out)  # the exact scores finetune reported, macro-F1 included
 
 
 def test_probe_export_import_and_embed(pretrained, tmp_path, capsys):

@@ -59,6 +59,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         extra = "".join(f"  {k[len(split) + 1:]} {v:.4f}" for k, v in results.items() if k.startswith(split + "_"))
         ppl = f"  perplexity {math.exp(min(loss, 50)):.2f}" if task.unit == "tokens" else ""
         print(f"{split:>5} loss {loss:.4f}{ppl}{extra}")
+    if callable(getattr(task, "scores", None)) and "val" in task.splits:  # exact, over every held-out row
+        exact = task.scores(model, "val")
+        values = ", ".join(f"{k} {v:.4f}" for k, v in exact.items() if k != "n" and isinstance(v, float))
+        print(f"held-out, all {exact['n']} rows: {values}")
     for path in task.eval_report(model, run_dir):
         print(f"wrote {path}")
     return 0
