@@ -38,8 +38,10 @@ def test_every_family_has_an_old_run():
 def test_old_run_evaluates_to_the_same_numbers(name, tmp_path, capsys):
     run = _copy(name, tmp_path)
     assert main(["eval", str(run), "--eval-iters", "2", "--batch-size", "4"]) == 0
-    expected = (FIXTURES / f"{name}.eval.txt").read_text()
-    assert _numbers(capsys.readouterr().out) == _numbers(expected)
+    expected = _numbers((FIXTURES / f"{name}.eval.txt").read_text())
+    printed = _numbers(capsys.readouterr().out)
+    later = iter(printed)  # every line the old code printed, in its order; lines added since may come between
+    assert expected and all(line in later for line in expected), (expected, printed)
 
 
 @pytest.mark.parametrize("name", [r for r in RUNS if r.startswith("gpt")])

@@ -114,6 +114,16 @@ def default_run_name(preset: str | None) -> str:
     return f"{stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+def make_run_folder(run_dir: Path, claim: bool) -> Path:
+    """Make the run's folder: with ``claim`` (a default name) one of its own (``claim_new_folder``), else
+    ``run_dir`` itself, which may exist (a resumed run; a folder that holds a run and is not resumed was
+    refused before any work)."""
+    if claim:
+        return claim_new_folder(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
 def claim_new_folder(run_dir: Path) -> Path:
     """Make ``run_dir``, or, where another process made it first, ``run_dir-2``, ``run_dir-3``, ...: each
     attempt an atomic mkdir, so two runs that took the same default name (started in the same second) never

@@ -139,10 +139,7 @@ class Trainer:
             self.log(self.meter.describe())
         self.records: RunLog | None = None  # metrics.jsonl (+ TensorBoard), on the main process
         if self.dist.is_main:
-            if not cfg.name:  # a default name: this run's own folder, made now, whoever else took the name
-                self.run_dir = runs.claim_new_folder(self.run_dir)
-            else:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.run_dir = runs.make_run_folder(self.run_dir, claim=not cfg.name)  # a default name: a folder of its own
             save_train_config(self.run_dir, cfg)
             if cfg.resume and checkpoint is None:
                 truncate_metrics(self.run_dir, 0)
