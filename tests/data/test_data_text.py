@@ -78,6 +78,15 @@ def test_a_missing_file_lists_every_built_in_corpus(tmp_path: Path) -> None:
         resolve_text_source(str(tmp_path / "repeated.txt"))
 
 
+def test_a_file_named_like_a_built_in_corpus_is_never_chosen_silently(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "repeated").write_text("my own text\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"data=repeated names both a built-in corpus and the file ./repeated; "
+                                        r"write data=./repeated for the file"):
+        resolve_text_source("repeated")
+    assert resolve_text_source("./repeated") == Path("./repeated")
+
+
 # --------------------------------------------------------------------------- repeated
 
 

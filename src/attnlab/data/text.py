@@ -47,6 +47,9 @@ class TextTokenizer(Protocol):
 def resolve_text_source(spec: str) -> Path:
     """The text file a data spec names: a built-in corpus ("shakespeare", "repeated") or a file path."""
     if spec in BUILTIN_CORPORA:
+        if Path(spec).exists():  # never a silent choice between the two
+            raise DataError(f"data={spec} names both a built-in corpus and the file ./{spec}; write data=./{spec} "
+                            "for the file")
         return builtin_corpus(spec)
     path = Path(spec).expanduser()
     if not path.exists():
