@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 import os
@@ -128,14 +127,14 @@ def claim_new_folder(run_dir: Path) -> Path:
     """Make ``run_dir``, or, where another process made it first, ``run_dir-2``, ``run_dir-3``, ...: each
     attempt an atomic mkdir, so two runs that took the same default name (started in the same second) never
     share a folder, its metrics or its checkpoints."""
-    for k in itertools.count(1):
-        candidate = run_dir if k == 1 else run_dir.with_name(f"{run_dir.name}-{k}")
+    candidate, k = run_dir, 1
+    while True:
         try:
             candidate.mkdir(parents=True)
+            return candidate
         except FileExistsError:
-            continue
-        return candidate
-    raise AssertionError("unreachable")  # itertools.count never ends
+            k += 1
+            candidate = run_dir.with_name(f"{run_dir.name}-{k}")
 
 
 def run_folder(out_dir: str | Path, name: str, check: bool) -> Path:
