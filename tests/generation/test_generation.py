@@ -342,7 +342,9 @@ def test_compiled_decode_step_gives_the_same_tokens_as_eager():
 
 def test_compiled_decode_with_relative_positions_gives_the_eager_tokens():
     """Relative positions evaluate their score term on each step's q and k (a callable bias): the compiled
-    stream still gives the eager tokens, past the context into the sliding window."""
+    stream still gives the eager tokens, past the context into the sliding window, and the step takes no
+    graph break (the term's distance range comes from the shapes, not from reading the positions)."""
+    torch._dynamo.utils.counters.clear()
     torch.manual_seed(0)
     model = build_model(GPTConfig(vocab_size=17, block_size=10, n_layer=1, n_head=2, d_model=16,
                                     positions="relative")).eval()
@@ -350,6 +352,7 @@ def test_compiled_decode_with_relative_positions_gives_the_eager_tokens():
     eager = SamplingConfig(max_new_tokens=12, temperature=0)
     assert torch.equal(generate(model, prompt, eager), generate(model, prompt, SamplingConfig(
         max_new_tokens=12, temperature=0, compile=True)))
+    assert not torch._dynamo.utils.counters["graph_break"]
 
 
 def test_compiled_stream_stays_exact_across_prompts_models_and_the_window():

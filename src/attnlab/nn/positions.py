@@ -11,7 +11,8 @@ same way — so order must be injected. The schemes differ in *where*:
 - none: nothing (the model sees a bag of tokens).
 
 Every scheme implements the same three methods and returns ``None`` where it does not act, so
-the model code calls all three without knowing which scheme is active.
+the model code calls all three without knowing which scheme is active. ``causal_bias`` is
+``attn_bias`` for the layout of a causal stream (the queries are the last T of positions 0 .. S-1).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ class PositionalScheme(nn.Module):
         """Additive score bias (H, T, S) for queries at q_positions and keys at k_positions (or, for
         a bias that depends on the queries and keys too, a ``RelativeScores`` to call on them)."""
         return None
+
+    def causal_bias(self, n_queries: int, n_keys: int, device: torch.device | None = None
+                    ) -> Tensor | RelativeScores | None:
+        """``attn_bias`` for a causal stream: the queries are the last ``n_queries`` of the key positions
+        0 .. n_keys - 1 (a prompt, or new tokens after a cache). Schemes may use the known layout."""
+        keys = torch.arange(n_keys, device=device)
+        return self.attn_bias(keys[n_keys - n_queries:], keys)
 
 
 class NoPositions(PositionalScheme):
@@ -171,16 +179,19 @@ class RelativeScores:
         bias_ij = (u . k_j + (q_i + v) . r_{i-j}) / sqrt(D),    r_d = W_R PE(d) split into heads
 
     W_R PE(d) is formed once per forward (W_R is shared by the layers), for every distance d in
-    [min(i - j), max(i - j)]. Called with q (B, H, T, D), k (B, H_kv, S, D) -> bias (B, H, T, S): for
+    [min(i - j), max(i - j)]: read from the positions, or given as ``span`` where the layout fixes it
+    (a causal stream: [1 - T, S - 1], known from the shapes alone, so a compiled decode step reads no
+    tensor values and takes no graph break). Called with q (B, H, T, D), k (B, H_kv, S, D) -> bias (B, H, T, S): for
     contiguous positions (at most ~2S distances) (q_i + v) . r_d is taken for every d and gathered at
     d = i - j; for sparse positions (randomized ids: many more distances than keys) r_{i-j} is gathered
     per (i, j) first.
     """
 
-    def __init__(self, scheme: RelativePositions, q_positions: Tensor, k_positions: Tensor) -> None:
+    def __init__(self, scheme: RelativePositions, q_positions: Tensor, k_positions: Tensor,
+                 span: tuple[int, int] | None = None) -> None:
         self.scheme = scheme
         offset = q_positions.unsqueeze(1) - k_positions.unsqueeze(0)  # (T, S): i - j
-        lo, hi = int(offset.min()), int(offset.max())
+        lo, hi = (int(offset.min()), int(offset.max())) if span is None else span
         H, D = scheme.content_bias.shape
         distances = torch.arange(lo, hi + 1, device=offset.device)  # (M,)
         self.r = scheme.proj(sinusoids(distances, scheme.d_model).to(scheme.proj.weight)).view(-1, H, D)  # (M, H, D)
@@ -226,6 +237,10 @@ class RelativePositions(PositionalScheme):
 
     def attn_bias(self, q_positions: Tensor, k_positions: Tensor) -> RelativeScores:
         return RelativeScores(self, q_positions, k_positions)
+
+    def causal_bias(self, n_queries: int, n_keys: int, device: torch.device | None = None) -> RelativeScores:
+        keys = torch.arange(n_keys, device=device)  # queries n_keys - n_queries .. n_keys - 1
+        return RelativeScores(self, keys[n_keys - n_queries:], keys, span=(1 - n_queries, n_keys - 1))
 
 
 def build_positions(
