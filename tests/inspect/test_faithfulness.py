@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from attnlab.inspect.faithfulness import METHODS, attribute, curves, for_token_classifier, for_vit
+from attnlab.inspect.faithfulness import METHODS, attribute, curves, curves_of, for_token_classifier, for_vit
 from attnlab.models import BertConfig, ViTConfig, build_model
 from tests.helpers import train_tiny_run
 
@@ -85,6 +85,23 @@ def test_curves_run_from_the_input_to_the_baseline():
     assert c.deletion[0] == pytest.approx(float(p_in)) and c.deletion[-1] == pytest.approx(float(p_base))
     assert c.insertion[0] == pytest.approx(float(p_base)) and c.insertion[-1] == pytest.approx(float(p_in))
     assert len(c.deletion) == 6 and 0 <= c.deletion_auc <= 1
+
+
+def test_curves_of_several_rankings_in_one_batch_are_each_rankings_own_curves():
+    """Row k of a curve removes (deletion) or keeps (insertion) the k top-ranked features, ties broken by
+    position: built here one feature at a time, scored one ranking at a time."""
+    _, ex = text_example()
+    rankings = {"ties": torch.tensor([1.0, 3.0, 1.0, 3.0, 0.0]), "order": torch.arange(5.0),
+                "reverse": -torch.arange(5.0)}
+    together = curves_of(ex, rankings)
+    for name, scores in rankings.items():
+        top, order = torch.zeros(6, 5), torch.argsort(-scores, stable=True)
+        for k in range(1, 6):
+            top[k] = top[k - 1]
+            top[k, order[k - 1]] = 1.0
+        torch.testing.assert_close(together[name].deletion, ex.prob(1 - top), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(together[name].insertion, ex.prob(top), atol=1e-6, rtol=1e-5)
+    assert together["ties"].deletion.tolist() != together["order"].deletion.tolist()
 
 
 def test_a_model_that_reads_one_feature_is_explained_by_it():

@@ -174,26 +174,34 @@ class Curves:
         return float(torch.trapezoid(self.insertion, dx=1.0 / (len(self.insertion) - 1)))
 
 
+def _top_k(scores: Tensor) -> Tensor:
+    """(N + 1, N) presence rows: row k keeps the k top-ranked features (ties broken by position, stably)."""
+    N = scores.numel()
+    order = torch.argsort(-scores, stable=True)
+    ranks = torch.empty(N, dtype=torch.long)
+    ranks[order] = torch.arange(N)  # ranks[i]: the place of feature i in the ranking
+    return (torch.arange(N + 1)[:, None] > ranks[None, :]).float()  # row k: features ranked 0 .. k-1
+
+
+def curves_of(ex: Explained, rankings: dict[str, Tensor]) -> dict[str, Curves]:
+    """Deletion and insertion curves of several rankings, their 2 (N + 1) rows each scored in one batch."""
+    tops = [_top_k(s) for s in rankings.values()]
+    p = ex.prob(torch.cat([z for top in tops for z in (1 - top, top)]))  # (2 (N + 1) n_rankings,)
+    rows = p.split(tops[0].size(0)) if tops else ()
+    return {name: Curves(rows[2 * i], rows[2 * i + 1]) for i, name in enumerate(rankings)}
+
+
 def curves(ex: Explained, scores: Tensor) -> Curves:
     """Deletion and insertion curves of one ranking (ties broken by position, stably)."""
-    N = ex.n_features
-    order = torch.argsort(-scores, stable=True)
-    top = torch.zeros(N + 1, N)  # row k: the k top-ranked features
-    for k in range(1, N + 1):
-        top[k] = top[k - 1]
-        top[k, order[k - 1]] = 1.0
-    return Curves(ex.prob(1 - top), ex.prob(top))
+    return curves_of(ex, {"ranking": scores})["ranking"]
 
 
 def faithfulness(ex: Explained, methods: Sequence[str] = METHODS, seed: int = 0, **kwargs) -> dict[str, dict]:
     """Per method: its scores and its deletion / insertion AUCs on this input."""
     scores = attribute(ex, methods, seed=seed, **kwargs)
-    result = {}
-    for name, s in scores.items():
-        c = curves(ex, s)
-        result[name] = {"scores": s, "deletion_auc": c.deletion_auc, "insertion_auc": c.insertion_auc,
-                        "deletion": c.deletion, "insertion": c.insertion}
-    return result
+    return {name: {"scores": scores[name], "deletion_auc": c.deletion_auc, "insertion_auc": c.insertion_auc,
+                   "deletion": c.deletion, "insertion": c.insertion}
+            for name, c in curves_of(ex, scores).items()}
 
 
 # --------------------------------------------------------------------------- the families
