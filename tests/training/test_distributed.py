@@ -53,10 +53,14 @@ def test_two_processes_train_resume_exactly_and_move_to_one_process(tmp_path):
     train_records = [r["step"] for r in records if "val_loss" not in r]
     assert train_records == [5, 10, 15, 20]  # written once, by rank 0
 
-    # 2 -> 2: cut after step 10, resume with two processes: bit-identical to the uninterrupted run
-    _torchrun(preset, tiny_overrides(corpus, out, name="cut", **extra), tmp_path)
+    # 2 -> 2: cut after step 10 (a copy of the run without its last checkpoint), resume with two processes:
+    # bit-identical to the uninterrupted run
+    shutil.copytree(out / "full", out / "cut")
     shutil.rmtree(out / "cut" / "checkpoints" / "step-0000020")
-    _torchrun(preset, tiny_overrides(corpus, out, name="cut", resume=True, **extra), tmp_path)
+    for weights in (out / "cut").glob("*.safetensors"):
+        weights.unlink()  # what _weights reads must come from the resumed run
+    resumed = _torchrun(preset, tiny_overrides(corpus, out, name="cut", resume=True, **extra), tmp_path)
+    assert "resumed" in resumed.stdout and resumed.stdout.count("done: step 20") == 1
     a, b = _weights(out / "cut"), _weights(out / "full")
     assert all(torch.equal(a[k], b[k]) for k in a), max((a[k] - b[k]).abs().max().item() for k in a)
 
