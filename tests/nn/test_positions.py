@@ -327,7 +327,7 @@ def test_relative_scores_equal_the_transformer_xl_terms(gapped):
 
 
 @pytest.mark.parametrize("n_queries, n_keys", [(1, 1), (1, 9), (4, 9), (9, 9)])
-def test_causal_bias_is_the_bias_of_the_last_queries_over_every_key(n_queries, n_keys):
+def test_contiguous_bias_is_the_bias_of_the_last_queries_over_every_key(n_queries, n_keys):
     """The stream layout's shortcut (relative: its distance range from the shapes) changes nothing."""
     torch.manual_seed(0)
     keys = torch.arange(n_keys)
@@ -335,12 +335,12 @@ def test_causal_bias_is_the_bias_of_the_last_queries_over_every_key(n_queries, n
     relative = RelativePositions(d_model=32, n_heads=4)
     with torch.no_grad():
         relative.position_bias.normal_()
-    torch.testing.assert_close(relative.causal_bias(n_queries, n_keys)(q, k),
+    torch.testing.assert_close(relative.contiguous_bias(n_queries, n_keys)(q, k),
                                _relative_by_loops(relative, q, k, keys[n_keys - n_queries:], keys),
                                atol=1e-5, rtol=1e-5)
     alibi = ALiBiPositions(4)
-    assert torch.equal(alibi.causal_bias(n_queries, n_keys), alibi.attn_bias(keys[n_keys - n_queries:], keys))
-    assert NoPositions().causal_bias(n_queries, n_keys) is None
+    assert torch.equal(alibi.contiguous_bias(n_queries, n_keys), alibi.attn_bias(keys[n_keys - n_queries:], keys))
+    assert NoPositions().contiguous_bias(n_queries, n_keys) is None
 
 
 def test_relative_scores_depend_only_on_the_distance():

@@ -11,8 +11,9 @@ same way — so order must be injected. The schemes differ in *where*:
 - none: nothing (the model sees a bag of tokens).
 
 Every scheme implements the same three methods and returns ``None`` where it does not act, so
-the model code calls all three without knowing which scheme is active. ``causal_bias`` is
-``attn_bias`` for the layout of a causal stream (the queries are the last T of positions 0 .. S-1).
+the model code calls all three without knowing which scheme is active. ``contiguous_bias`` is
+``attn_bias`` for contiguous positions: the queries are the last T of the keys' positions 0 .. S-1
+(a prompt, new tokens after a cache, or, with T = S, every position of an encoder).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ class PositionalScheme(nn.Module):
         a bias that depends on the queries and keys too, a ``RelativeScores`` to call on them)."""
         return None
 
-    def causal_bias(self, n_queries: int, n_keys: int, device: torch.device | None = None
+    def contiguous_bias(self, n_queries: int, n_keys: int, device: torch.device | None = None
                     ) -> Tensor | RelativeScores | None:
-        """``attn_bias`` for a causal stream: the queries are the last ``n_queries`` of the key positions
-        0 .. n_keys - 1 (a prompt, or new tokens after a cache). Schemes may use the known layout."""
+        """``attn_bias`` for contiguous positions: the queries are the last ``n_queries`` of the key positions
+        0 .. n_keys - 1 (a prompt, new tokens after a cache, an encoder's every position). Schemes may use
+        the known layout."""
         keys = torch.arange(n_keys, device=device)
         return self.attn_bias(keys[n_keys - n_queries:], keys)
 
@@ -180,11 +182,11 @@ class RelativeScores:
 
     W_R PE(d) is formed once per forward (W_R is shared by the layers), for every distance d in
     [min(i - j), max(i - j)]: read from the positions, or given as ``span`` where the layout fixes it
-    (a causal stream: [1 - T, S - 1], known from the shapes alone, so a compiled decode step reads no
-    tensor values and takes no graph break). Called with q (B, H, T, D), k (B, H_kv, S, D) -> bias (B, H, T, S): for
-    contiguous positions (at most ~2S distances) (q_i + v) . r_d is taken for every d and gathered at
-    d = i - j; for sparse positions (randomized ids: many more distances than keys) r_{i-j} is gathered
-    per (i, j) first.
+    (contiguous positions, queries the last T of S keys: [1 - T, S - 1], known from the shapes alone, so a
+    compiled forward or decode step reads no tensor values and takes no graph break). Called with
+    q (B, H, T, D), k (B, H_kv, S, D) -> bias (B, H, T, S): for contiguous positions (at most ~2S
+    distances) (q_i + v) . r_d is taken for every d and gathered at d = i - j; for sparse positions
+    (randomized ids: many more distances than keys) r_{i-j} is gathered per (i, j) first.
     """
 
     def __init__(self, scheme: RelativePositions, q_positions: Tensor, k_positions: Tensor,
@@ -238,7 +240,7 @@ class RelativePositions(PositionalScheme):
     def attn_bias(self, q_positions: Tensor, k_positions: Tensor) -> RelativeScores:
         return RelativeScores(self, q_positions, k_positions)
 
-    def causal_bias(self, n_queries: int, n_keys: int, device: torch.device | None = None) -> RelativeScores:
+    def contiguous_bias(self, n_queries: int, n_keys: int, device: torch.device | None = None) -> RelativeScores:
         keys = torch.arange(n_keys, device=device)  # queries n_keys - n_queries .. n_keys - 1
         return RelativeScores(self, keys[n_keys - n_queries:], keys, span=(1 - n_queries, n_keys - 1))
 

@@ -136,7 +136,7 @@ class Bert(PretrainedModel):
         mask = padding_mask(attention_mask.bool()) if attention_mask is not None else None  # (B, 1, 1, T)
         pos = torch.arange(T, device=input_ids.device)
         rotary = self.embeddings.positions.rotary(pos)
-        bias = self.embeddings.positions.attn_bias(pos, pos)
+        bias = self.embeddings.positions.contiguous_bias(T, T, input_ids.device)
         for block in self.blocks:
             x = block(x, BlockContext(mask=mask, bias=bias, rotary=rotary))  # (B, T, C)
         return self.norm_f(x)  # (B, T, C)

@@ -123,7 +123,7 @@ class Encoder(PretrainedModel):
         if pe is not None:
             x = x + pe  # (T, D) broadcasts over the batch
         rotary = self.positions.rotary(pos)
-        bias = self.positions.attn_bias(pos, pos)
+        bias = self.positions.contiguous_bias(T, T, x.device)
         keep = mask
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, 1 + T, D)
@@ -131,7 +131,7 @@ class Encoder(PretrainedModel):
                 keep = torch.cat([keep.new_ones(B, 1), keep], dim=1)  # (B, 1 + T)
             if rotary is not None or bias is not None:  # [CLS] takes position 0, the inputs 1..T
                 pos = torch.arange(T + 1, device=x.device)
-                rotary, bias = self.positions.rotary(pos), self.positions.attn_bias(pos, pos)
+                rotary, bias = self.positions.rotary(pos), self.positions.contiguous_bias(T + 1, T + 1, x.device)
         if self.config.dropout > 0:
             x = F.dropout(x, self.config.dropout, self.training)
         attn_mask = padding_mask(keep) if keep is not None else None  # (B, 1, 1, T')

@@ -127,7 +127,7 @@ class GPT(PretrainedModel):
         if self.config.dropout > 0:
             x = F.dropout(x, self.config.dropout, self.training)
         rotary = self.positions.rotary(pos)
-        bias = self.positions.causal_bias(T, start + T, idx.device)  # (H, T, S): queries pos, keys 0 .. start+T-1
+        bias = self.positions.contiguous_bias(T, start + T, idx.device)  # (H, T, S): keys 0 .. start + T - 1
         ctxs = [BlockContext(bias=bias, rotary=rotary, is_causal=True, cache=cache[i] if cache else None)
                 for i in range(len(self.blocks))]
         if self.residual is None:  # x = x + f(norm(x)), inside each block
