@@ -37,7 +37,9 @@ Implementation: batched, no Python loop over tokens. The k N assignments, ordere
 one-hot (k N, E) matrix; its cumulative sum down the rows gives each assignment's slot in its expert's
 buffer, and slot < capacity keeps it. Kept tokens are scattered (index_put) into an (E, capacity, C)
 buffer, every expert runs at once with one ``torch.baddbmm`` per layer on stacked weights, and the
-outputs are gathered back, weighted by the gates and summed per token with ``index_add``.
+outputs are gathered back, weighted by the gates and summed per token with ``index_add``. A dropped
+assignment is not filtered out (a shape that depends on the routing breaks a compiled graph): it writes
+to a spare slot past the capacity, which no expert reads, and its gate is 0.
 
 Initialisation: every expert, and the router, is initialised like ``nn.Linear`` (weights and biases
 U(-1/sqrt(fan_in), 1/sqrt(fan_in))), so one expert is distributed like a fresh FeedForward.
@@ -205,16 +207,19 @@ class MoEFeedForward(nn.Module):
         # capacity is a training-time compute budget; at inference every token reaches its experts,
         # so decoding token by token (with a KV cache) routes exactly like the full sequence
         capacity = self.capacity(N) if self.training else None
-        if capacity is None:
-            capacity = int(counts.max()) if N > 0 else 0  # smallest buffer that holds everything
-        keep = slot < capacity  # (k N,)
-        expert_idx, token_idx, slot, gate = expert_idx[keep], token_idx[keep], slot[keep], gate[keep]  # (M,)
+        if capacity is None:  # every assignment is kept: the smallest buffer that holds them all
+            capacity = int(counts.max()) if N > 0 else 0
+            keep = torch.ones_like(slot, dtype=torch.bool)  # (k N,)
+        else:  # dropped assignments write to a spare slot S and are weighted 0 (shapes fixed by N alone)
+            keep = slot < capacity  # (k N,)
+            slot = torch.where(keep, slot, capacity)
+            gate = torch.where(keep, gate, 0)
 
         # ---- dispatch, run all experts, combine
-        buffer = x_flat.new_zeros(E, capacity, shape[-1])  # (E, S, C)
-        buffer = buffer.index_put((expert_idx, slot), x_flat[token_idx])  # (E, S, C)
-        out = self.experts(buffer)  # (E, S, C)
-        y_assign = out[expert_idx, slot] * gate.to(out.dtype).unsqueeze(1)  # (M, C)
+        buffer = x_flat.new_zeros(E, capacity + 1, shape[-1])  # (E, S + 1, C): slot S is the spare
+        buffer = buffer.index_put((expert_idx, slot), x_flat[token_idx])  # (E, S + 1, C)
+        out = self.experts(buffer[:, :capacity])  # (E, S, C)
+        y_assign = out[expert_idx, slot.clamp(max=capacity - 1)] * gate.to(out.dtype).unsqueeze(1)  # (k N, C)
         y = out.new_zeros(N, shape[-1]).index_add(0, token_idx, y_assign)  # (N, C)
         if self.dropout > 0:
             y = F.dropout(y, self.dropout, self.training)
@@ -225,7 +230,7 @@ class MoEFeedForward(nn.Module):
         P = probs.mean(dim=0)  # (E,)
         aux_loss = E * (f * P).sum()
         z_loss = torch.logsumexp(logits, dim=-1).pow(2).mean()
-        kept = torch.bincount(expert_idx, minlength=E)  # (E,)
+        kept = (one_hot * keep.unsqueeze(1)).sum(dim=0)  # (E,) assignments each expert processed
         expert_load = kept.to(probs.dtype) / n_assign  # (E,)
         dropped_fraction = (~keep).sum().to(probs.dtype) / n_assign
         stats = MoEStats(aux_loss=aux_loss, z_loss=z_loss, expert_load=expert_load, dropped_fraction=dropped_fraction)
