@@ -62,6 +62,16 @@ def test_sinusoidal_extends_beyond_max_len(d_model):
     assert torch.equal(sin.embed(torch.arange(3)), early)
 
 
+def test_compiled_sinusoidal_codes_take_no_graph_break_and_reach_past_the_table():
+    """Under compile the codes are computed in the graph (eager grows a table from positions.max(), a tensor
+    value, which would break the graph): the table's values, beyond its planned length too."""
+    torch._dynamo.utils.counters.clear()
+    sin = SinusoidalPositions(8, max_len=4)
+    got = torch.compile(sin.embed)(torch.arange(2, 12))
+    assert not torch._dynamo.utils.counters["graph_break"]
+    torch.testing.assert_close(got, sinusoidal_table(12, 8)[2:], atol=1e-6, rtol=0)
+
+
 def test_sinusoidal_has_no_parameters_and_no_state():
     sin = SinusoidalPositions(16, 8)
     assert list(sin.parameters()) == []

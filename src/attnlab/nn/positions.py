@@ -84,6 +84,8 @@ class SinusoidalPositions(PositionalScheme):
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
 
     def embed(self, positions: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():  # in the graph: no table to grow from a tensor's value (graph break)
+            return sinusoids(positions, self.d_model)  # (T, C), the table's values
         if int(positions.max()) >= self.table.size(0):  # longer than planned: extend the table
             self.table = sinusoidal_table(int(positions.max()) + 1, self.d_model).to(self.table)
         return self.table[positions]  # (T, C)
