@@ -177,7 +177,7 @@ class Curves:
 def _top_k(scores: Tensor) -> Tensor:
     """(N + 1, N) presence rows: row k keeps the k top-ranked features (ties broken by position, stably)."""
     N = scores.numel()
-    order = torch.argsort(-scores, stable=True)
+    order = torch.argsort(-scores.cpu(), stable=True)  # the presence vectors z live on the CPU
     ranks = torch.empty(N, dtype=torch.long)
     ranks[order] = torch.arange(N)  # ranks[i]: the place of feature i in the ranking
     return (torch.arange(N + 1)[:, None] > ranks[None, :]).float()  # row k: features ranked 0 .. k-1
