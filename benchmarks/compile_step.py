@@ -1,0 +1,127 @@
+"""compile=true against eager, per model variant: graph breaks, compile time and the training step.
+
+A graph break splits the compiled step into pieces with Python between them (docs/benchmarks.md, "Graph
+breaks"). For each variant of the shakespeare-char GPT (4 layers, 4 heads, 128 dims, batch 12 x 64, fp32,
+random tokens of a 65-symbol vocabulary) this builds one model, compiles its forward as ``compile=true`` does
+(``training.compiling.compile_forward``: with it AOTAutograd compiles the backward), and reports:
+
+- the graph breaks dynamo counted while compiling the variant;
+- the first compiled step's seconds (compilation included: cold, or from inductor's cache when warm);
+- the median ms per full step (forward, backward, clip to 1.0, AdamW, zero_grad) of the eager and the
+  compiled model, alternating blocks of ``--steps`` steps round after round in one process (the order
+  reversed every round), and their ratio, with its range over rounds.
+
+    python benchmarks/compile_step.py [--variants moe relative ...] [--rounds 6] [--steps 20] [--threads N]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from attnlab.bench.attention import cpu_model
+from attnlab.cli.errors import OneLineParser, at_least, run_script
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, d_model=128)
+BATCH = 12
+VARIANTS = {  # GPTConfig fields over the shape
+    "rope": {},
+    "learned": {"positions": "learned"},
+    "sinusoidal": {"positions": "sinusoidal"},
+    "alibi": {"positions": "alibi"},
+    "relative": {"positions": "relative"},
+    "moe": {"moe_every": 1, "moe_experts": 4, "moe_top_k": 2},
+}
+
+
+def build(variant: str):
+    """(model, optimiser) of one variant, seeded alike."""
+    from attnlab.models import GPTConfig, build_model
+    from attnlab.training.config import TrainConfig
+    from attnlab.training.trainer import make_optimizer
+
+    torch.manual_seed(0)
+    model = build_model(GPTConfig(**SHAPE, **VARIANTS[variant]))
+    return model, make_optimizer(model, TrainConfig(weight_decay=0.1, beta2=0.99))
+
+
+def step(model, forward, opt, x: torch.Tensor) -> None:
+    """One full optimisation step of ``forward`` on the batch x (B, T), its own tokens as targets."""
+    forward(x, targets=x).loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def measure(variant: str, rounds: int, steps: int, warmup: int) -> dict:
+    from torch._dynamo.utils import counters
+
+    from attnlab.training.compiling import compile_forward
+
+    model, opt = build(variant)
+    compiled = compile_forward(model, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, SHAPE["vocab_size"], (BATCH, SHAPE["block_size"]), generator=gen) for _ in range(8)]
+    torch._dynamo.reset()
+    counters.clear()
+    t0 = time.perf_counter()
+    step(model, compiled, opt, batches[0])
+    first_s = time.perf_counter() - t0
+    breaks = sum(counters["graph_break"].values())
+    for forward in (model, compiled):
+        for i in range(warmup):
+            step(model, forward, opt, batches[i % len(batches)])
+    ms = {"eager": [], "compiled": []}
+    for r in range(rounds):
+        order = [("eager", model), ("compiled", compiled)]
+        for name, forward in order if r % 2 == 0 else order[::-1]:
+            t0 = time.perf_counter()
+            for i in range(steps):
+                step(model, forward, opt, batches[i % len(batches)])
+            ms[name].append((time.perf_counter() - t0) / steps * 1e3)
+    ratios = [e / c for e, c in zip(ms["eager"], ms["compiled"])]
+    return {"variant": variant, "graph_breaks": breaks, "first_compiled_step_s": first_s,
+            "eager_ms": statistics.median(ms["eager"]), "compiled_ms": statistics.median(ms["compiled"]),
+            "speedup": statistics.median(ms["eager"]) / statistics.median(ms["compiled"]),
+            "speedup_range": [min(ratios), max(ratios)], "per_round_ms": ms}
+
+
+def main() -> None:
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--rounds", type=at_least(1), default=6)
+    ap.add_argument("--steps", type=at_least(1), default=20, help="steps per contender per round")
+    ap.add_argument("--warmup", type=at_least(0), default=5)
+    ap.add_argument("--threads", type=at_least(1), default=None)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compile_step.json"))
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # as attnlab train does on a CPU
+    print(f"compile=true vs eager, GPT {SHAPE['n_layer']}L {SHAPE['d_model']}d, batch {BATCH} x "
+          f"{SHAPE['block_size']}, fp32, CPU, {torch.get_num_threads()} threads, {args.rounds} rounds x "
+          f"{args.steps} steps\n")
+    print(f"{'variant':<12} {'breaks':>6} {'1st step s':>10} {'eager ms':>9} {'compiled ms':>11} {'speed-up':>9}"
+          "  range")
+    rows = []
+    for variant in args.variants:
+        r = measure(variant, args.rounds, args.steps, args.warmup)
+        rows.append(r)
+        lo, hi = r["speedup_range"]
+        print(f"{variant:<12} {r['graph_breaks']:>6} {r['first_compiled_step_s']:>10.1f} {r['eager_ms']:>9.2f} "
+              f"{r['compiled_ms']:>11.2f} {r['speedup']:>8.3f}x  {lo:.3f}-{hi:.3f}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"shape": SHAPE, "batch": BATCH, "rounds": args.rounds, "steps": args.steps,
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "processor": cpu_model()}
+    out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    run_script(main, "compile_step")
