@@ -38,3 +38,10 @@ def compile_note(model_cfg: object, device_type: str) -> str | None:
     return ("note: compile=true with the chunked SSM scan compiles for minutes on a CPU (428 s measured at 4 "
             "layers, 128 dims); ssm_scan=cpu-fused compiles in ~30 s and steps faster")
 
+
+def compile_for_run(module: torch.nn.Module, model_cfg: object, device_type: str, log) -> torch.nn.Module:
+    """``compile_forward`` for a training run, which first logs ``compile_note``'s line where there is one."""
+    if (note := compile_note(model_cfg, device_type)) is not None:
+        log(note)
+    return compile_forward(module, device_type)
+
