@@ -44,4 +44,3 @@ def compile_for_run(module: torch.nn.Module, model_cfg: object, device_type: str
     if (note := compile_note(model_cfg, device_type)) is not None:
         log(note)
     return compile_forward(module, device_type)
-
