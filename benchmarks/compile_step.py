@@ -38,7 +38,7 @@ VARIANTS = {  # GPTConfig fields over the shape
     "moe": {"moe_every": 1, "moe_experts": 4, "moe_top_k": 2},
     "latent": {"mixer": "latent", "d_latent": 32},
     "hyper": {"residual": "hyper", "residual_streams": 2},
-    "ssm": {"mixer": "ssm", "positions": "none"},  # the chunked scan: ~7 min of cold compilation here
+    "ssm": {"mixer": "ssm", "positions": "none"},  # the chunked scan: ~1 min of cold compilation here
     "ssm-cpu-fused": {"mixer": "ssm", "positions": "none", "ssm_scan": "cpu-fused"},
 }
 

@@ -328,23 +328,6 @@ def test_fit_stops_where_the_step_callback_returns_true():
     assert seen == [0, 1, 2, 3] and len(result.losses) == 4
 
 
-@pytest.mark.parametrize("model, noted", [({"model.mixer": "ssm", "model.positions": "none"}, True),
-                                           ({"model.mixer": "hybrid"}, True),
-                                           ({"model.mixer": "ssm", "model.positions": "none",
-                                             "model.ssm_scan": "cpu-fused"}, False),
-                                           ({}, False)])
-def test_compile_true_with_the_chunked_ssm_scan_says_it_compiles_for_minutes(corpus, tmp_path, model, noted):
-    """The chunked scan unrolls into the graph (428 s of compilation measured at the preset's size): the run
-    says so at its start and names the C++ scan; other models, and runs without compile, say nothing."""
-    for compile in (True, False):
-        lines = []
-        Trainer(tiny_config(corpus, tmp_path / "runs", name=f"n-{compile}-{len(model)}-{noted}", compile=compile,
-                            device="cpu", **model), log=lines.append)
-        said = [line for line in lines if "chunked SSM scan" in line]
-        assert bool(said) == (noted and compile), lines
-        assert not said or "ssm_scan=cpu-fused" in said[0]
-
-
 def test_compile_true_trains_as_the_eager_model_does(corpus, tmp_path):
     """compile=true (training.compiling: inductor with its C++ wrapper on a CPU) changes the kernels, not the
     arithmetic's meaning: the same run's losses and final weights agree with the eager run's to float rounding."""

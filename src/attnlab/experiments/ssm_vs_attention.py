@@ -315,14 +315,14 @@ per arm chosen on validation from {_rates(a)} (attention) and {_rates(ss)} (SSM)
 {outcome_lines(outcomes)}
 
 **Regime.** The lecture's claim is about contexts beyond 16k tokens on accelerators, where Mamba's fused scan
-keeps its state in SRAM (Gu & Dao 2023); here a 2-core CPU, the chunked scan (a Python loop over chunks) and
-attnlab's C++ loop, and attention through PyTorch's CPU kernels. The loss comparison is one small
-character-level model at T = {s['context']}, not the paper's language-modelling sweep, and its rule is
-one-sided (non-inferiority: an SSM far better than attention passes it too). On a GPU, part 1 alone
-(`python benchmarks/long_context_cost.py --device cuda`, one H100, docs/gpu/long_context_cost_cuda.json): SSM time
-and memory linear and eager memory quadratic held again, but SDPA's time slope over T >= 2k was 1.31 [1.28, 1.36]
-(steps launch-bound up to ~4k; 1.71 over 8k-64k), and the SSM's unfused scan took 1.84 s at 8k against SDPA's
-5.9 ms (the C++ scan is CPU-only). Plot: `cost.png`.{HISTORY if s['steps'] > 600 else ''}"""
+keeps its state in SRAM (Gu & Dao 2023); here a 2-core CPU, the chunked scan (a Python loop over cache-sized
+groups of chunks) and attnlab's C++ loop, and attention through PyTorch's CPU kernels. The loss comparison is one
+small character-level model at T = {s['context']}, not the paper's language-modelling sweep, and its rule is
+one-sided (non-inferiority: an SSM far better than attention passes it too). On a GPU, part 1 alone (`python
+benchmarks/long_context_cost.py --device cuda`, one H100, docs/gpu/long_context_cost_cuda.json): SSM time and
+memory linear and eager memory quadratic held again, but SDPA's time slope over T >= 2k was 1.31 [1.28, 1.36]
+(steps launch-bound up to ~4k; 1.71 over 8k-64k), and the SSM's unfused scan took 1.84 s at 8k against SDPA's 5.9
+ms (the C++ scan is CPU-only). Plot: `cost.png`.{HISTORY if s['steps'] > 600 else ''}"""
 
 
 HISTORY = """

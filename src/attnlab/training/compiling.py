@@ -23,24 +23,3 @@ def compile_options(device_type: str) -> dict[str, bool] | None:
 def compile_forward(module: torch.nn.Module, device_type: str) -> torch.nn.Module:
     """``module`` under ``torch.compile`` with the options for ``device_type``; its parameters are shared."""
     return torch.compile(module, options=compile_options(device_type))
-
-
-def compile_note(model_cfg: object, device_type: str) -> str | None:
-    """A line for the run's start where compiling is known to be slow and a faster route exists, else None.
-
-    The chunked SSM scan's Python loops over chunks and decay blocks unroll into the graph: the
-    shakespeare-char GPT shape with SSM mixers compiled for 428 s cold on a 2-core CPU, against 33 s with
-    ``ssm_scan=cpu-fused`` (``benchmarks/compile_step.py``, docs/benchmarks.md)."""
-    if device_type != "cpu" or getattr(model_cfg, "ssm_scan", None) != "chunked":
-        return None
-    if getattr(model_cfg, "mixer", None) not in ("ssm", "hybrid"):
-        return None
-    return ("note: compile=true with the chunked SSM scan compiles for minutes on a CPU (428 s measured at 4 "
-            "layers, 128 dims); ssm_scan=cpu-fused compiles in ~30 s and steps faster")
-
-
-def compile_for_run(module: torch.nn.Module, model_cfg: object, device_type: str, log) -> torch.nn.Module:
-    """``compile_forward`` for a training run, which first logs ``compile_note``'s line where there is one."""
-    if (note := compile_note(model_cfg, device_type)) is not None:
-        log(note)
-    return compile_forward(module, device_type)

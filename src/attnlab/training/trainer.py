@@ -25,7 +25,7 @@ from attnlab.core import runtime
 from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.training import checkpoint as ckpt
 from attnlab.training import distributed, runs, threaded
-from attnlab.training.compiling import compile_for_run
+from attnlab.training.compiling import compile_forward
 from attnlab.training.config import TrainConfig
 from attnlab.training.init_from import check_init_from, init_weights_line
 from attnlab.training.loggers import RunLog, evaluation_keys
@@ -130,7 +130,7 @@ class Trainer:
             ckpt.check_trainer_state(state, self.optimizer, checkpoint)
             self._restore_state(state)
         net = self.ddp or self.model
-        self.forward = compile_for_run(net, cfg.model, self.device.type, self.log) if cfg.compile else net
+        self.forward = compile_forward(net, self.device.type) if cfg.compile else net
         self.flops_per_unit = self.task.flops_per_unit(self.model)
         # the peak is measured once per machine and cached; here, so it never pauses the training loop
         self.meter = (MFUMeter(self.flops_per_unit, self.dtype, self.device.type)
