@@ -78,18 +78,18 @@ _DECAY_BLOCK_ELEMENTS = 1 << 18
 def _decay_matrix(cum: Tensor) -> Tensor:
     """exp(L_t - L_s) for s <= t, else 0: cum L (R, l, K) -> (R, l_t, l_s, K).
 
-    The upper triangle is filled with -inf *before* the exponential, so no positive exponent is
-    ever evaluated (L is non-increasing within a chunk). Exponents are then clamped from below at
-    0.9 log(smallest normal float) and the masked entries zeroed after the exponential: exp of -inf
-    or of anything that lands among the subnormals is ~5x slower on CPUs (a microcode assist per
+    L is non-increasing within a chunk, so L_t - L_s <= 0 for s <= t, and only the upper triangle
+    (s > t) holds positive exponents, which could overflow: exponents are clamped to at most 0
+    *before* the exponential, so no positive one is ever evaluated, and the upper triangle is
+    zeroed after it. They are clamped from below at 0.9 log(smallest normal float) too: exp of
+    anything that lands among the subnormals is ~5x slower on CPUs (a microcode assist per
     element), and the clamp changes a weight by at most ~1e-34 (float32) / ~1e-277 (float64).
     """
     l = cum.size(1)
     upper = torch.ones(l, l, dtype=torch.bool, device=cum.device).triu(1)[:, :, None]  # (l_t, l_s, 1): s > t
     floor = 0.9 * math.log(torch.finfo(cum.dtype).tiny)  # exp(floor) ~ 1e-34 (fp32), 1e-277 (fp64): normal
     segsum = cum.unsqueeze(2) - cum.unsqueeze(1)  # L_t - L_s (R, l_t, l_s, K)
-    segsum = segsum.masked_fill_(upper, float("-inf")).clamp_(min=floor)
-    return segsum.exp_().masked_fill_(upper, 0.0)
+    return segsum.clamp_(min=floor, max=0.0).exp_().masked_fill_(upper, 0.0)
 
 
 def _blocks(rows: int, l: int, cols: int) -> list[tuple[slice, slice]]:
