@@ -147,24 +147,57 @@ class _IntraChunkScan(torch.autograd.Function):
         return grad_cum.view(shape), grad_write.view(shape)  # (B, l, K) -> (B, l, d, N)
 
 
-def _carry(decay: Tensor, last: Tensor, h0: Tensor | None) -> Tensor:
-    """The states entering the chunks, in log2(n) steps: H_{c-1}, where H_c = a_c H_{c-1} + b_c, H_{-1} = h_0.
+def _linear_scan(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """x_c = a_c x_{c-1} + b_c from x_{-1} = 0 along dim 1, in log2(n) steps; returns (x, a_0 ... a_c).
 
-    a_c = exp(L_last) is chunk c's whole decay and b_c its last state from a zero start, both
-    (B, n, d, N); h_0 (B, d, N), or zeros if None. Composing step i then step j gives the step
-    (a_i a_j, a_j b_i + b_j), an associative operation, so an inclusive (Hillis-Steele) scan
-    doubles the span of every prefix per step: after it, b_c = H_c with h_0 = 0 and
-    a_c = a_0 ... a_c, hence H_c = b_c + a_c h_0. Products of decays in (0, 1] only shrink:
-    nothing overflows. Returns (h_0, H_0, ..., H_{n-2}) (B, n, d, N).
+    Composing step i then step j gives the step (a_i a_j, a_j b_i + b_j), an associative
+    operation, so an inclusive (Hillis-Steele) scan doubles the span of every prefix per step.
+    Products of decays in [0, 1] only shrink: nothing overflows.
     """
-    a, b, n, k = decay, last, decay.size(1), 1
+    n, k = a.size(1), 1
     while k < n:  # b_c <- a_c b_{c-k} + b_c, a_c <- a_{c-k} a_c, for c >= k
         b = torch.cat([b[:, :k], a[:, k:] * b[:, :-k] + b[:, k:]], dim=1)
         a = torch.cat([a[:, :k], a[:, :-k] * a[:, k:]], dim=1)
         k *= 2
-    if h0 is None:
-        return torch.cat([torch.zeros_like(b[:, :1]), b[:, :-1]], dim=1)
-    return torch.cat([h0.unsqueeze(1), b[:, :-1] + a[:, :-1] * h0.unsqueeze(1)], dim=1)
+    return b, a
+
+
+class _Carry(torch.autograd.Function):
+    """The states entering the chunks: H_{c-1} for c = 0 .. n-1, where H_c = a_c H_{c-1} + b_c, H_{-1} = h_0.
+
+    a_c = exp(Λ_c) is chunk c's whole decay, from its log-decay Λ_c = L at the chunk's last step,
+    and b_c its last state from a zero start, both (B, n, d, N); h_0 (B, d, N), or None for zeros.
+    Forward: x = ``_linear_scan(a, b)`` is H with h_0 = 0 and P_c = a_0 ... a_c its products, so
+    H_c = x_c + P_c h_0. Backward, with g_c the gradient of entering_c = H_{c-1}: the gradient
+    reaching H_c runs back through the same kind of recurrence, G_c = a_{c+1} G_{c+1} + g_{c+1}
+    (G_{n-1} = g_n = 0), scanned in reverse; then
+
+        db_c = G_c,     dΛ_c = a_c G_c H_{c-1},     dh_0 = g_0 + a_0 G_0
+
+    Only Λ (a view of L, which the intra-chunk scan keeps anyway) and the output are saved:
+    autograd through the scan's steps would keep ~2 log2(n) tensors of this size.
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, log_a: Tensor, b: Tensor, h0: Tensor | None) -> Tensor:
+        x, products = _linear_scan(log_a.exp(), b)
+        h = x if h0 is None else x + products * h0.unsqueeze(1)  # H_c (B, n, d, N)
+        start = torch.zeros_like(b[:, :1]) if h0 is None else h0.unsqueeze(1)  # H_{-1}
+        entering = torch.cat([start, h[:, :-1]], dim=1)  # H_{c-1} (B, n, d, N)
+        ctx.save_for_backward(log_a, entering)
+        ctx.with_h0 = h0 is not None
+        return entering
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, g: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        log_a, entering = ctx.saved_tensors
+        a = log_a.exp()
+        after = torch.zeros_like(g[:, :1])
+        coef = torch.cat([a[:, 1:], after], dim=1)  # a_{c+1}, 0 past the end
+        direct = torch.cat([g[:, 1:], after], dim=1)  # g_{c+1}: what H_c feeds directly
+        G = _linear_scan(coef.flip(1), direct.flip(1))[0].flip(1)  # G_c = a_{c+1} G_{c+1} + g_{c+1}
+        grad_h0 = g[:, 0] + a[:, 0] * G[:, 0] if ctx.with_h0 else None
+        return G * entering * a, G, grad_h0
 
 
 def _scan_chunks(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -176,7 +209,7 @@ def _scan_chunks(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: 
     write = (delta * x).unsqueeze(-1) * B.unsqueeze(3)  # B̄_s x_s (B, n, l, d, N)
     states = _IntraChunkScan.apply(cum.flatten(0, 1), write.flatten(0, 1)).view(cum.shape)  # from zero
     if cum.size(1) > 1:
-        entering = _carry(cum[:, :, -1].exp(), states[:, :, -1], h0)  # H_{c-1} (B, n, d, N)
+        entering = _Carry.apply(cum[:, :, -1], states[:, :, -1], h0)  # H_{c-1} (B, n, d, N)
         states = states + cum.exp() * entering.unsqueeze(2)  # + exp(L_t) H_{c-1}: h_t (B, n, l, d, N)
     elif h0 is not None:  # one chunk: h_0 enters it
         states = states + cum.exp() * h0[:, None, None]  # h_t (B, 1, l, d, N)
@@ -208,7 +241,7 @@ def selective_scan(
     its segment sums L_t - L_s = a_{s+1} + ... + a_t form a (chunk x chunk) lower-triangular matrix
     per (batch, chunk, channel, state), masked with -inf above the diagonal before the exponential
     (``_decay_matrix``). H_{c-1}, the state entering chunk c (h_0 for the first), comes from
-    the chunks' last states by a scan over chunks in log2(n) steps (``_carry``).
+    the chunks' last states by a scan over chunks in log2(n) steps (``_Carry``).
 
     Eagerly, a Python loop runs over groups of chunks, each group one decay block in size, the
     state carried from group to group: on a CPU the scan is bound by memory traffic, and a group
