@@ -19,8 +19,8 @@ per length) the t interval of the least-squares fit.
 Part 2, loss (trained). An attention GPT and an SSM GPT of (nearly) equal parameters (the SSM's width is
 chosen to match) on Shakespeare characters at context ``context``, each with its own rate sweep (three rates,
 extended past an edge once), 3 seeds and a held-out seed (experiments/study.py). The SSM trains with the C++
-scan (the same function as the chunked form, ~19x faster at this size since its loops were vectorised,
-6x in the committed run: benchmarks/ssm_scan.py). Budget: a fixed
+scan (the same function as the chunked form; ~17x faster at this size today, 6x in the committed run, before
+its loops were vectorised: benchmarks/ssm_scan.py). Budget: a fixed
 3,000 steps of 8 sequences (6.1 M characters), stated in advance: the first run's 600 steps left both arms at
 the top of their sweep and attention at 2.45 nats, near a bigram model, so it compared learning speed early
 in training, not the models. The committed run took 70 minutes with ``--workers 2`` on a 2-core CPU (4,225 s,

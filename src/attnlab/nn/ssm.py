@@ -95,10 +95,10 @@ class SelectiveSSM(nn.Module):
     dominates (GPUs).
 
     ``scan="cpu-fused"`` runs the scan as one C++ loop per pass instead (``nn/scan_cpu.py``, built on first
-    use; a ``KernelUnavailable`` error without a compiler): the same numbers, forward + backward 6.4x faster
-    at B 8, T 256, d_inner 120 and 19x at T 4k-16k on a 2-core CPU, keeping 1/32 of the memory for the
-    backward (a recomputing backward; ``benchmarks/ssm_scan.py``, ``docs/ssm_scan_cpu.json``). Calls it cannot
-    serve (a GPU) take the chunked form.
+    use; a ``KernelUnavailable`` error without a compiler): the same numbers, forward + backward 13-17x
+    faster at B 8, T 256, d_inner 120 and at T 4k-16k on a 2-core CPU, keeping 1/35 of the memory for the
+    backward (a recomputing backward; ``benchmarks/ssm_scan.py``, ``docs/ssm_scan_cpu_20261129.json``).
+    Calls it cannot serve (a GPU) take the chunked form.
     """
 
     def __init__(
