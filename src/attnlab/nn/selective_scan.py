@@ -7,7 +7,7 @@ For every channel, with per-step decays Ā_t = exp(Δ_t A) and inputs B̄_t x_t 
 Two ways to evaluate the recurrence give the same numbers:
 
 - ``selective_scan_reference``: a Python loop over time, the specification;
-- ``selective_scan``: the chunked ("SSD") form for training, all chunks at once.
+- ``selective_scan``: the chunked ("SSD") form for training, many chunks at a time.
   Inside a chunk the state has the closed form
 
       h_t = exp(L_t - L_0) h_0 + sum_{s <= t} exp(L_t - L_s) B̄_s x_s,    L_t = sum_{r <= t} Δ_r A
