@@ -95,9 +95,10 @@ def _decay_matrix(cum: Tensor) -> Tensor:
 def _blocks(rows: int, l: int, cols: int) -> list[tuple[slice, slice]]:
     """(row, column) slices of an (R, l, K) tensor whose decay matrices fit the block budget.
 
-    Under ``torch.compile`` one block covers everything: inductor fuses the decay matrix's
-    pointwise ops into the reduction that consumes it, so the matrix is never stored whole, and a
-    loop of blocks would only be unrolled into a graph that takes minutes to compile.
+    Under ``torch.compile`` one block covers everything: inductor may fuse the decay matrix's
+    pointwise ops into the reduction that consumes it (not checked: at worst the matrix is stored
+    whole, chunk times the size of the states), and a loop of blocks would only be unrolled into a
+    graph that takes minutes to compile.
     """
     if torch.compiler.is_compiling():
         return [(slice(None), slice(None))]
@@ -239,9 +240,10 @@ def selective_scan(
 
     The sum (the state from a zero start) is computed for all chunks at once (``_IntraChunkScan``);
     its segment sums L_t - L_s = a_{s+1} + ... + a_t form a (chunk x chunk) lower-triangular matrix
-    per (batch, chunk, channel, state), masked with -inf above the diagonal before the exponential
-    (``_decay_matrix``). H_{c-1}, the state entering chunk c (h_0 for the first), comes from
-    the chunks' last states by a scan over chunks in log2(n) steps (``_Carry``).
+    per (batch, chunk, channel, state), its exponents clamped to <= 0 before the exponential and the
+    upper triangle zeroed after it (``_decay_matrix``). H_{c-1}, the state entering chunk c (h_0
+    for the first), comes from the chunks' last states by a scan over chunks in log2(n) steps
+    (``_Carry``).
 
     Eagerly, a Python loop runs over groups of chunks, each group one decay block in size, the
     state carried from group to group: on a CPU the scan is bound by memory traffic, and a group
