@@ -4,11 +4,19 @@ Both evaluate h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_t, y_t = C_t h_t + D x_t (n
 nn/scan_cpu.py) on the same random inputs of a Mamba layer (d_inner channels, d_state N); per shape the two
 are timed alternately, in a fresh order each round, after one warm-up call each; the table gives the median
 of the rounds and the ratio of the medians, and what autograd keeps for the backward pass (the bytes of the
-distinct tensors saved during the forward, through ``torch.autograd.graph.saved_tensors_hooks``).
+distinct tensors saved during the forward, through ``torch.autograd.graph.saved_tensors_hooks``) and the
+peak resident memory one forward + backward adds (``bench.memory.peak_rss_mib``), beside the size the chunks'
+decay matrices would have if they were stored whole (B · T · chunk · d_inner · N floats).
 Shapes: the layers of ``ssm-vs-attention``'s loss
 comparison (B 8, T 256, d_inner 120) and longer contexts at batch 1.
 
-    python benchmarks/ssm_scan.py [--rounds 7] [--shapes 8x256x120 1x4096x128 1x16384x128] [--against OLD.cpp]
+    python benchmarks/ssm_scan.py [--rounds 7] [--shapes 8x256x120 1x4096x128 1x16384x128] [--chunk 4]
+                                  [--compiled] [--against OLD.cpp]
+
+``--chunk`` sets the chunked form's chunk (4 by default: SelectiveSSM's on a CPU). ``--compiled`` adds the
+chunked form under ``torch.compile`` (inductor, one compilation per shape, untimed): its peak memory shows
+whether inductor fuses the decay matrices into the reductions that consume them (they are one block there)
+or stores them whole.
 
 ``--against`` adds another version of nn/scan_cpu.cpp as a third contender, built beside the current one
 (e.g. ``git show REV:src/attnlab/nn/scan_cpu.cpp > old.cpp``): the ratio is old / current.
@@ -22,12 +30,13 @@ import json
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from attnlab.bench.memory import saved_for_backward
+from attnlab.bench.memory import peak_rss_mib, saved_for_backward
 from attnlab.cli.errors import OneLineParser, at_least, run_script
 from attnlab.core.errors import ConfigError
 from attnlab.core.resources import check_room
@@ -38,6 +47,7 @@ from attnlab.nn.selective_scan import selective_scan
 ROOT = Path(__file__).resolve().parents[1]
 N_STATE = 16
 AGAINST = "cpu-fused (--against)"
+COMPILED = "chunked, compiled"
 
 
 def shape_arg(text: str) -> tuple[int, int, int]:
@@ -61,8 +71,8 @@ def inputs(batch: int, T: int, d: int) -> list[torch.Tensor]:
     return [t.requires_grad_() for t in (u, delta, A, B, C, D)]
 
 
-def chunked(args: list[torch.Tensor]) -> torch.Tensor:
-    return selective_scan(*args, chunk_size=4)  # SelectiveSSM's default chunk on a CPU
+def chunked(args: list[torch.Tensor], chunk: int = 4, scan=selective_scan) -> torch.Tensor:
+    return scan(*args, chunk_size=chunk)  # 4: SelectiveSSM's default chunk on a CPU
 
 
 def fused(args: list[torch.Tensor], namespace: str | None = None) -> torch.Tensor:
@@ -83,10 +93,18 @@ def saved_mib(fn, args: list[torch.Tensor]) -> float:
     return sum(saved.values()) / 2**20
 
 
+def decay_matrices_mib(batch: int, T: int, d: int, chunk: int) -> float:
+    """MiB of float32 the chunks' (chunk x chunk) decay matrices would take if stored whole."""
+    l = max(1, min(chunk, T))
+    return 4 * batch * -(-T // l) * l * l * d * N_STATE / 2**20
+
+
 def main() -> int:
     ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=at_least(3), default=7)
     ap.add_argument("--shapes", nargs="+", default=["8x256x120", "1x4096x128", "1x16384x128"])
+    ap.add_argument("--chunk", type=at_least(1), default=4, help="the chunked form's chunk (default 4)")
+    ap.add_argument("--compiled", action="store_true", help="add the chunked form under torch.compile")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--against", type=Path, help="another version of nn/scan_cpu.cpp, timed as a third contender")
     args = ap.parse_args()
@@ -103,7 +121,11 @@ def main() -> int:
         print(f"ssm_scan: --against {args.against} is not a file", file=sys.stderr)
         return 2
     scan_cpu.load()  # the builds (once) are not timed
-    contenders = {"chunked (chunk 4)": chunked, "cpu-fused": fused}
+    name = f"chunked (chunk {args.chunk})"
+    contenders = {name: lambda x: chunked(x, args.chunk), "cpu-fused": fused}
+    if args.compiled:
+        compiled_scan = torch.compile(selective_scan, dynamic=False)
+        contenders[COMPILED] = lambda x: chunked(x, args.chunk, compiled_scan)
     if args.against is not None:
         try:
             other = scan_cpu.load(args.against.resolve())
@@ -115,32 +137,42 @@ def main() -> int:
     rows = []
     for shape in shapes:
         x = inputs(*shape)
-        for fn in contenders.values():
-            timed(fn, x)  # warm-up
+        first_s = {}
+        for n, fn in contenders.items():  # warm-up; the compiled one compiles for this shape
+            t0 = time.perf_counter()
+            timed(fn, x)
+            first_s[n] = time.perf_counter() - t0
         times = interleaved_seconds({name: (lambda fn=fn, x=x: timed(fn, x)) for name, fn in contenders.items()},
                                     args.rounds, rng)
         medians = {name: statistics.median(t) for name, t in times.items()}
-        rows.append({"shape": list(shape), "d_state": N_STATE, "seconds": times, "median_s": medians,
-                     "speedup": medians["chunked (chunk 4)"] / medians["cpu-fused"],
-                     "saved_mib": {name: saved_mib(fn, x) for name, fn in contenders.items()}})
+        rows.append({"shape": list(shape), "d_state": N_STATE, "chunk": args.chunk, "seconds": times,
+                     "median_s": medians, "first_call_s": first_s, "speedup": medians[name] / medians["cpu-fused"],
+                     "saved_mib": {n: saved_mib(fn, x) for n, fn in contenders.items()},
+                     "peak_mib": {n: peak_rss_mib(lambda fn=fn, x=x: timed(fn, x)) for n, fn in contenders.items()},
+                     "decay_matrices_mib": decay_matrices_mib(*shape, args.chunk)})
         if AGAINST in medians:
             rows[-1]["speedup_over_against"] = medians[AGAINST] / medians["cpu-fused"]
     print(f"selective scan, forward + backward, float32, {torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"median of {args.rounds} alternating rounds (ms)")
     extra = f" {AGAINST} | its time / cpu-fused's |" if args.against else ""
-    print(f"| B x T x d_inner | chunked (chunk 4) | cpu-fused | speed-up | saved for backward, MiB: chunked / fused |"
-          f"{extra}")
-    print("|---|---|---|---|---|" + "---|---|" * bool(extra))
+    comp = f" {COMPILED} (first call, s) |" if args.compiled else ""
+    names = list(contenders)
+    print(f"| B x T x d_inner | {name} | cpu-fused | speed-up |{comp} saved for backward, MiB | peak, MiB "
+          f"({' / '.join(names)}) | decay matrices whole, MiB |{extra}")
+    print("|---|---|---|---|---|---|---|" + "---|" * bool(comp) + "---|---|" * bool(extra))
     for r in rows:
-        m, s = r["median_s"], r["saved_mib"]
+        m, s, p = r["median_s"], r["saved_mib"], r["peak_mib"]
         more = f" {1000 * m[AGAINST]:.1f} | {r['speedup_over_against']:.2f}x |" if extra else ""
-        print(f"| {'x'.join(map(str, r['shape']))} | {1000 * m['chunked (chunk 4)']:.1f} | "
-              f"{1000 * m['cpu-fused']:.1f} | {r['speedup']:.1f}x | "
-              f"{s['chunked (chunk 4)']:.1f} / {s['cpu-fused']:.1f} |{more}")
+        mid = f" {1000 * m[COMPILED]:.1f} ({r['first_call_s'][COMPILED]:.0f}) |" if comp else ""
+        peaks = " / ".join("n/a" if p[n] is None else f"{p[n]:.0f}" for n in names)
+        print(f"| {'x'.join(map(str, r['shape']))} | {1000 * m[name]:.1f} | {1000 * m['cpu-fused']:.1f} | "
+              f"{r['speedup']:.1f}x |{mid} {' / '.join(f'{s[n]:.1f}' for n in names)} | {peaks} | "
+              f"{r['decay_matrices_mib']:.0f} |{more}")
     args.results.mkdir(parents=True, exist_ok=True)
     out = args.results / "ssm_scan.json"
     out.write_text(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__,
-                               "rounds": args.rounds, "against": None if args.against is None else str(args.against),
+                               "rounds": args.rounds, "chunk": args.chunk, "compiled": args.compiled,
+                               "against": None if args.against is None else str(args.against),
                                "rows": rows}, indent=2))
     print(f"wrote {out}")
     return 0

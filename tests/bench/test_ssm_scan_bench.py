@@ -26,6 +26,21 @@ def test_times_both_scans_and_records_what_autograd_keeps(tmp_path, capfd):
     assert "| 2x70x8 |" in capfd.readouterr().out
 
 
+def test_the_compiled_form_is_a_third_contender_with_peak_memory(tmp_path, capfd):
+    """--compiled adds the chunked form under torch.compile; every contender's peak memory is recorded beside what
+    the decay matrices would take stored whole at --chunk (4 bytes x B x ceil(T / l) x l x l x d x N)."""
+    assert main(["bench", "ssm_scan", "--rounds", "3", "--shapes", "2x70x8", "--chunk", "16", "--compiled",
+                 "--results", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "ssm_scan.json").read_text())
+    row = record["rows"][0]
+    assert record["chunk"] == row["chunk"] == 16 and record["compiled"]
+    names = {"chunked (chunk 16)", "cpu-fused", "chunked, compiled"}
+    assert set(row["seconds"]) == set(row["peak_mib"]) == set(row["first_call_s"]) == names
+    assert all(p is None or p >= 0 for p in row["peak_mib"].values())
+    assert row["decay_matrices_mib"] == 4 * 2 * 5 * 16 * 16 * 8 * 16 / 2**20  # 70 steps: 5 chunks of 16
+    assert "chunked, compiled (first call, s)" in capfd.readouterr().out
+
+
 def test_another_version_of_the_kernel_is_a_third_contender(tmp_path, capfd):
     """--against builds another scan_cpu.cpp beside the current one (here the same text plus a comment, so a
     namespace of its own) and reports its time over the current kernel's."""
@@ -40,7 +55,7 @@ def test_another_version_of_the_kernel_is_a_third_contender(tmp_path, capfd):
     assert scan_cpu.load(other) != scan_cpu.load()
 
 
-@pytest.mark.parametrize("argv", [["--shapes", "8x0x1"], ["--shapes", "8x256"], ["--rounds", "2"],
+@pytest.mark.parametrize("argv", [["--shapes", "8x0x1"], ["--shapes", "8x256"], ["--rounds", "2"], ["--chunk", "0"],
                                   ["--against", "no-such-kernel.cpp"],
                                   ["--shapes", "64x65536x65536"]])  # ~35 PiB: refused before any allocation
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capfd, argv):
