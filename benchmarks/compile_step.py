@@ -6,12 +6,17 @@ random tokens of a 65-symbol vocabulary) this builds one model, compiles its for
 (``training.compiling.compile_forward``: with it AOTAutograd compiles the backward), and reports:
 
 - the graph breaks dynamo counted while compiling the variant;
+- the graphs compiled by the end of the run (more than one per piece: recompilations for new shapes);
 - the first compiled step's seconds (compilation included: cold, or from inductor's cache when warm);
 - the median ms per full step (forward, backward, clip to 1.0, AdamW, zero_grad) of the eager and the
   compiled model, alternating blocks of ``--steps`` steps round after round in one process (the order
   reversed every round), and their ratio, with its range over rounds.
 
-    python benchmarks/compile_step.py [--variants moe relative ...] [--rounds 6] [--steps 20] [--threads N]
+With ``--eval`` the timed call is an evaluation instead: the model in eval mode, the forward with its loss under
+``torch.no_grad`` (what the trainer's evaluations and a sampler's full-sequence pass run; an MoE layer then keeps
+every assignment, and sizes its buffer by the busiest expert).
+
+    python benchmarks/compile_step.py [--variants moe relative ...] [--rounds 6] [--steps 20] [--threads N] [--eval]
 """
 
 from __future__ import annotations
@@ -62,34 +67,43 @@ def step(model, forward, opt, x: torch.Tensor) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def measure(variant: str, rounds: int, steps: int, warmup: int) -> dict:
+def eval_step(model, forward, opt, x: torch.Tensor) -> None:
+    """One evaluation of ``forward`` on the batch x (B, T): the loss, no gradients (the model in eval mode)."""
+    with torch.no_grad():
+        forward(x, targets=x)
+
+
+def measure(variant: str, rounds: int, steps: int, warmup: int, evaluate: bool = False) -> dict:
     from torch._dynamo.utils import counters
 
     from attnlab.training.compiling import compile_forward
 
     model, opt = build(variant)
+    run = eval_step if evaluate else step
+    model.train(not evaluate)
     compiled = compile_forward(model, "cpu")
     gen = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, SHAPE["vocab_size"], (BATCH, SHAPE["block_size"]), generator=gen) for _ in range(8)]
     torch._dynamo.reset()
     counters.clear()
     t0 = time.perf_counter()
-    step(model, compiled, opt, batches[0])
+    run(model, compiled, opt, batches[0])
     first_s = time.perf_counter() - t0
     breaks = sum(counters["graph_break"].values())
     for forward in (model, compiled):
         for i in range(warmup):
-            step(model, forward, opt, batches[i % len(batches)])
+            run(model, forward, opt, batches[i % len(batches)])
     ms = {"eager": [], "compiled": []}
     for r in range(rounds):
         order = [("eager", model), ("compiled", compiled)]
         for name, forward in order if r % 2 == 0 else order[::-1]:
             t0 = time.perf_counter()
             for i in range(steps):
-                step(model, forward, opt, batches[i % len(batches)])
+                run(model, forward, opt, batches[i % len(batches)])
             ms[name].append((time.perf_counter() - t0) / steps * 1e3)
     ratios = [e / c for e, c in zip(ms["eager"], ms["compiled"])]
-    return {"variant": variant, "graph_breaks": breaks, "first_compiled_step_s": first_s,
+    return {"variant": variant, "timed": "eval" if evaluate else "train step", "graph_breaks": breaks,
+            "graphs_compiled": counters["stats"]["unique_graphs"], "first_compiled_step_s": first_s,
             "eager_ms": statistics.median(ms["eager"]), "compiled_ms": statistics.median(ms["compiled"]),
             "speedup": statistics.median(ms["eager"]) / statistics.median(ms["compiled"]),
             "speedup_range": [min(ratios), max(ratios)], "per_round_ms": ms}
@@ -102,6 +116,7 @@ def main() -> None:
     ap.add_argument("--steps", type=at_least(1), default=20, help="steps per contender per round")
     ap.add_argument("--warmup", type=at_least(0), default=5)
     ap.add_argument("--threads", type=at_least(1), default=None)
+    ap.add_argument("--eval", action="store_true", help="time an evaluation (eval mode, no gradients) instead")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compile_step.json"))
     args = ap.parse_args()
     if args.threads:
@@ -109,20 +124,21 @@ def main() -> None:
     torch.set_flush_denormal(True)  # as attnlab train does on a CPU
     print(f"compile=true vs eager, GPT {SHAPE['n_layer']}L {SHAPE['d_model']}d, batch {BATCH} x "
           f"{SHAPE['block_size']}, fp32, CPU, {torch.get_num_threads()} threads, {args.rounds} rounds x "
-          f"{args.steps} steps\n")
+          f"{args.steps} {'evaluations' if args.eval else 'steps'}\n")
     print(f"{'variant':<12} {'breaks':>6} {'1st step s':>10} {'eager ms':>9} {'compiled ms':>11} {'speed-up':>9}"
           "  range")
     rows = []
     for variant in args.variants:
-        r = measure(variant, args.rounds, args.steps, args.warmup)
+        r = measure(variant, args.rounds, args.steps, args.warmup, args.eval)
         rows.append(r)
         lo, hi = r["speedup_range"]
         print(f"{variant:<12} {r['graph_breaks']:>6} {r['first_compiled_step_s']:>10.1f} {r['eager_ms']:>9.2f} "
               f"{r['compiled_ms']:>11.2f} {r['speedup']:>8.3f}x  {lo:.3f}-{hi:.3f}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"shape": SHAPE, "batch": BATCH, "rounds": args.rounds, "steps": args.steps,
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "processor": cpu_model()}
+    meta = {"shape": SHAPE, "batch": BATCH, "timed": "eval" if args.eval else "train step", "rounds": args.rounds,
+            "steps": args.steps, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "processor": cpu_model()}
     out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
     print(f"\nwrote {out}")
 

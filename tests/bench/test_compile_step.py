@@ -19,6 +19,16 @@ def test_one_variant_is_compiled_without_a_break_and_timed_against_eager(tmp_pat
     assert "learned" in capfd.readouterr().out
 
 
+def test_eval_times_an_evaluation_in_eval_mode(tmp_path):
+    out = tmp_path / "compile_step.json"
+    assert main(["bench", "compile_step", "--variants", "learned", "--rounds", "2", "--steps", "1", "--warmup", "0",
+                 "--threads", "1", "--eval", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    (row,) = record["results"]
+    assert record["meta"]["timed"] == row["timed"] == "eval"
+    assert row["graph_breaks"] == 0 and row["graphs_compiled"] == 1 and row["speedup"] > 0
+
+
 def test_bad_arguments_are_refused_in_one_line(tmp_path, capfd):
     assert main(["bench", "compile_step", "--rounds", "0", "--out", str(tmp_path / "x.json")]) == 2
     assert main(["bench", "compile_step", "--variants", "nope"]) == 2
