@@ -90,9 +90,10 @@ class SelectiveSSM(nn.Module):
     ``_no_reinit`` (A_log and D have the NO_WEIGHT_DECAY role, as in the reference code).
 
     ``chunk_size`` defaults to 4: the chunked scan does chunk-times the arithmetic of the sequential
-    loop, and on a 2-core CPU (B=8, T=256, d_model=128, forward+backward) it measured 331 ms at chunk 4
-    vs 354 ms for the loop and 2.6 s at chunk 64; larger chunks pay off where per-step overhead
-    dominates (GPUs).
+    loop, and on a 2-core CPU (the scan alone, B 8, T 256, d_inner 120, forward + backward) it measured
+    85 ms at chunk 4, 135 ms at 8 and 681 ms at 64 (``benchmarks/ssm_scan.py``). Compiled, chunk 8 ran
+    the scan alone fastest, but not a 4-layer model (docs/benchmarks.md); larger chunks pay off where
+    per-step overhead dominates (GPUs).
 
     ``scan="cpu-fused"`` runs the scan as one C++ loop per pass instead (``nn/scan_cpu.py``, built on first
     use; a ``KernelUnavailable`` error without a compiler): the same numbers, forward + backward 13-17x
