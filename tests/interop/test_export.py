@@ -4,11 +4,13 @@ refusals in one line, and run folders transformers cannot mistake for its own.""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
 
 from attnlab.cli import main
+from attnlab.data.labelled import generate_topics, write_labelled_csv
 from attnlab.models.registry import from_pretrained
 from attnlab.tokenizers import load_tokenizer
 from tests.helpers import train_tiny_run, write_corpus
@@ -93,6 +95,67 @@ def test_bert_and_vit_runs_export(tmp_path, capsys):
     assert hf.config.id2label[3] == "3"
     processor = json.loads((tmp_path / "vit-hf" / "preprocessor_config.json").read_text())
     assert processor["image_mean"] == json.loads((tmp_path / "vit" / "labels.json").read_text())["mean"]
+
+
+HEAD_BERT = ["tokenizer=char", "max_iters=6", "eval_interval=6", "eval_iters=1", "batch_size=16", "progress=false",
+             "warmup_iters=2", "sample_tokens=0", "model.n_layer=1", "model.n_head=2", "model.d_model=32",
+             "model.block_size=40", "model.norm_position=post", "model.pooling=cls"]
+
+
+def _rows(path, task):
+    rows = generate_topics(60, seed=3) if task == "classify" else None
+    if rows is not None:
+        return write_labelled_csv(rows, path)
+    rng = random.Random(0)
+    texts = ["".join(rng.choice("ab") for _ in range(rng.randint(6, 18))) for _ in range(80)]
+    path.write_text("text,label\n" + "".join(f"{t},{10 * t.count('a') / len(t) + 3:.3f}\n" for t in texts))
+    return path
+
+
+@pytest.mark.parametrize("task", ["classify", "regress"])
+def test_a_bert_with_a_head_exports_it_for_sequence_classification(tmp_path, capsys, task):
+    """A fine-tuned head goes with the export: BertForSequenceClassification gives attnlab's class logits, or its
+    predictions in the targets' own units (the standardisation folded in, as ``attnlab predict`` writes them);
+    AutoModelForMaskedLM still reads the encoder from the same folder."""
+    data = _rows(tmp_path / "rows.csv", task)
+    assert main(["train", "bert-solubility", f"data={data}", f"task={task}", f"out_dir={tmp_path}", "name=h",
+                 *HEAD_BERT]) == 0
+    run, out = tmp_path / "h", tmp_path / "h-hf"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    ours, our_tok = from_pretrained(run), load_tokenizer(run)
+    texts = ["abba", "aaaab", "baa"] if task == "regress" else ["Food and cooking", "the match was won"]
+    batch = our_tok.encode_batch(texts, max_len=40)
+    assert tok(texts, padding=True)["input_ids"] == batch["input_ids"]
+    args = {k: torch.tensor(v) for k, v in batch.items()}
+    with torch.no_grad():
+        theirs, mine = hf(**args).logits, ours(**args)
+    if task == "classify":
+        expected = mine.logits
+        assert list(hf.config.id2label.values()) == json.loads((run / "labels.json").read_text())
+    else:
+        scale = json.loads((run / "targets.json").read_text())
+        expected = mine.predictions * torch.tensor(scale["std"]) + torch.tensor(scale["mean"])  # original units
+        assert hf.config.problem_type == "regression" and expected.abs().min() > 1.0  # not the standardised values
+    assert theirs.shape == expected.shape and (theirs - expected).abs().max().item() < 1e-4
+    assert "AutoModelForSequenceClassification" in (out / "README.md").read_text()
+    assert type(transformers.AutoModelForMaskedLM.from_pretrained(out)).__name__ == "BertForMaskedLM"
+    capsys.readouterr()
+    assert main(["import-hf", str(out), "--out", str(tmp_path / "back")]) == 0  # the encoder, and a note on the head
+    assert "classifier) is not imported" in capsys.readouterr().out
+
+
+def test_a_head_without_an_exact_equivalent_is_refused(tmp_path, capsys):
+    """Mean pooling (bert-solubility's) has no place in BertForSequenceClassification, which pools with [CLS]'s tanh
+    pooler: refused in one line naming the option, rather than exported without the head the run was trained for."""
+    data = _rows(tmp_path / "rows.csv", "regress")
+    assert main(["train", "bert-solubility", f"data={data}", "task=regress", f"out_dir={tmp_path}", "name=m",
+                 *HEAD_BERT[:-1], "model.pooling=mean"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "m"), "--out", str(tmp_path / "m-hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "pooling='mean'" in err and len(err.splitlines()) == 1 and not (tmp_path / "m-hf").exists()
 
 
 def test_refusals_are_one_line_and_write_nothing(tmp_path, capsys):

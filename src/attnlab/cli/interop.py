@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_import_hf(args: argparse.Namespace) -> int:
     from attnlab.interop.hf import import_hf
+    from attnlab.interop.hfio import read_hf_config
 
     model, missing, has_tokenizer = import_hf(args.directory, args.out)
     c = model.config
@@ -33,6 +35,11 @@ def _cmd_import_hf(args: argparse.Namespace) -> int:
     if missing:
         print(f"note: the source has no {', '.join(sorted({m.split('.')[0] for m in missing}))} weights; "
               "those heads keep a fresh init")
+    if c.family == "bert" and "BertForSequenceClassification" in (read_hf_config(Path(args.directory))
+                                                                   .get("architectures") or []):
+        print("note: the source's sequence-classification head (classifier) is not imported: attnlab reads a BERT's "
+              "encoder, pooler and masked-LM head; fine-tune the imported run to train a head "
+              "(attnlab finetune RUN task=classify)")
     return 0
 
 

@@ -14,9 +14,12 @@
   cls.predictions.bias                     <-> mlm_bias   (decoder.weight is tied to word_embeddings)
   cls.seq_relationship                     <-> nsp_head
 
+  classifier                             <-> classifier, or regressor (scaling folded in)   (a head)
+
 A BertModel folder has no "bert." prefix and no cls.* heads (they keep their fresh init); old
 TensorFlow-converted checkpoints name LayerNorm parameters gamma/beta. Exports use the
-BertForPreTraining layout, which BertModel, BertForMaskedLM and BertForPreTraining all read.
+BertForPreTraining layout, which BertModel, BertForMaskedLM and BertForPreTraining all read; a model with
+a classification or regression head also gets BertForSequenceClassification's ``classifier`` (``sequence_head``).
 """
 
 from __future__ import annotations
@@ -74,6 +77,59 @@ def check_bert_compatible(config: ModelConfig) -> None:
                               norm_position="post", bias=True) + dense_attention_mismatches(config, "BERT"))
 
 
+def check_sequence_head(config: ModelConfig) -> None:
+    """Refuse a head that BertForSequenceClassification cannot carry exactly: it has one classifier, on the
+    [CLS] pooler's output tanh(h[CLS] W_p + b_p)."""
+    n_classes, n_targets = config.n_classes, getattr(config, "n_targets", None)
+    wrong = []
+    if n_classes is not None and n_targets is not None:
+        wrong.append(f"n_classes={n_classes} and n_targets={n_targets} (it has one head)")
+    if (n_classes is not None or n_targets is not None) and config.pooling != "cls":
+        head = "classification" if n_classes is not None else "regression"
+        wrong.append(f"pooling={config.pooling!r} with a {head} head (it pools with [CLS]'s tanh pooler; "
+                     "train with model.pooling=cls to export the head)")
+    refuse("BertForSequenceClassification", wrong)
+
+
+def sequence_head(model, classes: list[str] | None = None,
+                  target_scale: tuple[list[float], list[float]] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, config.json fields) of the model's head as BertForSequenceClassification's; ({}, {}) without one.
+
+        logits = Dropout(tanh(h[CLS] W_p + b_p)) W_c + b_c        (B, k)
+
+    A classification head (n_classes = k) is attnlab's classifier as it is, with ``classes`` as id2label. A
+    regression head (n_targets = k) was trained on standardised targets y~ = (y - mu) / s (``target_scale`` =
+    (mu, s), the run's targets.json); the scaling is folded in, W_c = s W_r row by row and b_c = s b_r + mu,
+    so transformers' logits are the targets in their own units, as ``attnlab predict`` writes them. The token
+    classifier that comes with n_classes has no place in this class and is not written.
+    """
+    c = model.config
+    check_sequence_head(c)
+    if c.n_classes is not None:
+        names = classes if classes is not None else [f"LABEL_{i}" for i in range(c.n_classes)]
+        if len(names) != c.n_classes:
+            raise CheckpointError(f"{len(names)} class names for a head of {c.n_classes} classes")
+        weight, bias, problem = model.classifier.weight, model.classifier.bias, "single_label_classification"
+    elif getattr(c, "n_targets", None) is not None:
+        if target_scale is None:
+            raise CheckpointError("a regression head needs its targets' mean and std (the run's targets.json)")
+        mu, s = (torch.tensor(v, dtype=torch.float64) for v in target_scale)
+        if mu.shape != s.shape or mu.shape != (c.n_targets,):
+            raise CheckpointError(f"the targets' mean and std have {mu.numel()} and {s.numel()} values for a head "
+                                  f"of {c.n_targets}")
+        w, b = model.regressor.weight.double(), model.regressor.bias.double()
+        dtype = model.regressor.weight.dtype
+        weight, bias, problem = (w * s[:, None]).to(dtype), (b * s + mu).to(dtype), "regression"
+        names = [f"target_{i}" for i in range(c.n_targets)]
+    else:
+        return {}, {}
+    tensors = {"classifier.weight": weight.detach().contiguous().clone(),
+               "classifier.bias": bias.detach().contiguous().clone()}
+    fields = {"architectures": ["BertForSequenceClassification"], "problem_type": problem,
+              "id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
+    return tensors, fields
+
+
 def to_bert_state_dict(model) -> dict[str, torch.Tensor]:
     """attnlab Bert -> HF BertForPreTraining tensors (Q, K, V split; decoder tied or not)."""
     check_bert_compatible(model.config)
@@ -109,13 +165,16 @@ def bert_config(config: ModelConfig) -> dict:
     }
 
 
-def save_bert(model, directory: str | Path) -> Path:
-    """Write a folder that ``transformers.BertForPreTraining/BertForMaskedLM/BertModel.from_pretrained`` loads."""
+def save_bert(model, directory: str | Path, classes: list[str] | None = None,
+              target_scale: tuple[list[float], list[float]] | None = None) -> Path:
+    """Write a folder that ``transformers.BertForPreTraining/BertForMaskedLM/BertModel.from_pretrained`` loads,
+    and with a classification or regression head ``BertForSequenceClassification`` too (``sequence_head``)."""
+    head, fields = sequence_head(model, classes, target_scale)
     tensors = to_bert_state_dict(model)
     if model.config.tie_embeddings:
         tensors.pop("cls.predictions.decoder.weight")  # tied: HF re-ties it from word_embeddings
     tensors.pop("cls.predictions.decoder.bias")  # HF ties it to cls.predictions.bias
-    return write_hf_folder(Path(directory), bert_config(model.config), tensors)
+    return write_hf_folder(Path(directory), {**bert_config(model.config), **fields}, {**tensors, **head})
 
 
 def hf_bert_model_config(cfg: dict, where: Path) -> ModelConfig:

@@ -25,7 +25,7 @@ from pathlib import Path
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_write_text, check_writable_folder
 from attnlab.inspect.encoders import SentenceSettings
-from attnlab.interop.bert import check_bert_compatible, save_bert
+from attnlab.interop.bert import check_bert_compatible, check_sequence_head, save_bert
 from attnlab.interop.gpt2 import check_gpt2_compatible, save_gpt2
 from attnlab.interop.llama import check_llama_compatible, save_llama
 from attnlab.interop.model_card import model_card
@@ -72,6 +72,8 @@ def architecture(config: ModelConfig, fmt: str = "hf") -> str:
                               "(gpt, bert and vit runs export)")
     name, check = checks[config.family]
     check(config)
+    if config.family == "bert":
+        check_sequence_head(config)  # a classification or regression head goes with it, exactly or not at all
     return name
 
 
@@ -117,9 +119,24 @@ def _write(run: Path, model, arch: str, fmt: str, out: Path) -> list[str]:
     tokenizer = load_tokenizer(run)
     if fmt == "sentence-transformers":
         return save_sentence_transformers(model, tokenizer, SentenceSettings.load(run), out)
-    save = {"GPT-2": save_gpt2, "GPT-NeoX": save_neox, "LLaMA": save_llama, "BERT": save_bert}[arch]
-    save(model, out)
+    if arch == "BERT":
+        save_bert(model, out, *_head_files(run, model.config))
+    else:
+        {"GPT-2": save_gpt2, "GPT-NeoX": save_neox, "LLaMA": save_llama}[arch](model, out)
     return ["config.json", "model.safetensors", *write_tokenizer_files(tokenizer, out, model.config.block_size)]
+
+
+def _head_files(run: Path, config) -> tuple[list[str] | None, tuple[list[float], list[float]] | None]:
+    """(class names, (targets' mean, std)) a BERT's head is exported with, from the run's labels.json or
+    targets.json; (None, None) without a head."""
+    from attnlab.training.tasks.classify import load_classes
+    from attnlab.training.tasks.regress import load_target_scale
+
+    if config.n_classes is not None:
+        return (load_classes(run) if (run / "labels.json").is_file() else None), None
+    if getattr(config, "n_targets", None) is not None:
+        return None, load_target_scale(run)
+    return None, None
 
 
 def _write_vit(run: Path, model, out: Path) -> list[str]:

@@ -29,6 +29,7 @@ import torch
 from attnlab.core.errors import CheckpointError
 from attnlab.interop.hfio import (
     FROM_HF_ACTIVATION,
+    HF_ACTIVATION,
     bias_or_zeros,
     dense_attention_mismatches,
     layer_names,
@@ -44,7 +45,9 @@ from attnlab.models.gpt import GPT
 from attnlab.models.size import check_fits
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-GPT2_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+# GPT-2 reads its activation from transformers' ACT2FN like the other architectures; gelu_new is GPT-2's own name
+# for the tanh approximation
+GPT2_ACTIVATION = {**HF_ACTIVATION, "gelu_tanh": "gelu_new"}
 PER_LAYER = [("norm_mixer", "ln_1"), ("mixer.qkv_proj", "attn.c_attn"), ("mixer.out_proj", "attn.c_proj"),
              ("norm_ffn", "ln_2"), ("ffn.fc_in", "mlp.c_fc"), ("ffn.fc_out", "mlp.c_proj")]
 

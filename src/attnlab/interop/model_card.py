@@ -40,6 +40,19 @@ def _metrics(run: Path) -> list[str]:
             for k, v in last.items() if k == "step" or k.startswith(("val", "test"))]
 
 
+def _head_note(c, architecture: str, fmt: str) -> list[str]:
+    """What the exported head computes, for a BERT with a classification or regression head."""
+    if architecture != "BERT" or fmt != "hf":
+        return []
+    if c.n_classes is not None:
+        return [f"The sequence classifier ({c.n_classes} classes, id2label from the run) is the run's own; "
+                "AutoModelForMaskedLM reads the same folder's encoder and masked-LM head.", ""]
+    if getattr(c, "n_targets", None) is not None:
+        return [f"The regression head ({c.n_targets} target(s), problem_type regression) gives the targets in their "
+                "own units: the run's standardisation (targets.json) is folded into the classifier.", ""]
+    return []
+
+
 def model_card(run: Path, model, architecture: str, fmt: str) -> str:
     """The card's Markdown text."""
     c = model.config
@@ -49,7 +62,8 @@ def model_card(run: Path, model, architecture: str, fmt: str) -> str:
         use = ("from sentence_transformers import SentenceTransformer\n"
                "model = SentenceTransformer(\"PATH\")\nembeddings = model.encode([\"a sentence\"])")
     else:
-        loader = LOADERS[architecture]
+        head = architecture == "BERT" and (c.n_classes is not None or getattr(c, "n_targets", None) is not None)
+        loader = "AutoModelForSequenceClassification" if head else LOADERS[architecture]
         use = (f"from transformers import AutoTokenizer, {loader}\n"
                f"model = {loader}.from_pretrained(\"PATH\")")
         if architecture != "ViT":
@@ -61,6 +75,6 @@ def model_card(run: Path, model, architecture: str, fmt: str) -> str:
         f"Architecture: {shape}.", "",
         "## Training", "", *_training(run), "",
         "## Metrics (the last evaluation of the run)", "", *_metrics(run), "",
-        "## Use", "", "```python", use, "```", "",
+        "## Use", "", "```python", use, "```", "", *_head_note(c, architecture, fmt),
         "attnlab checks on export-format test models that transformers' logits match attnlab's within 1e-4.", "",
     ])

@@ -106,6 +106,11 @@ class ClassifyTask(TextRowsTask):
         return [path]
 
 
+def load_classes(folder: Path) -> list[str]:
+    """The class names a classification run saved (labels.json), index i for class i."""
+    return ClassifyTask._load_classes(folder)
+
+
 def confusion_figure(cm: Any, classes: list[str], scores: dict[str, float]) -> Any:
     """The confusion matrix ``cm`` (K x K counts, rows true) as a figure titled with the held-out accuracy and
     macro-F1 (on two lines, centred on the figure, so that it fits at any K and any length of class name)."""

@@ -164,3 +164,9 @@ class RegressTask(TextRowsTask):
         fig.savefig(run_dir / "predicted-vs-true.png", dpi=120)
         plt.close(fig)
         return [run_dir / "scores.json", run_dir / "predicted-vs-true.png"]
+
+
+def load_target_scale(folder: Path) -> tuple[list[float], list[float]]:
+    """The mean and std of the targets a regression run saved (targets.json): y = y~ std + mean."""
+    saved = RegressTask._load(folder)
+    return [float(v) for v in saved["mean"]], [float(v) for v in saved["std"]]
