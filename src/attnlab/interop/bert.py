@@ -171,9 +171,10 @@ def save_bert(model, directory: str | Path, classes: list[str] | None = None,
     and with a classification or regression head ``BertForSequenceClassification`` too (``sequence_head``)."""
     head, fields = sequence_head(model, classes, target_scale)
     tensors = to_bert_state_dict(model)
-    if model.config.tie_embeddings:
-        tensors.pop("cls.predictions.decoder.weight")  # tied: HF re-ties it from word_embeddings
-    tensors.pop("cls.predictions.decoder.bias")  # HF ties it to cls.predictions.bias
+    if model.config.tie_embeddings:  # tied: HF re-ties the decoder to word_embeddings, its bias to cls.predictions.bias
+        tensors.pop("cls.predictions.decoder.weight")
+        tensors.pop("cls.predictions.decoder.bias")
+    # untied, transformers (5.x) ties neither, so the decoder's bias is written too (a copy of cls.predictions.bias)
     return write_hf_folder(Path(directory), {**bert_config(model.config), **fields}, {**tensors, **head})
 
 
