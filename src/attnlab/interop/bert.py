@@ -238,8 +238,10 @@ def load_bert(directory: str | Path) -> tuple:
         if mine not in state:
             continue
         t = renamed.get(theirs)
-        if t is None and theirs == "cls.predictions.bias":
-            t = renamed.get("cls.predictions.decoder.bias")
+        if theirs == "cls.predictions.bias" and "cls.predictions.decoder.bias" in renamed:
+            # the bias transformers' forward adds is the decoder's: the same tensor as cls.predictions.bias when the
+            # embeddings are tied, its own when they are not (transformers 5.x ties neither then)
+            t = renamed["cls.predictions.decoder.bias"]
         if t is None:
             if mine.startswith(BERT_HEADS):
                 missing_heads.append(mine)
