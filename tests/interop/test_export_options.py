@@ -10,52 +10,24 @@ import dataclasses
 import pytest
 import torch
 
-from attnlab.core.errors import CheckpointError, ConfigError
+from attnlab.core.errors import CheckpointError
 from attnlab.interop.bert import save_bert
 from attnlab.interop.export import architecture
 from attnlab.interop.gpt2 import save_gpt2
 from attnlab.interop.llama import save_llama
 from attnlab.interop.neox import save_neox
 from attnlab.interop.vit import save_vit
-from attnlab.models import BertConfig, GPTConfig, ViTConfig, build_model
+from attnlab.models import BertConfig, GPTConfig, ViTConfig
+from tests.gpt_options import BASES, CHANGES, FIXED, SHAPE, built, change_id
 
 transformers = pytest.importorskip("transformers")
 SAVE = {"GPT-2": save_gpt2, "GPT-NeoX": save_neox, "LLaMA": save_llama}
-BASES = {"gpt2": {"positions": "learned"}, "neox": {"positions": "rope"},
-         "llama": {"positions": "rope", "norm": "rmsnorm", "activation": "swiglu"}}
-SHAPE = {"vocab_size": 50, "block_size": 32, "n_layer": 2, "n_head": 4, "d_model": 32}
-CHANGES = [  # each a change to a base; together they name every field of GPTConfig (but FIXED)
-    {"tie_embeddings": False}, {"rope_theta": 500.0}, {"d_ff": 80}, {"norm_eps": 1e-2}, {"bias": False},
-    {"n_kv_head": 1}, {"n_kv_head": 2}, {"norm_position": "post"}, {"dropout": 0.1}, {"init_std": 0.5},
-    *({"activation": a} for a in ("gelu", "gelu_tanh", "relu", "relu2", "swiglu")),
-    {"norm": "layernorm"}, {"norm": "rmsnorm"}, {"attn_backend": "eager"}, {"attn_backend": "tiled"},
-    {"qk_norm": True}, {"logit_softcap": 5.0}, {"block_size": 40}, {"n_head": 2}, {"n_head": 8}, {"n_layer": 1},
-    {"d_model": 48}, {"vocab_size": 70},
-    *({"positions": p} for p in ("learned", "sinusoidal", "rope", "alibi", "relative", "none")),
-    {"residual": "hyper", "residual_streams": 2}, {"residual": "mhc", "residual_streams": 2}, {"residual": "attnres"},
-    {"mixer": "latent", "d_latent": 16, "d_rope": 8, "q_latent": 16},
-    {"mixer": "ssm", "ssm_d_state": 8, "ssm_d_conv": 3, "ssm_expand": 1, "ssm_scan": "chunked"},
-    {"mixer": "hybrid", "hybrid_attention_every": 2},
-    {"moe_experts": 2, "moe_top_k": 1, "moe_capacity_factor": None, "moe_every": 2, "moe_aux_weight": 0.1,
-     "moe_z_weight": 0.0},
-]
-# not tried: the family, and a backend that builds a C++ kernel (its attention is sdpa's, tests/nn/test_cpu_fused.py)
-FIXED = {"family"}
 
 
 def _built_and_checked(config):
-    """(the model, with its norms and biases moved off their initial 1 and 0 so a dropped one shows, and the
-    architecture it exports as), or (None, None) where the export refuses it in one line; skips an invalid config."""
-    try:
-        config.validate()
-    except ConfigError:
-        pytest.skip("not a valid model from this base (an option unused by it)")
-    torch.manual_seed(0)
-    model = build_model(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name or "regressor" in name:
-                p.add_(0.3 * torch.randn_like(p))
+    """(the model, built by ``built``, and the architecture it exports as), or (None, None) where the export refuses
+    it in one line; skips an invalid config."""
+    model = built(config)
     try:
         return model, architecture(config)
     except CheckpointError as e:
@@ -86,7 +58,7 @@ def test_every_option_is_tried(config_class, changes):
 
 
 @pytest.mark.parametrize("base", BASES)
-@pytest.mark.parametrize("change", CHANGES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("change", CHANGES, ids=change_id)
 def test_a_changed_option_is_exported_exactly_or_refused(tmp_path, base, change):
     config = GPTConfig(**{**SHAPE, **BASES[base], **change})
     model, arch = _built_and_checked(config)
@@ -100,11 +72,7 @@ def test_a_changed_option_is_exported_exactly_or_refused(tmp_path, base, change)
         assert (hf(input_ids=idx).logits - model(idx).logits).abs().max().item() < 1e-4
 
 
-def _ids(change: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in change.items()) or "base"
-
-
-@pytest.mark.parametrize("change", BERT_CHANGES, ids=_ids)
+@pytest.mark.parametrize("change", BERT_CHANGES, ids=change_id)
 def test_a_changed_bert_option_is_exported_exactly_or_refused(tmp_path, change):
     """The masked-LM logits through AutoModelForMaskedLM, and a head's through AutoModelForSequenceClassification
     (a regression head's with a target scale folded in: transformers' logits = attnlab's predictions s + mu)."""
@@ -132,7 +100,7 @@ def test_a_changed_bert_option_is_exported_exactly_or_refused(tmp_path, change):
         assert (head - expected).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("change", VIT_CHANGES, ids=_ids)
+@pytest.mark.parametrize("change", VIT_CHANGES, ids=change_id)
 def test_a_changed_vit_option_is_exported_exactly_or_refused(tmp_path, change):
     config = ViTConfig(**{**VIT, **change})
     model, arch = _built_and_checked(config)
