@@ -58,8 +58,8 @@ def test_a_changed_transformers_option_is_imported_exactly_or_refused(tmp_path, 
     theirs.save_pretrained(tmp_path)
     try:
         ours = read(tmp_path).eval()
-    except CheckpointError as e:
-        assert len(str(e).splitlines()) == 1
+    except CheckpointError as e:  # one line that names the option, not a tensor it lacks as if the file were broken
+        assert len(str(e).splitlines()) == 1 and "no tensor" not in str(e)
         return
     with torch.no_grad():
         if family == "vit":

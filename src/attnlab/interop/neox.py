@@ -119,6 +119,9 @@ def load_neox(directory: str | Path) -> GPT:
     act = cfg.get("hidden_act", "gelu")
     if act not in FROM_HF_ACTIVATION:
         raise CheckpointError(f"{where}: hidden_act {act!r} has no attnlab equivalent")
+    if cfg.get("attention_bias", True) is False:
+        raise CheckpointError(f"{where}: attention_bias=false (attention without biases, the MLP and norms with "
+                              "them) has no attnlab equivalent: model.bias sets all of them")
     try:
         config = GPTConfig(vocab_size=cfg["vocab_size"], block_size=cfg.get("max_position_embeddings", 2048),
                            n_layer=cfg["num_hidden_layers"], n_head=cfg["num_attention_heads"],

@@ -129,6 +129,9 @@ def load_vit(directory: str | Path) -> tuple[ViT, list[str]]:
     act = cfg.get("hidden_act", "gelu")
     if act not in FROM_HF_ACTIVATION:
         raise CheckpointError(f"{where}: hidden_act {act!r} has no attnlab equivalent")
+    if cfg.get("qkv_bias", True) is False:
+        raise CheckpointError(f"{where}: qkv_bias=false (queries, keys and values without biases, every other "
+                              "layer with them) has no attnlab equivalent: model.bias sets all of them")
     labels = cfg.get("id2label") or {}
     classes = [labels[k] for k in sorted(labels, key=int)] if labels else []
     tensors = _v4_names(read_hf_weights(directory))
