@@ -128,12 +128,12 @@ def _write(run: Path, model, arch: str, fmt: str, out: Path) -> list[str]:
 
 def _head_files(run: Path, config) -> tuple[list[str] | None, tuple[list[float], list[float]] | None]:
     """(class names, (targets' mean, std)) a BERT's head is exported with, from the run's labels.json or
-    targets.json; (None, None) without a head."""
+    targets.json (a one-line error if the run lacks it); (None, None) without a head."""
     from attnlab.training.tasks.classify import load_classes
     from attnlab.training.tasks.regress import load_target_scale
 
     if config.n_classes is not None:
-        return (load_classes(run) if (run / "labels.json").is_file() else None), None
+        return load_classes(run), None
     if getattr(config, "n_targets", None) is not None:
         return None, load_target_scale(run)
     return None, None
