@@ -77,17 +77,22 @@ def check_bert_compatible(config: ModelConfig) -> None:
                               norm_position="post", bias=True) + dense_attention_mismatches(config, "BERT"))
 
 
-def check_sequence_head(config: ModelConfig) -> None:
+def head_kind(config: BertConfig) -> str | None:
+    """The sequence head a BERT carries: "classification" (n_classes), "regression" (n_targets) or None."""
+    if config.n_classes is not None:
+        return "classification"
+    return "regression" if config.n_targets is not None else None
+
+
+def check_sequence_head(config: BertConfig) -> None:
     """Refuse a head that BertForSequenceClassification cannot carry exactly: it has one classifier, on the
     [CLS] pooler's output tanh(h[CLS] W_p + b_p)."""
-    n_classes, n_targets = config.n_classes, getattr(config, "n_targets", None)
     wrong = []
-    if n_classes is not None and n_targets is not None:
-        wrong.append(f"n_classes={n_classes} and n_targets={n_targets} (it has one head)")
-    if (n_classes is not None or n_targets is not None) and config.pooling != "cls":
-        head = "classification" if n_classes is not None else "regression"
-        wrong.append(f"pooling={config.pooling!r} with a {head} head (it pools with [CLS]'s tanh pooler; "
-                     "train with model.pooling=cls to export the head)")
+    if config.n_classes is not None and config.n_targets is not None:
+        wrong.append(f"n_classes={config.n_classes} and n_targets={config.n_targets} (it has one head)")
+    if head_kind(config) is not None and config.pooling != "cls":
+        wrong.append(f"pooling={config.pooling!r} with a {head_kind(config)} head (it pools with [CLS]'s tanh "
+                     "pooler; train with model.pooling=cls to export the head)")
     refuse("BertForSequenceClassification", wrong)
 
 
@@ -105,12 +110,13 @@ def sequence_head(model, classes: list[str] | None = None,
     """
     c = model.config
     check_sequence_head(c)
-    if c.n_classes is not None:
+    kind = head_kind(c)
+    if kind == "classification":
         names = classes if classes is not None else [f"LABEL_{i}" for i in range(c.n_classes)]
         if len(names) != c.n_classes:
             raise CheckpointError(f"{len(names)} class names for a head of {c.n_classes} classes")
         weight, bias, problem = model.classifier.weight, model.classifier.bias, "single_label_classification"
-    elif getattr(c, "n_targets", None) is not None:
+    elif kind == "regression":
         if target_scale is None:
             raise CheckpointError("a regression head needs its targets' mean and std (the run's targets.json)")
         mu, s = (torch.tensor(v, dtype=torch.float64) for v in target_scale)

@@ -25,7 +25,7 @@ from pathlib import Path
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_write_text, check_writable_folder
 from attnlab.inspect.encoders import SentenceSettings
-from attnlab.interop.bert import check_bert_compatible, check_sequence_head, save_bert
+from attnlab.interop.bert import check_bert_compatible, check_sequence_head, head_kind, save_bert
 from attnlab.interop.gpt2 import check_gpt2_compatible, save_gpt2
 from attnlab.interop.llama import check_llama_compatible, save_llama
 from attnlab.interop.model_card import model_card
@@ -132,9 +132,10 @@ def _head_files(run: Path, config) -> tuple[list[str] | None, tuple[list[float],
     from attnlab.training.tasks.classify import load_classes
     from attnlab.training.tasks.regress import load_target_scale
 
-    if config.n_classes is not None:
+    kind = head_kind(config)
+    if kind == "classification":
         return load_classes(run), None
-    if getattr(config, "n_targets", None) is not None:
+    if kind == "regression":
         return None, load_target_scale(run)
     return None, None
 

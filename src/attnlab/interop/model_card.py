@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from attnlab.core.manifest import read_manifest
+from attnlab.interop.bert import head_kind
 from attnlab.training.runs import read_metrics
 
 LOADERS = {"GPT-2": "AutoModelForCausalLM", "GPT-NeoX": "AutoModelForCausalLM", "LLaMA": "AutoModelForCausalLM",
@@ -44,10 +45,11 @@ def _head_note(c, architecture: str, fmt: str) -> list[str]:
     """What the exported head computes, for a BERT with a classification or regression head."""
     if architecture != "BERT" or fmt != "hf":
         return []
-    if c.n_classes is not None:
+    kind = head_kind(c)
+    if kind == "classification":
         return [f"The sequence classifier ({c.n_classes} classes, id2label from the run) is the run's own; "
                 "AutoModelForMaskedLM reads the same folder's encoder and masked-LM head.", ""]
-    if getattr(c, "n_targets", None) is not None:
+    if kind == "regression":
         return [f"The regression head ({c.n_targets} target(s), problem_type regression) gives the targets in their "
                 "own units: the run's standardisation (targets.json) is folded into the classifier.", ""]
     return []
@@ -62,7 +64,7 @@ def model_card(run: Path, model, architecture: str, fmt: str) -> str:
         use = ("from sentence_transformers import SentenceTransformer\n"
                "model = SentenceTransformer(\"PATH\")\nembeddings = model.encode([\"a sentence\"])")
     else:
-        head = architecture == "BERT" and (c.n_classes is not None or getattr(c, "n_targets", None) is not None)
+        head = architecture == "BERT" and head_kind(c) is not None
         loader = "AutoModelForSequenceClassification" if head else LOADERS[architecture]
         use = (f"from transformers import AutoTokenizer, {loader}\n"
                f"model = {loader}.from_pretrained(\"PATH\")")
