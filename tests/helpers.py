@@ -1,10 +1,14 @@
-"""Shared test helpers: a small text corpus, a tiny run config, a quick experiment run read back."""
+"""Shared test helpers: a small text corpus, a tiny run config, a quick experiment run read back, a benchmark
+script run in this process."""
 
 from __future__ import annotations
 
 import json
 import random
+import runpy
+import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -27,6 +31,20 @@ def write_corpus(path: Path, n_chars: int = 20_000, seed: int = 0) -> Path:
 
 # bit-identical resume on a GPU needs deterministic kernels (a CPU run is deterministic anyway)
 EXACT = {"deterministic": "true"} if torch.cuda.is_available() else {}
+
+
+def bench_here(name: str, *argv: str) -> int:
+    """``python benchmarks/NAME.py ARGV`` run in this process; its exit status. ``attnlab bench`` starts a new
+    interpreter for the script, and that start (an import of torch, ~2 s) is most of what a refusal costs, so
+    the refusals are checked here; the runs that do work go through ``attnlab bench`` itself."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    path = [str(script.parent), *sys.path]  # as `python script.py` sets it; a script may add to it
+    with mock.patch.object(sys, "argv", [str(script), *argv]), mock.patch.object(sys, "path", path):
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except SystemExit as e:
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
 
 
 def tiny_overrides(data: Path, out_dir: Path, **extra) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.cli import main
+from tests.helpers import bench_here
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -40,7 +40,7 @@ def test_one_line_and_exit_2_before_any_work(tmp_path, capfd, argv, message):
     (tmp_path / "empty").mkdir()
     argv = [a.replace("{tmp}", str(tmp_path / ("results" if argv[0] == "parallel_time" else "empty"))) for a in argv]
     takes_out = argv[0] not in ("parallel_time", "speedrun_ablation", "speedrun", "install")  # no --out
-    assert main(["bench", *argv, *(["--out", str(out)] if takes_out else [])]) == 2
+    assert bench_here(*argv, *(["--out", str(out)] if takes_out else [])) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists() and not (tmp_path / "results").exists()
@@ -48,5 +48,5 @@ def test_one_line_and_exit_2_before_any_work(tmp_path, capfd, argv, message):
 
 def test_install_benchmark_has_a_help(capfd):
     """`bench install --help` prints its usage; it used to start the two-minute install it measures."""
-    assert main(["bench", "install", "--help"]) == 0
+    assert bench_here("install", "--help") == 0
     assert "usage:" in capfd.readouterr().out

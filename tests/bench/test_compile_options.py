@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from attnlab.cli import main
+from tests.helpers import bench_here
 
 
 def test_option_sets_compile_and_match_eager(tmp_path, capfd):
@@ -22,6 +23,6 @@ def test_option_sets_compile_and_match_eager(tmp_path, capfd):
 
 
 def test_no_matching_option_set_is_one_line_and_exit_2(tmp_path, capfd):
-    assert main(["bench", "compile_options", "--only", "no-such-option", "--results", str(tmp_path)]) == 2
+    assert bench_here("compile_options", "--only", "no-such-option", "--results", str(tmp_path)) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no option set matches" in err[0] and not list(tmp_path.iterdir())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from attnlab.cli import main
+from tests.helpers import bench_here
 
 
 def test_one_variant_is_compiled_without_a_break_and_timed_against_eager(tmp_path, capfd):
@@ -30,8 +31,8 @@ def test_eval_times_an_evaluation_in_eval_mode(tmp_path):
 
 
 def test_bad_arguments_are_refused_in_one_line(tmp_path, capfd):
-    assert main(["bench", "compile_step", "--rounds", "0", "--out", str(tmp_path / "x.json")]) == 2
-    assert main(["bench", "compile_step", "--variants", "nope"]) == 2
+    assert bench_here("compile_step", "--rounds", "0", "--out", str(tmp_path / "x.json")) == 2
+    assert bench_here("compile_step", "--variants", "nope") == 2
     err = capfd.readouterr().err
     assert "Traceback" not in err and "--rounds" in err and "nope" in err
     assert not (tmp_path / "x.json").exists()

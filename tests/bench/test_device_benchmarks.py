@@ -9,6 +9,7 @@ import json
 import pytest
 
 from attnlab.cli import main
+from tests.helpers import bench_here
 
 
 def test_parallel_time_measures_both_arms_and_applies_the_long_range_rule(tmp_path, capfd):
@@ -54,7 +55,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capfd, argv):
 
     if "cuda" in argv and torch.cuda.is_available():  # (cuda:7 stays bad input on a machine with fewer GPUs)
         pytest.skip("a CUDA device is there, so --device cuda is good input")
-    assert main(["bench", *argv, "--results", str(tmp_path)]) == 2
+    assert bench_here(*argv, "--results", str(tmp_path)) == 2
     err = capfd.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert not any(tmp_path.iterdir())
@@ -66,7 +67,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capfd, argv):
     ["attention", "--device", "mps"],
 ])
 def test_the_older_benchmarks_refuse_a_device_this_machine_lacks_in_one_line(capfd, argv):
-    assert main(["bench", *argv]) == 2
+    assert bench_here(*argv) == 2
     err = capfd.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--device" in err, err
 

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from attnlab.cli import main
+from tests.helpers import bench_here
 
 STAND_IN = '''
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ def test_bad_input_is_one_line_and_exit_2(checkout, capfd, argv):
             args[flag] = str(checkout / value) if value == "NOWHERE" else value
         else:
             rest += [flag, value]
-    assert main(["bench", "fp32_step", *[x for kv in args.items() for x in kv], *rest]) == 2
+    assert bench_here("fp32_step", *[x for kv in args.items() for x in kv], *rest) == 2
     err = capfd.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert not (checkout / "out.json").exists()
