@@ -79,9 +79,10 @@ RECALL = N_SYMBOLS
 VOCAB = N_SYMBOLS + 1
 ARMS = ("rnn", "lstm", "transformer", "transformer-no-positions")
 FULL = dict(ks=(8, 16, 32, 64, 128), lrs=[1e-3, 3e-3], max_steps=3000, eval_every=100, patience=5, batch=32,
-            time_lengths=(64, 256, 1024, 4096), time_repeats=7)
+            time_lengths=(64, 256, 1024, 4096), time_repeats=7, eval_sequences=1000,
+            grad_ks=(8, 16, 32, 64, 128, 256, 512))
 QUICK = dict(ks=(8, 16), lrs=[3e-3], max_steps=100, eval_every=50, patience=2, batch=32,
-             time_lengths=(32, 128), time_repeats=3)
+             time_lengths=(32, 128), time_repeats=3, eval_sequences=250, grad_ks=(8, 16, 32, 64))
 
 
 def recall_batch(batch: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -123,8 +124,8 @@ def train(arm: str, k: int, seed: int, lr: float, s: dict[str, Any]) -> dict[str
     net = build(arm, k)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed + 1)
-    val = recall_batch(1000, k, torch.Generator().manual_seed(777))
-    test = recall_batch(1000, k, torch.Generator().manual_seed(778))
+    val = recall_batch(s["eval_sequences"], k, torch.Generator().manual_seed(777))
+    test = recall_batch(s["eval_sequences"], k, torch.Generator().manual_seed(778))
     history: list[tuple[int, float]] = []
 
     def accuracy(data: tuple[Tensor, Tensor]) -> float:
@@ -170,7 +171,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     """Run the experiment (quick: short distances and budgets); writes results.json, report.md and the figures."""
     started = time.perf_counter()
     s = QUICK if quick else FULL
-    grad_ks = (8, 16, 32, 64, 128, 256, 512)
+    grad_ks = s["grad_ks"]
     grads = {arm: {str(k): gradient_to_first_input(arm, k) for k in grad_ks} for arm in ARMS[:3]}
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("max_steps", "eval_every", "patience", "batch")},
                         lr_sweep={arm: list(s["lrs"]) for arm in ARMS}, verdict_rule=_rules_text(),
@@ -239,7 +240,8 @@ accuracy or after {s['patience']} evaluations every {s['eval_every']} steps with
 {s['max_steps']} steps),
 seeds {protocol.seeds}, and seed {protocol.confirm_seeds[0]} held out at the chosen rate.
 
-**Recall accuracy** on 1000 test sequences (mean +- sd over seeds; the chosen rate and the mean steps used):
+**Recall accuracy** on {s['eval_sequences']} test sequences (mean +- sd over seeds; the chosen rate and the mean
+steps used):
 
 | k | RNN | LSTM | transformer | transformer, no positions (control) |
 |---|---|---|---|---|
