@@ -67,6 +67,11 @@ def run_quick_experiment(name: str, out: Path) -> tuple[dict, dict]:
     from attnlab.cli import main
 
     assert main(["experiment", name, "--quick", "--out", str(out)]) == 0
+    return read_quick_experiment(name, out)
+
+
+def read_quick_experiment(name: str, out: Path) -> tuple[dict, dict]:
+    """The checks of ``run_quick_experiment`` on a quick run already in ``out``; (record, its results)."""
     record = json.loads((out / "results.json").read_text())
     assert record["experiment"] == name and record["quick"] is True
     report = (out / "report.md").read_text()

@@ -9,7 +9,7 @@ import torch
 
 import attnlab.experiments.micrograph_saliency as ms
 from attnlab.experiments.micrograph_saliency import GRID, region_patches
-from tests.helpers import run_quick_experiment
+from tests.helpers import read_quick_experiment
 
 
 def test_region_patches_are_the_patches_a_mask_touches():
@@ -18,25 +18,9 @@ def test_region_patches_are_the_patches_a_mask_touches():
     assert region_patches(mask) == {GRID + 3, GRID + 4, GRID + 5}
 
 
-def test_quick_run_scores_every_map(tmp_path):
-    record, results = run_quick_experiment("micrograph-saliency", tmp_path)
-    protocol = record["protocol"]
-    assert protocol["seeds"] == [0, 1, 2] and protocol["confirm_seeds"] == [3]
-    assert protocol["select_on"] == "val_accuracy" and set(protocol["lr_sweep"]) == {"vit", "cnn"}
-    assert record["verdict"] in ("held", "not held", "not decidable")
-    for m in ("attention", "rollout", "gradcam", "random_vit", "random_cnn"):
-        row = results["methods"][m]
-        assert 0 <= row["pointing"]["mean"] <= 1 and 0 < row["chance"]["mean"] < 1 and len(row["auc"]["values"]) == 3
-    for arm in ("vit", "cnn"):  # each model trained to its budget or a plateau, with a held-out seed
-        a = results["arms"][arm]
-        assert a["steps"]["values"] == [20, 20, 20] and len(a["confirmation"]["test_accuracy"]["values"]) == 1
-        assert results["methods"]["gradcam" if arm == "cnn" else "rollout"]["accuracy"] == a["test_accuracy"]
-    assert {o["rule"].split("'")[0] for o in results["outcomes"]} == {"attention", "rollout", "gradcam"}
-    assert (tmp_path / "maps.png").stat().st_size > 5000
-    assert not (tmp_path / ".runs").exists()  # the kept runs (and seed 0's weights) go once the run is whole
-
-
-def test_a_run_cut_off_resumes_from_its_kept_runs(tmp_path, monkeypatch):
+def test_a_quick_run_cut_off_resumes_from_its_kept_runs_and_scores_every_map(tmp_path, monkeypatch):
+    """The first sitting ends during the 4th of the 8 runs; --resume runs the other 5 and writes the whole record,
+    checked as a quick run's (one run serves both checks: each sitting trains for ~5 s)."""
     from attnlab.cli import main
 
     done: list[tuple[str, int, float]] = []
@@ -55,6 +39,20 @@ def test_a_run_cut_off_resumes_from_its_kept_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(ms, "seed_run", lambda *a: (done.append(a[:3]), real(*a))[1])
     assert main(["experiment", "micrograph-saliency", "--quick", "--resume", "--out", str(tmp_path)]) == 0
     assert len(done) == 2 * 4 - 3  # 2 families x (3 seeds + the held-out one), less the 3 kept
-    record = json.loads((tmp_path / "results.json").read_text())
-    assert len(record["results"]["arms"]["vit"]["test_accuracy"]["values"]) == 3
+    assert len(json.loads((tmp_path / "results.json").read_text())["results"]["arms"]["vit"]["test_accuracy"]
+               ["values"]) == 3
     assert (tmp_path / "maps.png").stat().st_size > 5000  # drawn from seed 0's weights kept by the first sitting
+    record, results = read_quick_experiment("micrograph-saliency", tmp_path)
+    protocol = record["protocol"]
+    assert protocol["seeds"] == [0, 1, 2] and protocol["confirm_seeds"] == [3]
+    assert protocol["select_on"] == "val_accuracy" and set(protocol["lr_sweep"]) == {"vit", "cnn"}
+    assert record["verdict"] in ("held", "not held", "not decidable")
+    for m in ("attention", "rollout", "gradcam", "random_vit", "random_cnn"):
+        row = results["methods"][m]
+        assert 0 <= row["pointing"]["mean"] <= 1 and 0 < row["chance"]["mean"] < 1 and len(row["auc"]["values"]) == 3
+    for arm in ("vit", "cnn"):  # each model trained to its budget or a plateau, with a held-out seed
+        a = results["arms"][arm]
+        assert a["steps"]["values"] == [20, 20, 20] and len(a["confirmation"]["test_accuracy"]["values"]) == 1
+        assert results["methods"]["gradcam" if arm == "cnn" else "rollout"]["accuracy"] == a["test_accuracy"]
+    assert {o["rule"].split("'")[0] for o in results["outcomes"]} == {"attention", "rollout", "gradcam"}
+    assert not (tmp_path / ".runs").exists()  # the kept runs (and seed 0's weights) go once the run is whole
