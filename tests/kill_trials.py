@@ -9,6 +9,8 @@ subprocess; then the run is compared with an uninterrupted one: the model at the
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -42,11 +44,32 @@ def train_argv(corpus: Path, out: Path, name: str, preset: Path) -> list[str]:
             *tiny_overrides(corpus, out, name=name, **SETTINGS)]
 
 
-def reference(corpus: Path, out: Path, preset: Path) -> Path:
-    """The uninterrupted run, through the same command."""
-    subprocess.run(train_argv(corpus, out, "reference", preset), env=_env(None), check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def reference(corpus: Path, out: Path, preset: Path, in_process: bool = False) -> Path:
+    """The uninterrupted run, through the same command (``in_process``: its ``main``, in this process)."""
+    if in_process:
+        from attnlab.cli import main
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            assert main(train_argv(corpus, out, "reference", preset)[3:]) == 0
+    else:
+        subprocess.run(train_argv(corpus, out, "reference", preset), env=_env(None), check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return out / "reference"
+
+
+def resume(run: Path, in_process: bool = False) -> tuple[int, str]:
+    """``attnlab resume RUN`` in a new process (``in_process``: its ``main``, in this one, without the ~3 s start
+    of a new interpreter): (exit status, standard error)."""
+    if in_process:
+        from attnlab.cli import main
+
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main(["resume", str(run)])
+        return code, err.getvalue()
+    done = subprocess.run([sys.executable, "-m", "attnlab.cli", "resume", str(run)], env=_env(None),
+                          capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stderr
 
 
 def run_seconds(run: Path) -> float:
@@ -69,8 +92,8 @@ def _losses(run: Path) -> list[tuple]:
 
 
 def trial(corpus: Path, out: Path, preset: Path, ref: Path, name: str, kill_at: str | None = None,
-          kill_after_s: float | None = None) -> dict:
-    """One kill then one resume; returns what happened and each check's outcome."""
+          kill_after_s: float | None = None, resume_in_process: bool = False) -> dict:
+    """One kill then one resume (``resume``); returns what happened and each check's outcome."""
     proc = subprocess.Popen(train_argv(corpus, out, name, preset), env=_env(kill_at),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = out / name
@@ -82,11 +105,10 @@ def trial(corpus: Path, out: Path, preset: Path, ref: Path, name: str, kill_at: 
         except subprocess.TimeoutExpired:
             proc.kill()
     rc = proc.wait(timeout=300)
-    resumed = subprocess.run([sys.executable, "-m", "attnlab.cli", "resume", str(run)], env=_env(None),
-                             capture_output=True, text=True, timeout=300)
+    code, err = resume(run, resume_in_process)
     result = {"name": name, "kill_at": kill_at, "kill_after_s": kill_after_s, "killed": rc == -signal.SIGKILL,
-              "resume_rc": resumed.returncode, "resume_error": resumed.stderr.strip().splitlines()[-1:]}
-    if resumed.returncode != 0:
+              "resume_rc": code, "resume_error": err.strip().splitlines()[-1:]}
+    if code != 0:
         return {**result, "dead_end": True, "identical": False, "best_kept": False}
     best = best_checkpoint(run)
     result.update(

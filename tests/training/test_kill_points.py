@@ -22,7 +22,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("kill")
     corpus, preset = write_corpus(root / "corpus.txt"), root / "defaults.yaml"
     preset.write_text("{}\n")
-    return corpus, root / "runs", preset, reference(corpus, root / "runs", preset)
+    return corpus, root / "runs", preset, reference(corpus, root / "runs", preset, in_process=True)
 
 
 def test_the_windows_are_named_kill_points():
@@ -32,7 +32,8 @@ def test_the_windows_are_named_kill_points():
 @pytest.mark.parametrize("point", sorted(PASSES))
 def test_killed_at_a_named_window_resumes_bit_identically(setup, point):
     corpus, out, preset, ref = setup
-    result = trial(corpus, out, preset, ref, name=point.replace(".", "-"), kill_at=f"{point}:{PASSES[point]}")
+    result = trial(corpus, out, preset, ref, name=point.replace(".", "-"), kill_at=f"{point}:{PASSES[point]}",
+                   resume_in_process=True)  # the kill is of a real process; the resume reads what it left
     assert result["killed"], f"the run never reached {point}"
     assert not result["dead_end"], result["resume_error"]
     assert result["identical"] and result["best_kept"], result
