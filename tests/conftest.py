@@ -36,3 +36,24 @@ def _restore_runtime():
     before = runtime.current()
     yield
     runtime.apply(before)
+
+
+# Modules whose tests take 5-30 s each (quick experiments, process launches, kernel builds, notebooks). With
+# --dist worksteal each of the N workers is first given a contiguous 1/N of the collected tests, and a worker that
+# runs out takes tests from the end of another's share; so each share is made to open with its part of these
+# and to end with short tests (in collection order, tests/training's process launches came near the end).
+LONG = ("tests/experiments/", "tests/training/test_distributed.py", "tests/training/test_kill_points.py",
+        "tests/training/test_reliability.py", "tests/test_notebooks.py", "tests/bench/",
+        "tests/nn/test_cpu_fused.py", "tests/nn/test_scan_cpu.py")
+
+
+def pytest_collection_modifyitems(items):
+    import os
+
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # the same in every worker: the same order
+    long = [item for item in items if item.nodeid.split("::")[0].startswith(LONG)]
+    short = [item for item in items if not item.nodeid.split("::")[0].startswith(LONG)]
+
+    # the long tests dealt out in turn (a module's tests differ most from another module's), the short ones in
+    # contiguous runs (their module-scoped fixtures, a browser or a trained run, are then made by one worker)
+    items[:] = [item for k in range(n) for item in long[k::n] + short[len(short) * k // n:len(short) * (k + 1) // n]]
