@@ -39,9 +39,13 @@ def _env(kill_at: str | None) -> dict[str, str]:
     return env
 
 
+def train_args(corpus: Path, out: Path, name: str, preset: Path) -> list[str]:
+    """The arguments of ``attnlab`` for one run of the trials."""
+    return ["train", str(preset), *tiny_overrides(corpus, out, name=name, **SETTINGS)]
+
+
 def train_argv(corpus: Path, out: Path, name: str, preset: Path) -> list[str]:
-    return [sys.executable, "-m", "attnlab.cli", "train", str(preset),
-            *tiny_overrides(corpus, out, name=name, **SETTINGS)]
+    return [sys.executable, "-m", "attnlab.cli", *train_args(corpus, out, name, preset)]
 
 
 def reference(corpus: Path, out: Path, preset: Path, in_process: bool = False) -> Path:
@@ -50,7 +54,7 @@ def reference(corpus: Path, out: Path, preset: Path, in_process: bool = False) -
         from attnlab.cli import main
 
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            assert main(train_argv(corpus, out, "reference", preset)[3:]) == 0
+            assert main(train_args(corpus, out, "reference", preset)) == 0
     else:
         subprocess.run(train_argv(corpus, out, "reference", preset), env=_env(None), check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -93,7 +97,8 @@ def _losses(run: Path) -> list[tuple]:
 
 def trial(corpus: Path, out: Path, preset: Path, ref: Path, name: str, kill_at: str | None = None,
           kill_after_s: float | None = None, resume_in_process: bool = False) -> dict:
-    """One kill then one resume (``resume``); returns what happened and each check's outcome."""
+    """One kill then one resume (``resume_in_process``: in this process); returns what happened and each check's
+    outcome."""
     proc = subprocess.Popen(train_argv(corpus, out, name, preset), env=_env(kill_at),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = out / name
