@@ -67,6 +67,14 @@ def test_token_labels_give_whole_characters_for_byte_level_bpe():
     assert "".join(token_labels(tok, ids)) == "神天地"
 
 
+def test_token_labels_write_control_characters_as_escapes():
+    """A character tokenizer's specials are control characters (BOS is \\x02): drawn, each was a missing glyph."""
+    from attnlab.tokenizers import CharTokenizer
+
+    tok = CharTokenizer.train("\x02ab\n\u3000")
+    assert token_labels(tok, tok.encode("\x02a\nb\u3000")) == ["\\x02", "a", "\\n", "b", "\u3000"]
+
+
 def test_train_eval_translate_end_to_end(tmp_path, capsys):
     assert main(["train", "configs/seq2seq-reverse.yaml", *tiny(tmp_path)]) == 0
     run = tmp_path / "runs" / "r"

@@ -13,6 +13,7 @@ the translations and a cross-attention alignment figure.
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,14 +207,16 @@ class Seq2SeqTask(Task):
 
 
 def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
-    """A label per token: the text it completes (a byte-level BPE token may hold half a character)."""
+    """A label per token: the text it completes (a byte-level BPE token may hold half a character), control
+    characters written as escapes ("\\n", "\\x02": a character tokenizer's specials are such), which no font draws."""
     labels, shown = [], ""
     for i in range(len(ids)):
         text = tokenizer.decode(ids[: i + 1])
         text = text[: len(text) - 1] if text.endswith("\ufffd") else text
         labels.append(text[len(shown):] if text.startswith(shown) else tokenizer.decode([ids[i]]))
         shown = text if text.startswith(shown) else shown
-    return [lab.replace("\n", "\\n") for lab in labels]
+    return ["".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) == "Cc" else c for c in lab)
+            for lab in labels]
 
 
 def _cjk_font() -> str | None:
