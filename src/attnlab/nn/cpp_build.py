@@ -8,17 +8,20 @@ g++ (``$CXX``) with ``-O3 -march=native`` against torch's headers and libraries;
 ``<cache>/kernels`` (``core.fileio.default_cache_dir``) under a key of all of the above, written atomically,
 and loaded with ``torch.ops.load_library``. The source defines its ops in ``TORCH_LIBRARY(CK_NS, m)``;
 ``CK_NS`` is set to the namespace returned. No compiler, or a failed build, raises ``KernelUnavailable`` with
-the reason in one line.
+the reason in one line. Processes that need the same library at once (the ranks of one run) build it once: the
+others wait on a lock beside it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -76,14 +79,39 @@ def build_and_load(source: Path, prefix: str, what: str, instead: str, defines: 
     namespace = f"{prefix}_{key.hexdigest()[:16]}"
     library = default_cache_dir() / "kernels" / f"{namespace}.so"
     if not library.is_file():
-        print(f"building {what} (once, ~{seconds} s): {library}", file=sys.stderr)
-        with atomic_path(library) as tmp:
-            built = subprocess.run(command(cxx, source, {**defines, "CK_NS": namespace}, tmp),
-                                   capture_output=True, text=True)
-            if built.returncode != 0:
-                first = next((line for line in built.stderr.splitlines() if "error" in line),
-                             built.stderr.strip()[-300:])
-                raise KernelUnavailable(f"{what}: the build failed ({first.strip()})")
+        with one_builder(library, what):  # another process building it (a rank of the same run): its build is used
+            if not library.is_file():
+                print(f"building {what} (once, ~{seconds} s): {library}", file=sys.stderr)
+                with atomic_path(library) as tmp:
+                    built = subprocess.run(command(cxx, source, {**defines, "CK_NS": namespace}, tmp),
+                                           capture_output=True, text=True)
+                    if built.returncode != 0:
+                        first = next((line for line in built.stderr.splitlines() if "error" in line),
+                                     built.stderr.strip()[-300:])
+                        raise KernelUnavailable(f"{what}: the build failed ({first.strip()})")
     torch.ops.load_library(str(library))
     return namespace
+
+
+@contextlib.contextmanager
+def one_builder(library: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<library>.lock`` while the body runs, so that processes needing the same
+    library build it once: the first builds, the others wait (saying so) and then find it built. Without
+    ``fcntl`` (Windows) nothing is locked and each process may build its own copy (the rename is atomic)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with open(library.with_suffix(".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process building {what}: {library}", file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
