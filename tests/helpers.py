@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from unittest import mock
 
+import pytest
 import torch
 
 from attnlab.training.runs import load_train_config
@@ -28,6 +29,10 @@ def write_corpus(path: Path, n_chars: int = 20_000, seed: int = 0) -> Path:
     path.write_text("".join(lines), encoding="utf-8")
     return path
 
+
+# the experiments that train on tinyshakespeare read it from ../shared/data (the project's machines have it)
+SHAKESPEARE = Path("../shared/data/tinyshakespeare.txt")
+needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="needs ../shared/data/tinyshakespeare.txt")
 
 # bit-identical resume on a GPU needs deterministic kernels (a CPU run is deterministic anyway)
 EXACT = {"deterministic": "true"} if torch.cuda.is_available() else {}

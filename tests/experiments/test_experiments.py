@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from tests.helpers import run_quick_experiment, verdicts_follow_their_intervals
+from tests.helpers import needs_shakespeare, run_quick_experiment, verdicts_follow_their_intervals
 
 
 def test_experiment_list_and_unknown_name(capsys):
@@ -164,6 +164,7 @@ def test_long_range(tmp_path):
     assert len(set(x[:, 1:-1].flatten().tolist())) == N_SYMBOLS  # distractors cover the same symbols
 
 
+@needs_shakespeare
 def test_moe_vs_dense(tmp_path):
     from attnlab.experiments import moe_vs_dense as m
     from attnlab.models.gpt import GPT
@@ -218,6 +219,7 @@ def test_moe_vs_dense_report_names_the_held_out_seed_and_the_last_rate_gain():
     assert m._rates_run(arms) == "0.003, 0.009"
 
 
+@needs_shakespeare
 def test_ssm_vs_attention(tmp_path):
     import statistics
 

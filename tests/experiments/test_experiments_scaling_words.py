@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_quick_experiment, verdicts_follow_their_intervals
-
-SHAKESPEARE = Path("../shared/data/tinyshakespeare.txt")
+from tests.helpers import needs_shakespeare, run_quick_experiment, verdicts_follow_their_intervals
 
 
-@pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="needs ../shared/data/tinyshakespeare.txt")
+@needs_shakespeare
 def test_scaling(tmp_path):
     import numpy as np
 
