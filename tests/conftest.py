@@ -1,6 +1,8 @@
 """Test-wide settings: one torch thread per worker (parallel workers share two cores) and a
 private cache folder so tests never touch the user's ~/.cache/attnlab (its built kernels shared by the workers)."""
 
+import os
+
 import pytest
 import torch
 
@@ -11,8 +13,6 @@ torch.set_num_threads(1)
 def _session_cache(tmp_path_factory):
     """The session's cache folder, one per worker; its kernels/ is shared by the workers of the session (a C++
     kernel takes ~12 s to build, and a build is written atomically, so two workers can share one safely)."""
-    import os
-
     base = tmp_path_factory.getbasetemp()
     kernels = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "attnlab-kernels"
     kernels.mkdir(exist_ok=True)
@@ -48,8 +48,6 @@ LONG = ("tests/experiments/", "tests/training/test_distributed.py", "tests/train
 
 
 def pytest_collection_modifyitems(items):
-    import os
-
     n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # the same in every worker: the same order
     long = [item for item in items if item.nodeid.split("::")[0].startswith(LONG)]
     short = [item for item in items if not item.nodeid.split("::")[0].startswith(LONG)]

@@ -17,8 +17,7 @@ from attnlab.tokenizers import (
     load_tokenizer,
     train_tokenizer,
 )
-
-TINYSHAKESPEARE = Path("/work/shared/data/tinyshakespeare.txt")
+from tests.helpers import SHAKESPEARE, needs_shakespeare
 
 SAMPLE = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
@@ -60,9 +59,9 @@ def test_char_vocab_is_sorted_set_and_round_trips() -> None:
     assert tok.decode(ids) == "hello world\n"
 
 
-@pytest.mark.skipif(not TINYSHAKESPEARE.exists(), reason="tinyshakespeare.txt not available")
+@needs_shakespeare
 def test_char_tinyshakespeare_has_65_ids_nanogpt_order() -> None:
-    text = TINYSHAKESPEARE.read_text(encoding="utf-8")
+    text = SHAKESPEARE.read_text(encoding="utf-8")
     tok = CharTokenizer.train(text)
     assert tok.vocab_size == 65
     assert tok.encode("\n !") == [0, 1, 2]

@@ -114,4 +114,3 @@ def one_builder(library: Path, what: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
