@@ -25,7 +25,10 @@ Contenders (each a full optimisation step on the same batches of tinyshakespeare
     attnlab-compiled-eager-attn-threads  both: attention as plain ops, two threads
     attnlab-compiled-fused     attnlab-compiled with attn_backend=cpu-fused: attnlab's C++ kernel for causal
                                float32 attention (nn/attention/cpu_fused.py, built on first use)
-    attnlab-compiled-fused-threads  the same with batch_threads=2
+    attnlab-compiled-fused-threads  the same with batch_threads=2 (whose step ends in C++: the halves' gradient
+                               sum, its norm and AdamW with the clipping folded in, training/cpu_step.py)
+    attnlab-compiled-fused-threads-torch-end  the same with the step's end through torch (foreach sum,
+                               clip_grad_norm_, fused AdamW), as before training/cpu_step.py
     matmuls-only               not a training step: only the matrix products one step must do (forward,
                                grad-input and grad-weight of every linear layer and the head; attention's six
                                batched products per layer), at the model's shapes, with stock kernels. Its time
@@ -44,6 +47,7 @@ Writes benchmarks/results/fp32_step.json (``--out``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import platform
@@ -63,7 +67,7 @@ SHAPE = dict(n_layer=4, n_head=4, d_model=128, block_size=64, batch_size=12)
 CONTENDERS = ("nanogpt", "attnlab", "attnlab-compiled", "attnlab-compiled-python-wrapper",
               "attnlab-compiled-eager-attn", "attnlab-compiled-opt", "attnlab-compiled-threads",
               "attnlab-compiled-eager-attn-threads", "attnlab-compiled-fused", "attnlab-compiled-fused-threads",
-              "matmuls-only")
+              "attnlab-compiled-fused-threads-torch-end", "matmuls-only")
 FLOOR = "matmuls-only"
 BAR = 1.3
 
@@ -106,6 +110,7 @@ def nanogpt_step(checkout: Path, vocab: int) -> Callable[[torch.Tensor, torch.Te
 def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
     """attnlab's build of the same model, the trainer's optimiser and its train_step."""
     from attnlab.models import GPTConfig, build_model
+    from attnlab.training import cpu_step
     from attnlab.training.compiling import compile_forward
     from attnlab.training.config import TrainConfig
     from attnlab.training.loop import train_step
@@ -125,10 +130,12 @@ def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor]
     if name.endswith("-opt"):
         opt.step = torch.compile(opt.step)
 
-    parts = 2 if name.endswith("-threads") else 1
+    parts = 2 if "-threads" in name else 1
+    end = cpu_step.torch_path if name.endswith("-torch-end") else contextlib.nullcontext
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        train_step(model, opt, [{"idx": x, "targets": y}], lambda b: forward(**b), grad_clip=1.0, parts=parts)
+        with end():
+            train_step(model, opt, [{"idx": x, "targets": y}], lambda b: forward(**b), grad_clip=1.0, parts=parts)
 
     return step
 

@@ -5,6 +5,8 @@ One optimisation step over A micro-batches (``train_step``):
     g = (1/A) sum_{a=1..A} grad L(batch_a)          gradient accumulation
     n = ||g||_2;  g = g * min(1, clip / n)           global-norm clipping (n is measured without clip too)
     theta = Opt(theta, g, lr)                        only if L and n are finite; else the step is skipped
+                                                     (with parts and AdamW in float32: n, the clipping and
+                                                     the update in C++, training/cpu_step.py)
     grads = None
 
 ``fit`` repeats it for a number of steps with a learning-rate schedule; ``evaluate_model`` averages a
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.training import distributed, threaded
+from attnlab.training import cpu_step, distributed, threaded
 from attnlab.training.tasks.base import Task
 
 
@@ -97,15 +99,23 @@ def train_step(
                 objective_sum += objective.detach() / (accum * len(outs))
                 if getattr(out, "moe_stats", None):
                     moe_stats.append(out.moe_stats)
-        grad_norm = nn.utils.clip_grad_norm_(params, grad_clip or float("inf"))
+        # parts: the step's end in C++ on this one thread where it applies (AdamW, float32; training/cpu_step.py)
+        end = cpu_step.plan(optimizer, params) if parts > 1 else None
+        grad_norm = end.grad_norm() if end is not None else nn.utils.clip_grad_norm_(params, grad_clip or math.inf)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
             grad_norm = grad_norm.full_tensor()
         bad = not (torch.isfinite(objective_sum) and torch.isfinite(grad_norm))
         if agree is not None:
             bad = agree(bad)
         if not bad:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            if end is not None:  # the clipping is the update's factor on the gradients
+                end.step(cpu_step.clip_factor(float(grad_norm), grad_clip))
+            else:
+                optimizer.step()
+        if end is not None:
+            end.zero_grad()
+        else:
+            optimizer.zero_grad(set_to_none=True)
         return StepResult(loss_sum, objective_sum, grad_norm, not bad, moe_stats)
 
 

@@ -12,9 +12,11 @@ For a loss that is a mean over equally many tokens per row (language modelling) 
 the whole batch's mean loss; otherwise (padding, masked positions) it is the mean of the parts' means,
 as with gradient accumulation. Each part's gradients come from ``torch.autograd.grad``, so no thread
 writes a shared ``.grad``, and the fixed order of the sum makes a run repeat bit for bit whichever
-thread finishes first. Clipping and the optimiser step follow on the caller's thread alone, and the whole
-step runs at one intra-op thread (``step_threads``: a caller's OpenMP team left between kernels spins on the
-core a part needs); evaluation runs with every thread, as before.
+thread finishes first (for float32 gradients the sum is ``cpu_step.add_into``'s C++ loop, the same sums as
+torch's). Clipping and the optimiser step follow on the caller's thread alone (for AdamW in float32 in C++,
+``training/cpu_step.py``), and the whole step runs at one intra-op thread (``step_threads``: a caller's
+OpenMP team left between kernels spins on the core a part needs); evaluation runs with every thread, as
+before.
 
 The parts' forward passes must change nothing but their outputs: no random draws (dropout, random
 masking: the threads would share torch's one CPU generator in whatever order they reach it) and no
@@ -35,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError
+from attnlab.training import cpu_step
 
 
 def split_batch(batch: dict[str, Any], parts: int) -> list[dict[str, Any]]:
@@ -108,7 +111,7 @@ def part_gradients(
         results += [f.result() for f in futures]
     for _, grads in results:  # p = 0, 1, ..: the same sum whatever order the threads finished in
         old = [(p.grad, g) for p, g in zip(params, grads) if g is not None and p.grad is not None]
-        if old:
+        if old and not cpu_step.add_into([a for a, _ in old], [g for _, g in old]):  # one pass, else torch's
             torch._foreach_add_([a for a, _ in old], [g for _, g in old])
         for p, g in zip(params, grads):
             if g is not None and p.grad is None:

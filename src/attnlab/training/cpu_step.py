@@ -1,0 +1,159 @@
+"""The end of a float32 training step on one CPU thread, in C++: the parts' gradient sum, its norm, clipping and
+AdamW in three passes over memory (``cpu_step.cpp``), used by ``train_step`` with ``batch_threads`` > 1.
+
+    g = g_0 + g_1 + .. + g_{P-1}           add_into: the same sums, in the same order, as torch._foreach_add_
+    n = ||g||_2,  c = min(1, clip / (n + 1e-6))                          grad_norm, clip_factor
+    theta, m, v = AdamW(theta, c g, lr, betas, eps, wd)                  adamw_step: torch.optim.AdamW's update
+
+With ``batch_threads`` the whole step runs at one intra-op thread (``threaded.step_threads``), where torch's
+foreach sum, ``clip_grad_norm_`` (a norm per tensor, then a multiplication) and fused AdamW make four passes
+over the gradients, weights and moments. Here they are three, and the clipping coefficient is folded into the
+update. nanoGPT's model (0.8M parameters, 27 tensors) on one thread of a 2-core AMD EPYC, apart from a step:
+0.42 ms for the three against 1.56 ms for torch's path; inside the step (``batch_threads=2``, compiled, steps of
+each end alternating, 2 x 400) 0.67 ms less per ~31 ms step, median of the paired differences.
+
+The update is torch.optim.AdamW's (decoupled weight decay; no amsgrad, maximize or capturable), on the optimiser's
+own state (``step``, ``exp_avg``, ``exp_avg_sq``), so checkpoints, resumption and schedules see an ordinary AdamW;
+it agrees with torch's fused kernel to float32 rounding, not bit for bit. Anything else (another optimiser,
+a gradient missing, other dtypes or devices, step hooks) keeps torch's path, as does a machine with no C++
+compiler (``ops`` says why once). The kernel is built on first use (~10 s, then cached) by ``nn/cpp_build.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import optimizer as optim_module
+
+from attnlab.nn.cpp_build import KernelUnavailable, build_and_load
+
+SOURCE = Path(__file__).with_name("cpu_step.cpp")
+WHAT = "the float32 step's end on one thread (gradient sum, norm, AdamW)"
+_LOCK = threading.Lock()
+_LOADED: dict[str, Any] = {}  # "ops": the op namespace, or None where it cannot be built
+_TORCH_PATH: list[bool] = []  # non-empty inside torch_path()
+
+
+@contextlib.contextmanager
+def torch_path() -> Iterator[None]:
+    """Steps inside run their end through torch (foreach sum, clip_grad_norm_, optimizer.step()): for comparisons
+    such as ``benchmarks/fp32_step.py``'s."""
+    _TORCH_PATH.append(True)
+    try:
+        yield
+    finally:
+        _TORCH_PATH.pop()
+
+
+def ops() -> Any | None:
+    """The kernel's ops (built once per machine and torch, kept in the cache), or None where they cannot be
+    built here (the first such call says why on stderr) or inside ``torch_path()``: the step's end then runs
+    through torch."""
+    if _TORCH_PATH:
+        return None
+    with _LOCK:
+        if "ops" not in _LOADED:
+            try:
+                _LOADED["ops"] = getattr(torch.ops, build_and_load(SOURCE, "attnlab_cpu_step", WHAT,
+                                                                   "the same step through torch", seconds=10))
+            except KernelUnavailable as e:
+                print(f"{e}; the step's end runs through torch instead (slower)", file=sys.stderr)
+                _LOADED["ops"] = None
+        return _LOADED["ops"]
+
+
+def add_into(dst: list[Tensor], src: list[Tensor]) -> bool:
+    """dst_i += src_i for contiguous float32 CPU tensors of equal shapes; False (nothing done) where the kernel
+    does not apply or cannot be built, and the caller adds them its own way."""
+    if len(dst) != len(src) or any(a.shape != b.shape for a, b in zip(dst, src)):
+        return False
+    kernel = ops()
+    if kernel is None or not kernel.plain(dst + src):
+        return False
+    kernel.add_(dst, src)
+    return True
+
+
+class AdamWEnd:
+    """One step's end in C++ for a torch.optim.AdamW over the trained parameters, after their gradients are
+    summed: ``grad_norm()``, then ``step(factor)`` in place of ``optimizer.step()``, then ``zero_grad()``.
+    Built by ``plan``, which checks once per step that the kernel applies."""
+
+    def __init__(self, kernel: Any, optimizer: torch.optim.AdamW, params: list[nn.Parameter]):
+        self.kernel, self.optimizer, self.params = kernel, optimizer, params
+        self.grads = [p.grad for p in params]
+
+    def grad_norm(self) -> Tensor:
+        """||g||_2 over every parameter's gradient (a 0-d float32 tensor, as clip_grad_norm_ returns it)."""
+        return torch.tensor(math.sqrt(self.kernel.sq_norm(self.grads)), dtype=torch.float32)
+
+    @torch.no_grad()
+    def step(self, factor: float) -> None:
+        """``optimizer.step()`` with every gradient multiplied by ``factor`` first. The state is created as torch
+        creates it on a first step, and each group's learning rate, betas, eps and weight decay are read now (a
+        schedule may have changed them)."""
+        state = self.optimizer.state
+        for group in self.optimizer.param_groups:
+            params = group["params"]
+            if not params:
+                continue
+            for p in params:
+                if not state[p]:  # as torch.optim.AdamW's first step makes it
+                    state[p].update(step=torch.zeros((), dtype=torch.float32),
+                                    exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                                    exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+            states = [state[p] for p in params]
+            beta1, beta2 = group["betas"]
+            self.kernel.adamw_(params, [p.grad for p in params], [s["exp_avg"] for s in states],
+                               [s["exp_avg_sq"] for s in states], [s["step"] for s in states], float(group["lr"]),
+                               float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"]),
+                               factor)
+
+    def zero_grad(self) -> None:
+        """``optimizer.zero_grad(set_to_none=True)`` (the optimiser's parameters are ``params``)."""
+        for p in self.params:
+            p.grad = None
+
+
+_OPTIONS = ("amsgrad", "maximize", "capturable", "differentiable")
+
+
+def plan(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> AdamWEnd | None:
+    """The step's end in C++, or None where it does not apply and ``optimizer.step()`` must run: it needs a
+    torch.optim.AdamW of plain options (no amsgrad, maximize, capturable or differentiable; no step hooks) over
+    exactly ``params``, each a contiguous float32 CPU tensor with a gradient and state alike, and the kernel."""
+    hooks = (optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks,
+             optim_module._global_optimizer_pre_hooks, optim_module._global_optimizer_post_hooks)
+    if type(optimizer) is not torch.optim.AdamW or any(hooks):
+        return None
+    groups = optimizer.param_groups
+    if any(g.get(k) for g in groups for k in _OPTIONS) or sum(len(g["params"]) for g in groups) != len(params):
+        return None
+    if {id(p) for g in groups for p in g["params"]} != {id(p) for p in params}:
+        return None
+    tensors = [t for p in params for t in (p, p.grad)]
+    if any(t is None for t in tensors):
+        return None
+    for p in params:
+        if state := optimizer.state.get(p):
+            if state["step"].dim() != 0:
+                return None
+            tensors += [state["step"], state["exp_avg"], state["exp_avg_sq"]]
+    kernel = ops()
+    if kernel is None or not kernel.plain(tensors):
+        return None
+    return AdamWEnd(kernel, optimizer, params)
+
+
+def clip_factor(norm: float, max_norm: float | None) -> float:
+    """What clip_grad_norm_ multiplies the gradients by: min(1, max_norm / (norm + 1e-6)); 1 without clipping
+    (``max_norm`` None or 0, as ``train_step`` reads ``grad_clip``)."""
+    return 1.0 if not max_norm else min(1.0, max_norm / (norm + 1e-6))
