@@ -104,7 +104,7 @@ def train_step(
         grad_norm = end.grad_norm() if end is not None else nn.utils.clip_grad_norm_(params, grad_clip or math.inf)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
             grad_norm = grad_norm.full_tensor()
-        bad = not (torch.isfinite(objective_sum) and torch.isfinite(grad_norm))
+        bad = not (math.isfinite(float(objective_sum)) and math.isfinite(float(grad_norm)))
         if agree is not None:
             bad = agree(bad)
         if not bad:
