@@ -212,3 +212,28 @@ def test_no_compiler_keeps_torchs_path(monkeypatch, capsys):
         assert train_step(model, opt, _batches(), _forward(model), grad_clip=1.0, parts=2).applied
     assert capsys.readouterr().err.count("no compiler here; the step's end runs through torch instead") == 1
     assert len(opt.state) == 4
+
+
+def test_a_cache_that_cannot_be_written_keeps_torchs_path(monkeypatch, capsys):
+    def unwritable(*a, **k):
+        raise PermissionError(13, "Permission denied", "/cache/kernels")
+
+    monkeypatch.setattr(cpu_step, "build_and_load", unwritable)
+    monkeypatch.setattr(cpu_step, "_LOADED", {})
+    assert cpu_step.ops() is None and cpu_step.ops() is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "PermissionError" in err[0] and "runs through torch instead" in err[0]
+
+
+def test_the_trainer_builds_the_kernel_before_training(tmp_path, monkeypatch):
+    """With batch_threads the first build (~10 s) happens while the run is set up, not inside its first step."""
+    from attnlab.training.trainer import Trainer
+    from tests.helpers import tiny_config, write_corpus
+
+    calls = []
+    monkeypatch.setattr(cpu_step, "ops", lambda: calls.append(1))
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    Trainer(tiny_config(corpus, tmp_path / "runs", name="one", device="cpu"))
+    assert calls == []
+    Trainer(tiny_config(corpus, tmp_path / "runs", name="two", device="cpu", batch_threads=2, threads=2))
+    assert calls == [1]

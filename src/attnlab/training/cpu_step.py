@@ -64,8 +64,9 @@ def ops() -> Any | None:
             try:
                 _LOADED["ops"] = getattr(torch.ops, build_and_load(SOURCE, "attnlab_cpu_step", WHAT,
                                                                    "the same step through torch", seconds=10))
-            except KernelUnavailable as e:
-                print(f"{e}; the step's end runs through torch instead (slower)", file=sys.stderr)
+            except (KernelUnavailable, OSError, RuntimeError) as e:  # no compiler, a failed build, a cache not writable
+                why = e if isinstance(e, KernelUnavailable) else f"{WHAT}: {type(e).__name__}: {e}"
+                print(f"{why}; the step's end runs through torch instead (slower)", file=sys.stderr)
                 _LOADED["ops"] = None
         return _LOADED["ops"]
 
