@@ -54,6 +54,21 @@ def test_base_dependencies_leave_torch_to_the_user_and_the_heavy_ones_to_extras(
     assert (ROOT / "LICENSE").is_file()
 
 
+def test_every_file_read_at_run_time_is_package_data():
+    """The C++ kernels' sources (built on first use), the web page and the bundled presets are read from the
+    installed package: a wheel without them installs, then fails at first use (nn/scan_cpu.cpp was once missing)."""
+    import tomllib
+    from fnmatch import fnmatch
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["attnlab"]
+    package = ROOT / "src" / "attnlab"
+    needed = [p for ext in ("*.cpp", "*.yaml", "*.html", "*.js", "*.css") for p in package.rglob(ext)]
+    assert any(p.suffix == ".cpp" for p in needed)
+    missing = [str(p.relative_to(package)) for p in needed
+               if not any(fnmatch(str(p.relative_to(package)), pattern) for pattern in patterns)]
+    assert missing == []
+
+
 @pytest.mark.parametrize("argv, module, extra", [
     (["explore", "RUN"], "fastapi", "attnlab[web]"),
     (["probe", "RUN", "data=FILE"], "sklearn", "attnlab[inspect]"),
