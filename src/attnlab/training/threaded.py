@@ -150,7 +150,8 @@ def side_effect(model: nn.Module, probe: Callable[[], dict[str, Any]]) -> str | 
 def check(parts: int, device: torch.device, world_size: int, model: nn.Module,
           probe: Callable[[], dict[str, Any]]) -> None:
     """ConfigError, before any training, where ``batch_threads = parts`` cannot run or could not repeat;
-    ``probe()`` gives one part's batch for the side-effect check."""
+    ``probe()`` gives one part's batch for the side-effect check. Then the step's end in C++ (``cpu_step``) is
+    built, so that its first build (~10 s once per machine) is not inside a step."""
     if parts == 1:
         return
     if device.type != "cpu":
@@ -170,3 +171,4 @@ def check(parts: int, device: torch.device, world_size: int, model: nn.Module,
     if (effect := side_effect(model, probe)) is not None:
         raise ConfigError(f"batch_threads={parts}: the model {effect}, which the threads would do in a varying "
                           "order; use batch_threads=1 (or dropout=0, cnn_norm=group)")
+    cpu_step.ops()

@@ -24,7 +24,7 @@ import torch
 from attnlab.core import runtime
 from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.training import checkpoint as ckpt
-from attnlab.training import cpu_step, distributed, runs, threaded
+from attnlab.training import distributed, runs, threaded
 from attnlab.training.compiling import compile_forward
 from attnlab.training.config import TrainConfig
 from attnlab.training.init_from import check_init_from, init_weights_line
@@ -109,8 +109,6 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.dist.rank)  # dropout differs between replicas
         threaded.check(cfg.batch_threads, self.device, self.dist.world_size, self.model, lambda: self.task.batch(
             "train", cfg.batch_size // cfg.batch_threads, torch.Generator().manual_seed(0)))
-        if cfg.batch_threads > 1:
-            cpu_step.ops()  # the step's end in C++, built now (~10 s the first time on a machine), not in a step
         self.step = 0
         self.best_val: float | None = None  # the lowest validation loss so far
         state = self._restore_weights(checkpoint) if checkpoint is not None else None
