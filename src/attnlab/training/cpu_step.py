@@ -2,8 +2,8 @@
 AdamW in three passes over memory (``cpu_step.cpp``), used by ``train_step`` with ``batch_threads`` > 1.
 
     g = g_0 + g_1 + .. + g_{P-1}           add_into: the same sums, in the same order, as torch._foreach_add_
-    n = ||g||_2,  c = min(1, clip / (n + 1e-6))                          grad_norm, clip_factor
-    theta, m, v = AdamW(theta, c g, lr, betas, eps, wd)                  adamw_step: torch.optim.AdamW's update
+    n = ||g||_2,  c = min(1, clip / (n + 1e-6))                          AdamWEnd.grad_norm, clip_factor
+    theta, m, v = AdamW(theta, c g, lr, betas, eps, wd)                  AdamWEnd.step: torch.optim.AdamW's update
 
 With ``batch_threads`` the whole step runs at one intra-op thread (``threaded.step_threads``), where torch's
 foreach sum, ``clip_grad_norm_`` (a norm per tensor, then a multiplication) and fused AdamW make four passes
@@ -16,7 +16,8 @@ The update is torch.optim.AdamW's (decoupled weight decay; no amsgrad, maximize 
 own state (``step``, ``exp_avg``, ``exp_avg_sq``), so checkpoints, resumption and schedules see an ordinary AdamW;
 it agrees with torch's fused kernel to float32 rounding, not bit for bit. Anything else (another optimiser,
 a gradient missing, other dtypes or devices, step hooks) keeps torch's path, as does a machine with no C++
-compiler (``ops`` says why once). The kernel is built on first use (~10 s, then cached) by ``nn/cpp_build.py``.
+compiler (``ops`` says why once). The kernel is built by ``nn/cpp_build.py`` when a run with ``batch_threads`` is
+set up (``threaded.check``; ~10 s the first time on a machine, then cached).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def ops() -> Any | None:
         if "ops" not in _LOADED:
             try:
                 _LOADED["ops"] = getattr(torch.ops, build_and_load(SOURCE, "attnlab_cpu_step", WHAT,
-                                                                   "the same step through torch", seconds=10))
+                                                                   "torch's path, taken without it", seconds=10))
             except (KernelUnavailable, OSError, RuntimeError) as e:  # no compiler, a failed build, a cache not writable
                 why = e if isinstance(e, KernelUnavailable) else f"{WHAT}: {type(e).__name__}: {e}"
                 print(f"{why}; the step's end runs through torch instead (slower)", file=sys.stderr)
