@@ -20,6 +20,14 @@ def test_heatmap_png_and_svg(tmp_path):
     assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in paths[1].read_bytes()[:500]
 
 
+def test_token_labels_show_whitespace_and_escape_other_control_characters():
+    """A character tokenizer's specials are control characters ("\\x02"), which no font draws: they are written
+    as escapes; common whitespace keeps its visible symbol; other text is left as it is."""
+    assert [plots.token_label(t) for t in (" a", "\n", "\t", "\x02", "\x00b", "\u3000", "é", "")] == [
+        "␣a", "⏎", "⇥", "\\x02", "\\x00b", "\u3000", "é", "∅"]
+    assert plots.token_label("\x02" * 5, max_len=6) == "\\x02\\…"
+
+
 def test_grid_overview_alignment_attribution(tmp_path):
     grid = plots.head_grid(torch.softmax(torch.randn(3, 6, 6), -1), list("abcdef"), "layer 0")
     assert sum(ax.get_title().startswith("head") for ax in grid.axes) == 3

@@ -12,6 +12,7 @@ writes it as PNG and/or SVG.
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,9 +37,16 @@ def _plt():
     return plt
 
 
+def _visible(c: str) -> str:
+    if c in VISIBLE:
+        return VISIBLE[c]
+    return c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) == "Cc" else c
+
+
 def token_label(token: str, max_len: int = 12) -> str:
-    """A readable tick label: whitespace made visible, long tokens shortened."""
-    text = "".join(VISIBLE.get(c, c) for c in token) or "∅"
+    """A readable tick label: whitespace made visible, other control characters written as escapes ("\\x02",
+    which no font draws otherwise), long tokens shortened."""
+    text = "".join(_visible(c) for c in token) or "∅"
     return text if len(text) <= max_len else text[: max_len - 1] + "…"
 
 
