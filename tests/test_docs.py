@@ -24,4 +24,6 @@ def test_docs_site_builds_strict(tmp_path):
     site = tmp_path / "site"
     assert (site / "commands" / "export" / "index.html").is_file()  # generated from the parser
     assert "attnlab.interop.export" in (site / "api" / "interop" / "index.html").read_text()
+    training = (site / "api" / "training" / "index.html").read_text()
+    assert "attnlab.training.threaded" in training and "AdamWEnd" in training  # batch_threads and its C++ end
     assert (site / "experiments" / "sqrt-dk" / "report" / "index.html").is_file()
