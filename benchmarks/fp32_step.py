@@ -23,12 +23,15 @@ Contenders (each a full optimisation step on the same batches of tinyshakespeare
                                halves run their forward and backward passes at once, one thread each, and
                                their gradients are summed
     attnlab-compiled-eager-attn-threads  both: attention as plain ops, two threads
-    attnlab-compiled-fused     attnlab-compiled with attn_backend=cpu-fused: attnlab's C++ kernel for causal
-                               float32 attention (nn/attention/cpu_fused.py, built on first use)
+    attnlab-compiled-fused     attnlab-compiled with attn_backend=cpu-fused and act_backend=cpu-fused: attnlab's
+                               C++ kernels for causal float32 attention (nn/attention/cpu_fused.py) and the exact
+                               GELU (nn/gelu_cpu.py), built on first use
     attnlab-compiled-fused-threads  the same with batch_threads=2 (whose step ends in C++: the halves' gradient
                                sum, its norm and AdamW with the clipping folded in, training/cpu_step.py)
     attnlab-compiled-fused-threads-torch-end  the same with the step's end through torch (foreach sum,
                                clip_grad_norm_, fused AdamW), as before training/cpu_step.py
+    attnlab-compiled-fused-threads-torch-gelu  attnlab-compiled-fused-threads with GELU through torch
+                               (act_backend=torch), as before nn/gelu_cpu.py
     matmuls-only               not a training step: only the matrix products one step must do (forward,
                                grad-input and grad-weight of every linear layer and the head; attention's six
                                batched products per layer), at the model's shapes, with stock kernels. Its time
@@ -67,7 +70,8 @@ SHAPE = dict(n_layer=4, n_head=4, d_model=128, block_size=64, batch_size=12)
 CONTENDERS = ("nanogpt", "attnlab", "attnlab-compiled", "attnlab-compiled-python-wrapper",
               "attnlab-compiled-eager-attn", "attnlab-compiled-opt", "attnlab-compiled-threads",
               "attnlab-compiled-eager-attn-threads", "attnlab-compiled-fused", "attnlab-compiled-fused-threads",
-              "attnlab-compiled-fused-threads-torch-end", "matmuls-only")
+              "attnlab-compiled-fused-threads-torch-end", "attnlab-compiled-fused-threads-torch-gelu",
+              "matmuls-only")
 FLOOR = "matmuls-only"
 BAR = 1.3
 
@@ -119,7 +123,8 @@ def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor]
     cfg = GPTConfig(vocab_size=vocab, block_size=SHAPE["block_size"], n_layer=SHAPE["n_layer"],
                     n_head=SHAPE["n_head"], d_model=SHAPE["d_model"], dropout=0.0, bias=False, positions="learned",
                     activation="gelu", norm="layernorm",
-                    attn_backend="eager" if "eager-attn" in name else "cpu-fused" if "fused" in name else "sdpa")
+                    attn_backend="eager" if "eager-attn" in name else "cpu-fused" if "fused" in name else "sdpa",
+                    act_backend="cpu-fused" if "fused" in name and not name.endswith("-torch-gelu") else "torch")
     model = build_model(cfg)
     opt = make_optimizer(model, TrainConfig(lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.99))
     forward = model
@@ -207,10 +212,12 @@ def main() -> int:
     if "nanogpt" not in args.contenders:
         print("fp32_step: the speed-ups are against nanogpt; keep it among --contenders", file=sys.stderr)
         return 2
-    if any("fused" in name for name in args.contenders):  # the kernel's build, or why not, before any work
+    if any("fused" in name for name in args.contenders):  # the kernels' builds, or why not, before any work
+        from attnlab.nn import gelu_cpu
         from attnlab.nn.attention import cpu_fused
 
         cpu_fused.load(SHAPE["d_model"] // SHAPE["n_head"])
+        gelu_cpu.load()
     if args.threads:
         torch.set_num_threads(args.threads)
     from attnlab.bench.attention import cpu_model
@@ -226,7 +233,7 @@ def main() -> int:
     base = statistics.median(t for block in seconds["nanogpt"] for t in block)
     print(f"\nfp32 step of nanoGPT's model (L=4 H=4 C=128 T=64 B=12), CPU, {torch.get_num_threads()} threads, "
           f"{args.rounds} rounds x {args.block} steps, alternating in one process\n")
-    print(f"{'contender':<30}{'ms/step':>9}{'speed-up':>10}{'per-round range':>18}")
+    print(f"{'contender':<44}{'ms/step':>9}{'speed-up':>10}{'per-round range':>18}")
     rows = []
     for name, blocks in seconds.items():
         med = statistics.median(t for block in blocks for t in block)
@@ -234,7 +241,7 @@ def main() -> int:
         rows.append(dict(contender=name, ms_per_step=1000 * med, speedup=base / med,
                          speedup_per_round=per_round, ms_per_step_per_round=[1000 * statistics.median(b)
                                                                               for b in blocks]))
-        print(f"{name:<30}{1000 * med:>9.2f}{base / med:>9.3f}x{min(per_round):>10.3f}-{max(per_round):.3f}")
+        print(f"{name:<44}{1000 * med:>9.2f}{base / med:>9.3f}x{min(per_round):>10.3f}-{max(per_round):.3f}")
     best = max((r for r in rows if r["contender"] not in ("nanogpt", FLOOR)), key=lambda r: r["speedup"],
                default=None)
     if best is not None:

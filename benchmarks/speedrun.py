@@ -21,9 +21,9 @@ Two measurements, each in alternating rounds (the order flips between rounds, so
    tokens/s of each iteration, which leaves evaluations out), median over the iterations after the first 50,
    then the median over rounds;
    with two or more threads also compiled with ``batch_threads=2`` (the batch's halves at once, one thread
-   each), and that with ``attn_backend=cpu-fused`` (attnlab's C++ attention kernel, built by its first
-   process; the per-iteration times leave the build out). The issue's bar: attnlab at >= 1.3x nanoGPT's
-   iterations per second.
+   each), and that with ``attn_backend=cpu-fused act_backend=cpu-fused`` (attnlab's C++ kernels for attention
+   and GELU, built by its first process; the per-iteration times leave the builds out). The issue's bar:
+   attnlab at >= 1.3x nanoGPT's iterations per second.
 
 The largest MFU each program logged is reported too (attnlab: against its own peak, training/mfu.py;
 nanoGPT: against an A100's 312 TFLOP/s, its own convention).
@@ -184,11 +184,13 @@ def nanogpt_step_ms(checkout: Path, work: Path, env: dict, iters: int) -> dict:
 
 
 def attnlab_step_ms(work: Path, env: dict, iters: int, compile: bool, batch_threads: int = 1,
-                    attn_backend: str = "sdpa") -> dict:
+                    backend: str = "sdpa") -> dict:
+    """``backend``: "sdpa" (stock kernels) or "cpu-fused" (attnlab's attention and GELU kernels)."""
     cmd = attnlab_cmd("shakespeare-char", work, "step", [
         "model.positions=learned", "dtype=float32", f"max_iters={iters}", f"lr_decay_iters={2000}",
         f"eval_interval={iters}", "eval_iters=1", "log_interval=1", "sample_tokens=0", f"compile={compile}",
-        f"batch_threads={batch_threads}", f"attn_backend={attn_backend}"])
+        f"batch_threads={batch_threads}", f"attn_backend={backend}",
+        f"act_backend={'cpu-fused' if backend == 'cpu-fused' else 'torch'}"])
     seen = timed_process(cmd, ROOT, env, {"log": ATTNLAB_LOG})
     rates = [float(g[1].replace(",", "")) for _, g in seen["log"] if int(g[0]) > 50]
     return {"ms_per_iter": 1000 * 12 * 64 / statistics.median(rates),
@@ -291,7 +293,7 @@ def step_rounds(args, checkout: Path, work: Path, env: dict) -> dict:
                   "attnlab+compile": lambda: attnlab_step_ms(work, env, args.step_iters, compile=True)}
     if args.threads >= 2:  # the batch's two halves at once, one thread each (training/threaded.py)
         contenders["attnlab+compile+threads"] = lambda: attnlab_step_ms(work, env, args.step_iters, True, 2)
-        # and with attnlab's C++ attention kernel (nn/attention/cpu_fused.py, built by its first process)
+        # and with attnlab's C++ kernels for attention and GELU (nn/attention/cpu_fused.py, nn/gelu_cpu.py)
         contenders["attnlab+compile+threads+cpu-fused"] = lambda: attnlab_step_ms(work, env, args.step_iters, True,
                                                                                   2, "cpu-fused")
     if args.step_contenders:  # nanoGPT always: the speed-ups are taken against it

@@ -4,7 +4,7 @@
     TransformerOptions     n_layer, d_model, dropout, bias, init_std
       AttentionOptions     n_head, n_kv_head, attn_backend
       NormOptions          norm, norm_position, norm_eps
-      FFNOptions           d_ff, activation
+      FFNOptions           d_ff, activation, act_backend
     SequenceOptions        block_size (the longest sequence)
     PositionOptions        positions, rope_theta
     VocabularyOptions      vocab_size, tie_embeddings
@@ -165,9 +165,10 @@ class NormOptions:
 
 @dataclass
 class FFNOptions:
-    """The feed-forward width (d_ff) and its activation."""
+    """The feed-forward width (d_ff), its activation, and how the exact GELU is computed."""
     d_ff: int | None = None  # None = 4 d_model (gelu/relu) or 8/3 d_model (swiglu)
     activation: Literal["gelu", "gelu_tanh", "relu", "relu2", "swiglu"] = "gelu"  # gelu_tanh: GPT-2's; relu2: ReLU^2
+    act_backend: Literal["torch", "cpu-fused"] = "torch"  # cpu-fused: the exact GELU in C++ (nn/gelu_cpu.py)
 
 
 @dataclass
@@ -197,6 +198,9 @@ class TransformerOptions(AttentionOptions, NormOptions, FFNOptions):
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.attn_backend == "cpu-fused":
             self.check_cpu_fused(kv)
+        if self.act_backend == "cpu-fused" and self.activation != "gelu":
+            raise ConfigError(f"model.act_backend=cpu-fused computes the exact GELU; model.activation="
+                              f"{self.activation}: use act_backend=torch")
         if self.norm_eps <= 0 or self.init_std <= 0:
             raise ConfigError("model.norm_eps and model.init_std must be > 0")
 

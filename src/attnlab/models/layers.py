@@ -49,8 +49,8 @@ def build_ffn(c: ModelConfig, moe: bool = False) -> nn.Module:
     if moe:
         return MoEFeedForward(c.d_model, d_ff, n_experts=c.moe_experts, top_k=c.moe_top_k,
                               capacity_factor=c.moe_capacity_factor, activation=c.activation, bias=c.bias,
-                              dropout=c.dropout, normalize_top_k=c.moe_top_k > 1)
-    return FeedForward(c.d_model, d_ff, c.activation, bias=c.bias, dropout=c.dropout)
+                              dropout=c.dropout, normalize_top_k=c.moe_top_k > 1, act_backend=c.act_backend)
+    return FeedForward(c.d_model, d_ff, c.activation, bias=c.bias, dropout=c.dropout, act_backend=c.act_backend)
 
 
 def build_block(c: ModelConfig, mixer: str = "attention", moe: bool = False, cross_attention: bool = False) -> Block:

@@ -5,7 +5,8 @@ torch version, compiler and CPU.
     torch.ops.<namespace>.<op>(...)
 
 g++ (``$CXX``) with ``-O3 -march=native`` against torch's headers and libraries; the library is kept in
-``<cache>/kernels`` (``core.fileio.default_cache_dir``) under a key of all of the above, written atomically,
+``<cache>/kernels`` (``core.fileio.default_cache_dir``) under a key of all of the above (the source's text with
+that of the headers it includes by ``#include "..."``), written atomically,
 and loaded with ``torch.ops.load_library``. The source defines its ops in ``TORCH_LIBRARY(CK_NS, m)``;
 ``CK_NS`` is set to the namespace returned. No compiler, or a failed build, raises ``KernelUnavailable`` with
 the reason in one line. Processes that need the same library at once (the ranks of one run) build it once: the
@@ -18,6 +19,7 @@ import contextlib
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +56,21 @@ def cpu_flags() -> str:
     return next((line for line in lines if line.startswith(("flags", "Features"))), platform.processor())
 
 
+def local_headers(source: Path) -> list[Path]:
+    """The headers ``source`` includes by ``#include "path"`` (relative to the including file's folder), and the
+    headers those include, in the order met."""
+    found: list[Path] = []
+    todo = [source]
+    while todo:
+        including = todo.pop(0)
+        for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', including.read_text(), flags=re.M):
+            header = (including.parent / name).resolve()
+            if header not in found:
+                found.append(header)
+                todo.append(header)
+    return found
+
+
 def command(cxx: str, source: Path, defines: dict[str, object], out: Path) -> list[str]:
     """The compiler's command line for ``source`` with ``-D`` ``defines`` into the library ``out``."""
     from torch.utils.cpp_extension import include_paths, library_paths
@@ -75,7 +92,8 @@ def build_and_load(source: Path, prefix: str, what: str, instead: str, defines: 
     cxx = compiler(what, instead)
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     flags = " ".join(command("cxx", source, {**defines, "CK_NS": "ns"}, Path("out")))
-    key = hashlib.sha256("\0".join([source.read_text(), torch.__version__, version, cpu_flags(), flags]).encode())
+    texts = [path.read_text() for path in (source, *local_headers(source))]
+    key = hashlib.sha256("\0".join([*texts, torch.__version__, version, cpu_flags(), flags]).encode())
     namespace = f"{prefix}_{key.hexdigest()[:16]}"
     library = default_cache_dir() / "kernels" / f"{namespace}.so"
     if not library.is_file():

@@ -3,7 +3,8 @@
     relu/gelu:  FFN(x) = act(x W_1 + b_1) W_2 + b_2                      (Vaswani et al. 2017)
     swiglu:     FFN(x) = (SiLU(x W_gate) * (x W_up)) W_2                 (Shazeer 2020)
 
-x (..., C) -> (..., C) with a hidden width d_ff; W_2 writes into the residual stream.
+x (..., C) -> (..., C) with a hidden width d_ff; W_2 writes into the residual stream. ``act_backend="cpu-fused"``
+computes the exact GELU through attnlab's C++ kernel (``nn/gelu_cpu.py``) for float32 CPU tensors.
 """
 
 from __future__ import annotations
@@ -12,18 +13,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn import roles
-from attnlab.nn.activations import activate, check_activation
+from attnlab.nn.activations import activate, check_activation, gelu_ops
 
 
 class FeedForward(nn.Module):
     """Position-wise MLP; for SwiGLU, W_gate and W_up are fused into one ``fc_in``."""
 
     def __init__(
-        self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True, dropout: float = 0.0
+        self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True, dropout: float = 0.0,
+        act_backend: str = "torch",
     ) -> None:
         super().__init__()
         check_activation(activation)
         self.activation = activation
+        self.gelu_ops = gelu_ops(activation, act_backend)
         n_in = 2 * d_ff if activation == "swiglu" else d_ff
         self.fc_in = nn.Linear(d_model, n_in, bias=bias)
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias)
@@ -31,7 +34,7 @@ class FeedForward(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        h = activate(self.fc_in(x), self.activation)  # (B, T, d_ff)
+        h = activate(self.fc_in(x), self.activation, self.gelu_ops)  # (B, T, d_ff)
         y = self.fc_out(h)  # (B, T, C)
         return F.dropout(y, self.dropout, self.training) if self.dropout > 0 else y
 

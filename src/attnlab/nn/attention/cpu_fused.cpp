@@ -13,9 +13,9 @@
 //
 // TP is T rounded up to VW = 16, the vector width in floats. The scores of 8 query rows are computed at
 // once against 16 keys (the keys transposed once per head), and the weighted sums of rows (o, dq, dk, dv)
-// 8 output rows at a time, so that each row read is used 8 times. e^x is a degree-6 polynomial after
-// Cody-Waite range reduction (relative error ~1e-7, like the float32 exp). Inputs may be strided views
-// (the heads of a fused QKV projection) as long as the last dimension is contiguous.
+// 8 output rows at a time, so that each row read is used 8 times. e^x is nn/cpu_vec.h's (a degree-6
+// polynomial after Cody-Waite range reduction, relative error ~1e-7, like the float32 exp). Inputs may be
+// strided views (the heads of a fused QKV projection) as long as the last dimension is contiguous.
 //
 // Built by attnlab/nn/attention/cpu_fused.py with -O3 -march=native, -DCK_HD=<head dim> and
 // -DCK_NS=<op namespace>; GCC's vector extensions give AVX-512 code where the CPU has it, narrower
@@ -31,6 +31,8 @@
 #include <cstring>
 #include <memory>
 
+#include "../cpu_vec.h"  // vf (16 floats), splat, load, store, exp_nonpositive
+
 #ifndef CK_HD
 #error "CK_HD (the head dimension) must be defined"
 #endif
@@ -40,17 +42,10 @@
 
 namespace {
 
-constexpr long VW = 16;          // floats per vector
 constexpr long NV = CK_HD / VW;  // vectors per row
 constexpr long RB = 8;           // rows per block
 static_assert(CK_HD % VW == 0, "the head dimension must be a multiple of 16");
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-
-inline vf splat(float x) { return vf{} + x; }
-inline vf load(const float *p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
-inline void store(float *p, vf v) { std::memcpy(p, &v, sizeof v); }
 // horizontal sum and max of the 16 lanes: four halving steps
 inline vf half_swap(vf v, int h) {
     switch (h) {
@@ -72,20 +67,6 @@ inline float hmax(vf v) {
     return v[0];
 }
 const vf LANE = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-
-// e^x for x <= 0: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial of degree 6, 2^n from bits
-inline vf exp_nonpositive(vf x) {
-    x = x < splat(-87.0f) ? splat(-87.0f) : x;
-    vf t = x * 1.44269504088896341f + 0.5f;
-    vf n = __builtin_convertvector(__builtin_convertvector(t, vi), vf);
-    n = n > t ? n - 1.0f : n;  // floor(t)
-    vf r = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
-    vf p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-    vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-    vf scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 // out[r] = sum_d X[r * xs + d] * Mt[d * TP + :VW] for r < R: a (R x CK_HD) by (CK_HD x VW) product
 template <int R>
