@@ -26,4 +26,6 @@ def test_docs_site_builds_strict(tmp_path):
     assert "attnlab.interop.export" in (site / "api" / "interop" / "index.html").read_text()
     training = (site / "api" / "training" / "index.html").read_text()
     assert "attnlab.training.threaded" in training and "AdamWEnd" in training  # batch_threads and its C++ end
+    nn = (site / "api" / "nn" / "index.html").read_text()
+    assert "attnlab.nn.gelu_cpu" in nn and "attnlab.nn.attention.cpu_fused" in nn  # the C++ kernels' modules
     assert (site / "experiments" / "sqrt-dk" / "report" / "index.html").is_file()
