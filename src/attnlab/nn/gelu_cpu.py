@@ -5,9 +5,10 @@ forward pass and kept, so that the backward pass is one multiplication.
 
 Phi is the normal CDF, phi its density. ``F.gelu`` computes the same function, and its backward pass
 recomputes erf and an exponential from x; this kernel (``gelu_cpu.cpp``, the formulas in its header) shares
-one exponential between Phi and phi and keeps d in place of x, the same memory. In nanoGPT's model (d_ff = 512,
-batch 6 x 64 per thread, one thread, compiled) it saves ~0.3 ms per training step and layer-pair of passes.
-Against float64 GELU it is as close as PyTorch's float32 kernel (it uses the same erf approximation).
+one exponential between Phi and phi and keeps d in place of x, the same memory. In nanoGPT's model (4 layers,
+d_ff = 512, compiled) it saves ~0.65 ms of a ~27-ms step of 6 x 64 tokens on one thread, and ~0.7 ms of the
+two-thread ``batch_threads=2`` step (``docs/speedrun.md``, "The exact GELU in C++"). Against float64 GELU it is
+as close as PyTorch's float32 kernel (it uses the same erf approximation).
 
 Where it applies: float32 CPU tensors. ``activate`` sends every other call (another dtype or device: a model
 moved to a GPU for sampling, bfloat16 autocast) to ``F.gelu``, the same function. A run that asks for the
