@@ -138,11 +138,12 @@ def test_a_bidirectional_family_is_refused():
                                       attn_backend="cpu-fused")).validate()
 
 
-def test_a_bfloat16_run_is_refused_before_training(tmp_path):
+@pytest.mark.parametrize("option", ["attn_backend", "act_backend"])  # attention's kernel, and GELU's (gelu_cpu.py)
+def test_a_bfloat16_run_is_refused_before_training(tmp_path, option):
     corpus = write_corpus(tmp_path / "corpus.txt")
-    with pytest.raises(ConfigError, match="cpu-fused is a float32 CPU kernel; this run is bfloat16 on cpu"):
+    with pytest.raises(ConfigError, match=f"{option}=cpu-fused is a float32 CPU kernel; this run is bfloat16 on cpu"):
         Trainer(tiny_config(corpus, tmp_path / "runs", name="x", device="cpu", dtype="bfloat16",
-                            attn_backend="cpu-fused"))
+                            **{option: "cpu-fused"}))
     assert not (tmp_path / "runs" / "x" / "checkpoints").exists()
 
 

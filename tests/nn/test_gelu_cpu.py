@@ -1,7 +1,7 @@
 """act_backend=cpu-fused (nn/gelu_cpu.py): the exact GELU and its derivative in one C++ pass for float32 CPU tensors.
 Against float64 GELU, as close as PyTorch's float32 kernel, forward and backward; in a GPT (dense and MoE FFN), eager
 and compiled, the losses and gradients of act_backend=torch; every call it does not cover goes through F.gelu; what
-it can never serve is refused before training."""
+it can never serve is refused before training (a bfloat16 run: tests/nn/test_cpu_fused.py, beside attention's)."""
 
 import shutil
 
@@ -13,8 +13,6 @@ from attnlab.core.errors import ConfigError
 from attnlab.models import GPTConfig, build_model
 from attnlab.nn import cpp_build, gelu_cpu
 from attnlab.nn.activations import activate, gelu_ops
-from attnlab.training.trainer import Trainer
-from tests.helpers import tiny_config, write_corpus
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the kernel is built with g++")
 
@@ -138,14 +136,6 @@ def test_other_activations_are_refused(activation):
         gelu_ops(activation, "cpu-fused")
     with pytest.raises(ValueError, match="unknown act_backend 'cuda'"):
         gelu_ops("gelu", "cuda")
-
-
-def test_a_bfloat16_run_is_refused_before_training(tmp_path):
-    corpus = write_corpus(tmp_path / "corpus.txt")
-    with pytest.raises(ConfigError, match="act_backend=cpu-fused is a float32 CPU kernel; this run is bfloat16 on cpu"):
-        Trainer(tiny_config(corpus, tmp_path / "runs", name="x", device="cpu", dtype="bfloat16",
-                            act_backend="cpu-fused"))
-    assert not (tmp_path / "runs" / "x" / "checkpoints").exists()
 
 
 def test_no_compiler_is_one_clear_error(monkeypatch):
