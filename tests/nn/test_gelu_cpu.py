@@ -157,3 +157,27 @@ def test_a_changed_header_is_a_new_build(tmp_path):
     assert cpp_build.local_headers(source) == [header.resolve(), (header.parent / "more.h").resolve()]
     here = cpp_build.local_headers(gelu_cpu.SOURCE)
     assert [p.name for p in here] == ["cpu_vec.h"] and all(p.is_file() for p in here)
+
+
+def test_a_saved_model_loads_without_a_compiler(tmp_path, monkeypatch, capsys):
+    """A model saved with the C++ kernels (GELU's and attention's) loads where they cannot be built, with torch's
+    implementation of the same functions in their place: the same outputs, and one line on stderr."""
+    from attnlab.models.registry import from_pretrained
+    from attnlab.nn.attention import cpu_fused
+
+    torch.manual_seed(0)
+    model = build_model(GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=2, d_model=32, bias=False,
+                                  act_backend="cpu-fused", attn_backend="cpu-fused")).eval()
+    model.save_pretrained(tmp_path)
+    x = torch.randint(0, 50, (2, 32))
+    with torch.no_grad():
+        expected = model(idx=x).logits
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    monkeypatch.setattr(gelu_cpu, "_LOADED", [])
+    monkeypatch.setattr(cpu_fused, "_LOADED", {})
+    loaded = from_pretrained(tmp_path)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "torch's implementation" in line]
+    assert len(lines) == 1 and "needs a C++ compiler" in lines[0]
+    assert (loaded.config.act_backend, loaded.config.attn_backend) == ("torch", "sdpa")
+    with torch.no_grad():
+        assert (loaded(idx=x).logits - expected).abs().max().item() < 1e-5

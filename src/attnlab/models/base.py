@@ -6,6 +6,10 @@ defaults (a random 12-layer BERT) with only a warning. Under attnlab's own name,
 class fails loudly on a run folder ("no file named model.safetensors"), and ``attnlab export`` writes
 the folder ``transformers`` does read. Folders written before the rename (``model.safetensors``) still
 load.
+
+A model saved with one of attnlab's C++ CPU kernels (``attn_backend``, ``act_backend`` or ``ssm_scan`` set to
+cpu-fused) loads where that kernel cannot be built (no compiler) with torch's implementation of the same function
+in its place, and one line on stderr saying so: the kernels are how a function is computed, not what.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+import sys
 from pathlib import Path
 from typing import Any, Self
 
@@ -26,9 +31,19 @@ from attnlab.core.manifest import verify_manifest, write_manifest
 from attnlab.core.version import __version__
 from attnlab.models.config import CONFIG_VERSION, ModelConfig
 from attnlab.models.size import check_fits
+from attnlab.nn.cpp_build import KernelUnavailable
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "attnlab_model.safetensors"
 LEGACY_WEIGHTS_NAME = "model.safetensors"  # before 0.2: the name transformers reads, so it misread runs
+# option -> (its C++ kernel's value, torch's implementation of the same function)
+KERNEL_OPTIONS = {"attn_backend": ("cpu-fused", "sdpa"), "act_backend": ("cpu-fused", "torch"),
+                  "ssm_scan": ("cpu-fused", "chunked")}
+
+
+def without_kernels(config: ModelConfig) -> ModelConfig:
+    """``config`` with each C++ kernel option set to torch's implementation of the same function."""
+    return dataclasses.replace(config, **{key: torch_value for key, (kernel, torch_value) in KERNEL_OPTIONS.items()
+                                          if getattr(config, key, None) == kernel})
 
 
 def sort_metadata(file: Path) -> None:
@@ -135,7 +150,11 @@ class PretrainedModel(nn.Module):
         if not weights.is_file():
             raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}")
         try:
-            model = cls(config)
+            try:
+                model = cls(config)
+            except KernelUnavailable as e:  # no compiler here: the same function through torch
+                print(f"{e}; loading {directory} with torch's implementation instead", file=sys.stderr)
+                model = cls(without_kernels(config))
         except ValueError as e:  # e.g. a config.json without vocab_size
             raise CheckpointError(f"{directory / CONFIG_NAME}: {e}") from None
         try:
