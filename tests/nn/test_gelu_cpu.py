@@ -153,7 +153,7 @@ def test_a_changed_header_is_a_new_build(tmp_path):
     header.write_text('#include "more.h"\n')
     (header.parent / "more.h").write_text("// more\n")
     source = tmp_path / "k.cpp"
-    source.write_text('#include <vector>\n#include "inc/part.h"\n')
+    source.write_text('#include <vector>\n#include "inc/part.h"\n#include "absent.h"\n')
     assert cpp_build.local_headers(source) == [header.resolve(), (header.parent / "more.h").resolve()]
     here = cpp_build.local_headers(gelu_cpu.SOURCE)
     assert [p.name for p in here] == ["cpu_vec.h"] and all(p.is_file() for p in here)

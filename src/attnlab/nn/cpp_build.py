@@ -58,14 +58,14 @@ def cpu_flags() -> str:
 
 def local_headers(source: Path) -> list[Path]:
     """The headers ``source`` includes by ``#include "path"`` (relative to the including file's folder), and the
-    headers those include, in the order met."""
+    headers those include, in the order met; one that is not there is left to the compiler to report."""
     found: list[Path] = []
     todo = [source]
     while todo:
         including = todo.pop(0)
         for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', including.read_text(), flags=re.M):
             header = (including.parent / name).resolve()
-            if header not in found:
+            if header.is_file() and header not in found:
                 found.append(header)
                 todo.append(header)
     return found
