@@ -32,18 +32,10 @@ from attnlab.core.version import __version__
 from attnlab.models.config import CONFIG_VERSION, ModelConfig
 from attnlab.models.size import check_fits
 from attnlab.nn.cpp_build import KernelUnavailable
+from attnlab.nn.cpu_kernels import without_kernels
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "attnlab_model.safetensors"
 LEGACY_WEIGHTS_NAME = "model.safetensors"  # before 0.2: the name transformers reads, so it misread runs
-# option -> (its C++ kernel's value, torch's implementation of the same function)
-KERNEL_OPTIONS = {"attn_backend": ("cpu-fused", "sdpa"), "act_backend": ("cpu-fused", "torch"),
-                  "ssm_scan": ("cpu-fused", "chunked")}
-
-
-def without_kernels(config: ModelConfig) -> ModelConfig:
-    """``config`` with each C++ kernel option set to torch's implementation of the same function."""
-    return dataclasses.replace(config, **{key: torch_value for key, (kernel, torch_value) in KERNEL_OPTIONS.items()
-                                          if getattr(config, key, None) == kernel})
 
 
 def sort_metadata(file: Path) -> None:

@@ -54,8 +54,8 @@ def _register(namespace: str) -> None:
     """Fake-tensor shapes (for torch.compile) and the autograd formula dx = dy * d."""
 
     def gelu_fake(x: Tensor) -> tuple[Tensor, Tensor]:
-        return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
-            x, memory_format=torch.contiguous_format)
+        y = torch.empty_like(x, memory_format=torch.contiguous_format)
+        return y, torch.empty_like(y)
 
     def setup_context(ctx, inputs, output) -> None:
         ctx.mark_non_differentiable(output[1])
