@@ -26,8 +26,11 @@ Contenders (each a full optimisation step on the same batches of tinyshakespeare
     attnlab-compiled-fused     attnlab-compiled with attn_backend=cpu-fused and act_backend=cpu-fused: attnlab's
                                C++ kernels for causal float32 attention (nn/attention/cpu_fused.py) and the exact
                                GELU (nn/gelu_cpu.py), built on first use
-    attnlab-compiled-fused-threads  the same with batch_threads=2 (whose step ends in C++: the halves' gradient
-                               sum, its norm and AdamW with the clipping folded in, training/cpu_step.py)
+    attnlab-compiled-fused-threads  the same with batch_threads=2 (whose step ends in C++ inside the halves'
+                               threads: the gradient sum, its norm and AdamW with the clipping folded in, each
+                               thread on its share of the tensors, training/cpu_step.py)
+    attnlab-compiled-fused-threads-serial-end  the same with the step's end in C++ on one thread after the
+                               halves (cpu_step.serial_end), as before cpu_step.PartsEnd
     attnlab-compiled-fused-threads-torch-end  the same with the step's end through torch (foreach sum,
                                clip_grad_norm_, fused AdamW), as before training/cpu_step.py
     attnlab-compiled-fused-threads-torch-gelu  attnlab-compiled-fused-threads with GELU through torch
@@ -70,7 +73,8 @@ SHAPE = dict(n_layer=4, n_head=4, d_model=128, block_size=64, batch_size=12)
 CONTENDERS = ("nanogpt", "attnlab", "attnlab-compiled", "attnlab-compiled-python-wrapper",
               "attnlab-compiled-eager-attn", "attnlab-compiled-opt", "attnlab-compiled-threads",
               "attnlab-compiled-eager-attn-threads", "attnlab-compiled-fused", "attnlab-compiled-fused-threads",
-              "attnlab-compiled-fused-threads-torch-end", "attnlab-compiled-fused-threads-torch-gelu",
+              "attnlab-compiled-fused-threads-torch-end", "attnlab-compiled-fused-threads-serial-end",
+              "attnlab-compiled-fused-threads-torch-gelu",
               "matmuls-only")
 FLOOR = "matmuls-only"
 BAR = 1.3
@@ -136,7 +140,8 @@ def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor]
         opt.step = torch.compile(opt.step)
 
     parts = 2 if "-threads" in name else 1
-    end = cpu_step.torch_path if name.endswith("-torch-end") else contextlib.nullcontext
+    end = cpu_step.torch_path if name.endswith("-torch-end") else \
+        cpu_step.serial_end if name.endswith("-serial-end") else contextlib.nullcontext  # the step's end in C++
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
         with end():

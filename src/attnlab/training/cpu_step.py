@@ -1,9 +1,14 @@
-"""The end of a float32 training step on one CPU thread, in C++: the parts' gradient sum, its norm, clipping and
-AdamW in three passes over memory (``cpu_step.cpp``), used by ``train_step`` with ``batch_threads`` > 1.
+"""The end of a float32 training step on the CPU, in C++: the parts' gradient sum, its norm, clipping and AdamW
+in three passes over memory (``cpu_step.cpp``), used by ``train_step`` with ``batch_threads`` > 1.
 
     g = g_0 + g_1 + .. + g_{P-1}           add_into: the same sums, in the same order, as torch._foreach_add_
     n = ||g||_2,  c = min(1, clip / (n + 1e-6))                          AdamWEnd.grad_norm, clip_factor
     theta, m, v = AdamW(theta, c g, lr, betas, eps, wd)                  AdamWEnd.step: torch.optim.AdamW's update
+
+``PartsEnd`` does all three inside the parts' own threads, each on its share of the tensors, as soon as every
+part's gradients exist (the threads meet on a barrier in C++, twice: for the gradients, then for the norm), with
+the same numbers bit for bit. On one thread after the parts (``AdamWEnd``) the end took ~1.3 ms of a ~27.5-ms
+step of nanoGPT's model on a 2-core AMD EPYC while the other core waited (``docs/speedrun.md``).
 
 With ``batch_threads`` the whole step runs at one intra-op thread (``threaded.step_threads``), where torch's
 foreach sum, ``clip_grad_norm_`` (a norm per tensor, then a multiplication) and fused AdamW make four passes
@@ -41,6 +46,7 @@ WHAT = "the float32 step's end on one thread (gradient sum, norm, AdamW)"
 _LOCK = threading.Lock()
 _LOADED: dict[str, Any] = {}  # "ops": the op namespace, or None where it cannot be built
 _TORCH_PATH: list[bool] = []  # non-empty inside torch_path()
+_SERIAL: list[bool] = []  # non-empty inside serial_end()
 
 
 @contextlib.contextmanager
@@ -52,6 +58,17 @@ def torch_path() -> Iterator[None]:
         yield
     finally:
         _TORCH_PATH.pop()
+
+
+@contextlib.contextmanager
+def serial_end() -> Iterator[None]:
+    """Steps inside run their end in C++ on the caller's thread after the parts (``AdamWEnd``), not inside the
+    parts' threads (``PartsEnd``): for comparisons."""
+    _SERIAL.append(True)
+    try:
+        yield
+    finally:
+        _SERIAL.pop()
 
 
 def ops() -> Any | None:
@@ -128,18 +145,24 @@ class AdamWEnd:
 _OPTIONS = ("amsgrad", "maximize", "capturable", "differentiable")
 
 
+def _plain_adamw(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> bool:
+    """Whether ``optimizer`` is a torch.optim.AdamW of plain options (no amsgrad, maximize, capturable or
+    differentiable; no step hooks) over exactly ``params``."""
+    hooks = (optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks,
+             optim_module._global_optimizer_pre_hooks, optim_module._global_optimizer_post_hooks)
+    if type(optimizer) is not torch.optim.AdamW or any(hooks):
+        return False
+    groups = optimizer.param_groups
+    if any(g.get(k) for g in groups for k in _OPTIONS) or sum(len(g["params"]) for g in groups) != len(params):
+        return False
+    return {id(p) for g in groups for p in g["params"]} == {id(p) for p in params}
+
+
 def plan(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> AdamWEnd | None:
     """The step's end in C++, or None where it does not apply and ``optimizer.step()`` must run: it needs a
     torch.optim.AdamW of plain options (no amsgrad, maximize, capturable or differentiable; no step hooks) over
     exactly ``params``, each a contiguous float32 CPU tensor with a gradient and state alike, and the kernel."""
-    hooks = (optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks,
-             optim_module._global_optimizer_pre_hooks, optim_module._global_optimizer_post_hooks)
-    if type(optimizer) is not torch.optim.AdamW or any(hooks):
-        return None
-    groups = optimizer.param_groups
-    if any(g.get(k) for g in groups for k in _OPTIONS) or sum(len(g["params"]) for g in groups) != len(params):
-        return None
-    if {id(p) for g in groups for p in g["params"]} != {id(p) for p in params}:
+    if not _plain_adamw(optimizer, params):
         return None
     tensors = [t for p in params for t in (p, p.grad)]
     if any(t is None for t in tensors):
@@ -153,6 +176,83 @@ def plan(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> AdamWE
     if kernel is None or not kernel.plain(tensors):
         return None
     return AdamWEnd(kernel, optimizer, params)
+
+
+class PartsEnd:
+    """The step's end inside the parts' threads (``end_part_`` in ``cpu_step.cpp``), made by ``plan_parts`` before
+    the parts run. Each part's thread calls ``finish(p, grads, loss)`` once its gradients exist, or ``abort()``
+    when it fails first, so that no thread waits for it. Afterwards ``applied`` says whether the end ran; if not
+    (a gradient missing or of another layout), nothing was changed, and ``undo()`` must come before the caller
+    sums the gradients and takes ``AdamWEnd``'s or torch's path. ``grad_norm()`` is ||g||, and a step whose norm
+    or mean loss is not finite changed nothing either (``undo()`` then removes the state made for a first step)."""
+
+    _HEADER = 5  # cpu_step.cpp's SYNC: ARRIVED, SUMMED, ABORTED, UNFIT, NORM; then P losses, n norms, P x n addresses
+
+    def __init__(self, kernel: Any, optimizer: torch.optim.AdamW, params: list[nn.Parameter], parts: int,
+                 max_norm: float | None):
+        self.kernel, self.optimizer, self.params, self.parts = kernel, optimizer, params, parts
+        state = optimizer.state
+        self.created = [p for p in params if not state[p]]
+        for p in self.created:  # as torch.optim.AdamW's first step makes it
+            state[p].update(step=torch.zeros((), dtype=torch.float32),
+                            exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                            exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+        group = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        hyper = [(float(g["lr"]), float(g["betas"][0]), float(g["betas"][1]), float(g["weight_decay"]),
+                  float(g["eps"])) for g in (group[id(p)] for p in params)]
+        states = [state[p] for p in params]
+        self.state_args = ([s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                           [s["step"] for s in states], *(list(h) for h in zip(*hyper)), float(max_norm or 0.0))
+        n = len(params)
+        self.sync = torch.zeros(self._HEADER + parts + n + parts * n, dtype=torch.int64)
+        self.done = [False] * parts
+
+    def finish(self, part: int, grads: tuple[Tensor | None, ...], loss: Tensor) -> None:
+        """On part ``part``'s thread: wait for every part, then sum, measure and update this thread's share."""
+        present = [g for g in grads if g is not None]  # one missing: the lists differ in length, the end declines
+        try:
+            self.done[part] = self.kernel.end_part_(self.sync, part, self.parts, self.params, present,
+                                                    *self.state_args, float(loss.detach()))
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """Release every thread waiting in ``finish``: the end is then not applied."""
+        self.kernel.abort_(self.sync)
+
+    @property
+    def applied(self) -> bool:
+        return all(self.done)
+
+    def grad_norm(self) -> Tensor:
+        """||g||_2 (a 0-d float32 tensor, as clip_grad_norm_ returns it), once ``applied``."""
+        return self.sync[4:5].view(torch.float64)[0].to(torch.float32)
+
+    def undo(self) -> None:
+        """Remove the optimiser state this end made for a first step (torch makes none for a step not taken)."""
+        for p in self.created:
+            del self.optimizer.state[p]
+        self.created = []
+
+
+def plan_parts(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], parts: int,
+               max_norm: float | None) -> PartsEnd | None:
+    """The step's end inside the parts' threads, or None where it does not apply: it needs what ``plan`` needs
+    of the optimiser, the parameters and their state, no gradients yet (the sum is the parts' alone), and neither
+    ``serial_end()`` nor ``torch_path()``."""
+    if _SERIAL or not _plain_adamw(optimizer, params) or any(p.grad is not None for p in params):
+        return None
+    tensors = list(params)
+    for p in params:
+        if state := optimizer.state.get(p):
+            if state["step"].dim() != 0:
+                return None
+            tensors += [state["step"], state["exp_avg"], state["exp_avg_sq"]]
+    kernel = ops()
+    if kernel is None or not kernel.plain(tensors):
+        return None
+    return PartsEnd(kernel, optimizer, params, parts, max_norm)
 
 
 def clip_factor(norm: float, max_norm: float | None) -> float:

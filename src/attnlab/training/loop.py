@@ -6,7 +6,8 @@ One optimisation step over A micro-batches (``train_step``):
     n = ||g||_2;  g = g * min(1, clip / n)           global-norm clipping (n is measured without clip too)
     theta = Opt(theta, g, lr)                        only if L and n are finite; else the step is skipped
                                                      (with parts and AdamW in float32: n, the clipping and
-                                                     the update in C++, training/cpu_step.py)
+                                                     the update in C++, inside the parts' threads where
+                                                     there is one micro-batch; training/cpu_step.py)
     grads = None
 
 ``fit`` repeats it for a number of steps with a learning-rate schedule; ``evaluate_model`` averages a
@@ -84,9 +85,18 @@ def train_step(
         objective_sum = torch.zeros((), device=device)
         moe_stats: list[Any] = []
         params = [p for p in model.parameters() if p.requires_grad]
+        # parts, one micro-batch: the step's end in C++ inside the parts' threads where it applies (PartsEnd)
+        fused = cpu_step.plan_parts(optimizer, params, parts, grad_clip) if parts > 1 and accum == 1 and \
+            agree is None else None
         for a, batch in zip(range(accum), batches):
             if parts > 1:
-                outs = threaded.part_gradients(forward, batch, params, parts, 1 / (accum * parts), autocast)
+                try:
+                    outs = threaded.part_gradients(forward, batch, params, parts, 1 / (accum * parts), autocast,
+                                                   fused)
+                except BaseException:
+                    if fused is not None and not fused.applied:
+                        fused.undo()  # a part failed: no state made for a step that was not taken
+                    raise
             else:
                 with micro_sync(a == accum - 1) if micro_sync is not None else contextlib.nullcontext():
                     with autocast():
@@ -99,6 +109,14 @@ def train_step(
                 objective_sum += objective.detach() / (accum * len(outs))
                 if getattr(out, "moe_stats", None):
                     moe_stats.append(out.moe_stats)
+        if fused is not None and fused.applied:  # updated already, unless not finite (the same test as below)
+            grad_norm = fused.grad_norm()
+            bad = not (math.isfinite(float(objective_sum)) and math.isfinite(float(grad_norm)))
+            if bad:
+                fused.undo()
+            return StepResult(loss_sum, objective_sum, grad_norm, not bad, moe_stats)
+        if fused is not None:
+            fused.undo()  # the state it made for a first step: the path below makes its own
         # parts: the step's end in C++ on this one thread where it applies (AdamW, float32; training/cpu_step.py)
         end = cpu_step.plan(optimizer, params) if parts > 1 else None
         grad_norm = end.grad_norm() if end is not None else nn.utils.clip_grad_norm_(params, grad_clip or math.inf)

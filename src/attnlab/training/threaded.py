@@ -89,26 +89,38 @@ def part_gradients(
     parts: int,
     scale: float,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    end: cpu_step.PartsEnd | None = None,
 ) -> list[Any]:
     """Run ``forward`` on the batch's ``parts`` concurrently and add grad(objective_p * scale) into each
     parameter's ``.grad``, part 0 first; returns the parts' outputs (each with ``.loss``, or the loss tensor).
     A parameter no part reached (an MoE expert that got no rows) keeps ``.grad = None``, as after a plain
-    backward pass, so the optimiser skips it."""
+    backward pass, so the optimiser skips it. With ``end`` (``cpu_step.plan_parts``) each part's thread hands its
+    gradients to ``end.finish`` instead, and where ``end.applied`` the update is done and no ``.grad`` is set."""
 
-    def run(part: dict[str, Any]) -> tuple[Any, tuple[Tensor | None, ...]]:
-        with autocast():  # autocast is per thread
-            out = forward(part)
-        objective = out if isinstance(out, Tensor) else out.loss
-        return out, torch.autograd.grad(objective * scale, params, allow_unused=True)
+    def run(p: int, part: dict[str, Any]) -> tuple[Any, tuple[Tensor | None, ...]]:
+        try:
+            with autocast():  # autocast is per thread
+                out = forward(part)
+            objective = out if isinstance(out, Tensor) else out.loss
+            grads = torch.autograd.grad(objective * scale, params, allow_unused=True)
+        except BaseException:
+            if end is not None:
+                end.abort()  # the other parts must not wait for this one's gradients
+            raise
+        if end is not None:
+            end.finish(p, grads, objective)
+        return out, grads
 
     pieces = split_batch(batch, parts)
     with _one_intra_op_thread():
-        futures = [_pool(parts - 1).submit(run, piece) for piece in pieces[1:]]
+        futures = [_pool(parts - 1).submit(run, p, piece) for p, piece in enumerate(pieces[1:], 1)]
         try:
-            results = [run(pieces[0])]
+            results = [run(0, pieces[0])]
         finally:
             concurrent.futures.wait(futures)  # no part outlives the step, even when part 0 failed
         results += [f.result() for f in futures]
+    if end is not None and end.applied:  # the gradients went into the update, inside the parts' threads
+        return [out for out, _ in results]
     for _, grads in results:  # p = 0, 1, ..: the same sum whatever order the threads finished in
         old = [(p.grad, g) for p, g in zip(params, grads) if g is not None and p.grad is not None]
         if old and not cpu_step.add_into([a for a, _ in old], [g for _, g in old]):  # one pass, else torch's
