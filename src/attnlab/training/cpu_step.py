@@ -223,6 +223,7 @@ class PartsEnd:
 
     @property
     def applied(self) -> bool:
+        """Whether every part's ``finish`` ran the end (the update done, unless the step was not finite)."""
         return all(self.done)
 
     def grad_norm(self) -> Tensor:

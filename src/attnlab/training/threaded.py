@@ -14,9 +14,10 @@ as with gradient accumulation. Each part's gradients come from ``torch.autograd.
 writes a shared ``.grad``, and the fixed order of the sum makes a run repeat bit for bit whichever
 thread finishes first (for float32 gradients the sum is ``cpu_step.add_into``'s C++ loop, the same sums as
 torch's). Clipping and the optimiser step follow on the caller's thread alone (for AdamW in float32 in C++,
-``training/cpu_step.py``), and the whole step runs at one intra-op thread (``step_threads``: a caller's
-OpenMP team left between kernels spins on the core a part needs); evaluation runs with every thread, as
-before.
+``training/cpu_step.py``; with one micro-batch the sum, clipping and AdamW run inside the parts' threads instead,
+each on its share of the tensors, ``cpu_step.PartsEnd``), and the whole step runs at one intra-op thread
+(``step_threads``: a caller's OpenMP team left between kernels spins on the core a part needs); evaluation runs
+with every thread, as before.
 
 The parts' forward passes must change nothing but their outputs: no random draws (dropout, random
 masking: the threads would share torch's one CPU generator in whatever order they reach it) and no
