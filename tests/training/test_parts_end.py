@@ -201,3 +201,15 @@ def test_end_part_declines_together_and_abort_releases_the_waiting():
     assert not waiting.is_alive() and results[0] is False
     with pytest.raises(RuntimeError, match="sync must be a zeroed int64 tensor"):
         kernel.end_part_(torch.zeros(3, dtype=torch.int64), 0, 2, params, grads[0], *state, 0.5)
+
+
+def test_the_trainer_ends_its_steps_inside_the_parts(tmp_path, spy):
+    """A run with batch_threads=2 (one process, one micro-batch a step) takes the end inside the parts."""
+    from attnlab.training.trainer import Trainer
+    from tests.helpers import tiny_config, write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="two", device="cpu", batch_threads=2, threads=2,
+                                  max_iters=3))
+    trainer.train()
+    assert spy == {"applied": 3, "declined": 0}

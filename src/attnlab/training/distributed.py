@@ -15,6 +15,7 @@ torchrun (WORLD_SIZE unset or 1) everything here is a no-op.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,12 @@ def any_true(flag: bool, device: torch.device, info: DistInfo) -> bool:
     t = torch.tensor(float(flag), device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def agreement(device: torch.device, info: DistInfo) -> Callable[[bool], bool] | None:
+    """``train_step``'s ``agree``: any_true across the processes, or None for one process (nothing to agree on,
+    which lets a step end inside its parts' threads, ``cpu_step.PartsEnd``)."""
+    return (lambda flag: any_true(flag, device, info)) if info.enabled else None
 
 
 def gather_objects(obj: Any, info: DistInfo) -> list[Any]:

@@ -291,7 +291,7 @@ class Trainer:
                     self.model, self.optimizer, self._train_batches(drawn), lambda batch: self.forward(**batch),
                     accum=cfg.grad_accum, lr=lr, grad_clip=cfg.grad_clip, autocast=self.autocast,
                     reported_loss=self.task.reported_loss, micro_sync=self._micro_sync,
-                    agree=lambda bad: distributed.any_true(bad, self.device, self.dist), parts=cfg.batch_threads)
+                    agree=distributed.agreement(self.device, self.dist), parts=cfg.batch_threads)
                 units_since_log += sum(self.task.count(b) for b in drawn) * self.dist.world_size
                 for stats in result.moe_stats:
                     moe_log.add(stats)
