@@ -125,10 +125,8 @@ class AdamWEnd:
             if not params:
                 continue
             for p in params:
-                if not state[p]:  # as torch.optim.AdamW's first step makes it
-                    state[p].update(step=torch.zeros((), dtype=torch.float32),
-                                    exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
-                                    exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+                if not state[p]:
+                    state[p].update(_first_state(p))
             states = [state[p] for p in params]
             beta1, beta2 = group["betas"]
             self.kernel.adamw_(params, [p.grad for p in params], [s["exp_avg"] for s in states],
@@ -167,15 +165,27 @@ def plan(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> AdamWE
     tensors = [t for p in params for t in (p, p.grad)]
     if any(t is None for t in tensors):
         return None
+    kernel = _kernel_for(optimizer, params, tensors)
+    return AdamWEnd(kernel, optimizer, params) if kernel is not None else None
+
+
+def _kernel_for(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], tensors: list[Tensor]) -> Any | None:
+    """The kernel's ops, where ``tensors`` and the parameters' AdamW state (where there is some) are all
+    contiguous float32 CPU tensors, the step counters single numbers; else None."""
     for p in params:
         if state := optimizer.state.get(p):
             if state["step"].dim() != 0:
                 return None
-            tensors += [state["step"], state["exp_avg"], state["exp_avg_sq"]]
+            tensors = [*tensors, state["step"], state["exp_avg"], state["exp_avg_sq"]]
     kernel = ops()
-    if kernel is None or not kernel.plain(tensors):
-        return None
-    return AdamWEnd(kernel, optimizer, params)
+    return kernel if kernel is not None and kernel.plain(tensors) else None
+
+
+def _first_state(p: nn.Parameter) -> dict[str, Tensor]:
+    """AdamW's state for ``p`` as torch.optim.AdamW's first step makes it."""
+    return dict(step=torch.zeros((), dtype=torch.float32),
+                exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
 
 
 class PartsEnd:
@@ -193,10 +203,8 @@ class PartsEnd:
         self.kernel, self.optimizer, self.params, self.parts = kernel, optimizer, params, parts
         state = optimizer.state
         self.created = [p for p in params if not state[p]]
-        for p in self.created:  # as torch.optim.AdamW's first step makes it
-            state[p].update(step=torch.zeros((), dtype=torch.float32),
-                            exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
-                            exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+        for p in self.created:
+            state[p].update(_first_state(p))
         group = {id(p): g for g in optimizer.param_groups for p in g["params"]}
         hyper = [(float(g["lr"]), float(g["betas"][0]), float(g["betas"][1]), float(g["weight_decay"]),
                   float(g["eps"])) for g in (group[id(p)] for p in params)]
@@ -244,16 +252,8 @@ def plan_parts(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], par
     ``serial_end()`` nor ``torch_path()``."""
     if _SERIAL or not _plain_adamw(optimizer, params) or any(p.grad is not None for p in params):
         return None
-    tensors = list(params)
-    for p in params:
-        if state := optimizer.state.get(p):
-            if state["step"].dim() != 0:
-                return None
-            tensors += [state["step"], state["exp_avg"], state["exp_avg_sq"]]
-    kernel = ops()
-    if kernel is None or not kernel.plain(tensors):
-        return None
-    return PartsEnd(kernel, optimizer, params, parts, max_norm)
+    kernel = _kernel_for(optimizer, params, list(params))
+    return PartsEnd(kernel, optimizer, params, parts, max_norm) if kernel is not None else None
 
 
 def clip_factor(norm: float, max_norm: float | None) -> float:
