@@ -85,9 +85,9 @@ def train_step(
         objective_sum = torch.zeros((), device=device)
         moe_stats: list[Any] = []
         params = [p for p in model.parameters() if p.requires_grad]
-        # parts, one micro-batch: the step's end in C++ inside the parts' threads where it applies (PartsEnd)
-        fused = cpu_step.plan_parts(optimizer, params, parts, grad_clip) if parts > 1 and accum == 1 and \
-            agree is None else None
+        fused = None  # parts, one micro-batch, one process: the step's end in C++ inside the parts' threads
+        if parts > 1 and accum == 1 and agree is None:
+            fused = cpu_step.plan_parts(optimizer, params, parts, grad_clip)  # None where it does not apply
         for a, batch in zip(range(accum), batches):
             if parts > 1:
                 try:
