@@ -5,8 +5,8 @@
 //   e^r by its Taylor polynomial of degree 6 (relative error ~1e-7, like the float32 exp); 2^n from its bits.
 //   x is clamped at -87 (e^-87 ~ 1.6e-38, the smallest normal float's order), so the result is never subnormal.
 //
-// Included by nn/attention/cpu_fused.cpp and nn/gelu_cpu.cpp; nn/cpp_build.py keys their builds on this file's
-// text too.
+// Included by nn/attention/cpu_fused.cpp, nn/gelu_cpu.cpp and training/cpu_step.cpp; nn/cpp_build.py keys their
+// builds on this file's text too.
 
 #pragma once
 

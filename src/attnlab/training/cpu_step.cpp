@@ -44,16 +44,13 @@
 #include <thread>
 #include <vector>
 
+#include "../nn/cpu_vec.h"  // vf (16 floats), VW, load
+
 #ifndef CK_NS
 #error "CK_NS (the op namespace) must be defined"
 #endif
 
 namespace {
-
-constexpr int64_t VW = 16;  // floats per vector
-typedef float vf __attribute__((vector_size(64)));
-
-inline vf load(const float *p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
 
 void check(const at::Tensor &t, const char *what) {
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
