@@ -23,9 +23,10 @@ Contenders (each a full optimisation step on the same batches of tinyshakespeare
                                halves run their forward and backward passes at once, one thread each, and
                                their gradients are summed
     attnlab-compiled-eager-attn-threads  both: attention as plain ops, two threads
-    attnlab-compiled-fused     attnlab-compiled with attn_backend=cpu-fused and act_backend=cpu-fused: attnlab's
-                               C++ kernels for causal float32 attention (nn/attention/cpu_fused.py) and the exact
-                               GELU (nn/gelu_cpu.py), built on first use
+    attnlab-compiled-fused     attnlab-compiled with attn_backend, act_backend and linear_backend=cpu-fused:
+                               attnlab's C++ kernels for causal float32 attention (nn/attention/cpu_fused.py),
+                               the exact GELU (nn/gelu_cpu.py) and the blocks' products (nn/linear_cpu.py),
+                               built on first use
     attnlab-compiled-fused-threads  the same with batch_threads=2 (whose step ends in C++ inside the halves'
                                threads: the gradient sum, its norm and AdamW with the clipping folded in, each
                                thread on its share of the tensors, training/cpu_step.py)
@@ -35,6 +36,8 @@ Contenders (each a full optimisation step on the same batches of tinyshakespeare
                                clip_grad_norm_, fused AdamW), as before training/cpu_step.py
     attnlab-compiled-fused-threads-torch-gelu  attnlab-compiled-fused-threads with GELU through torch
                                (act_backend=torch), as before nn/gelu_cpu.py
+    attnlab-compiled-fused-threads-torch-linear  attnlab-compiled-fused-threads with the blocks' products
+                               through torch (linear_backend=torch: MKL), as before nn/linear_cpu.py
     matmuls-only               not a training step: only the matrix products one step must do (forward,
                                grad-input and grad-weight of every linear layer and the head; attention's six
                                batched products per layer), at the model's shapes, with stock kernels. Its time
@@ -74,7 +77,7 @@ CONTENDERS = ("nanogpt", "attnlab", "attnlab-compiled", "attnlab-compiled-python
               "attnlab-compiled-eager-attn", "attnlab-compiled-opt", "attnlab-compiled-threads",
               "attnlab-compiled-eager-attn-threads", "attnlab-compiled-fused", "attnlab-compiled-fused-threads",
               "attnlab-compiled-fused-threads-torch-end", "attnlab-compiled-fused-threads-serial-end",
-              "attnlab-compiled-fused-threads-torch-gelu",
+              "attnlab-compiled-fused-threads-torch-gelu", "attnlab-compiled-fused-threads-torch-linear",
               "matmuls-only")
 FLOOR = "matmuls-only"
 BAR = 1.3
@@ -128,7 +131,8 @@ def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor]
                     n_head=SHAPE["n_head"], d_model=SHAPE["d_model"], dropout=0.0, bias=False, positions="learned",
                     activation="gelu", norm="layernorm",
                     attn_backend="eager" if "eager-attn" in name else "cpu-fused" if "fused" in name else "sdpa",
-                    act_backend="cpu-fused" if "fused" in name and not name.endswith("-torch-gelu") else "torch")
+                    act_backend="cpu-fused" if "fused" in name and not name.endswith("-torch-gelu") else "torch",
+                    linear_backend="cpu-fused" if "fused" in name and not name.endswith("-torch-linear") else "torch")
     model = build_model(cfg)
     opt = make_optimizer(model, TrainConfig(lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.99))
     forward = model

@@ -21,8 +21,9 @@ Two measurements, each in alternating rounds (the order flips between rounds, so
    tokens/s of each iteration, which leaves evaluations out), median over the iterations after the first 50,
    then the median over rounds;
    with two or more threads also compiled with ``batch_threads=2`` (the batch's halves at once, one thread
-   each), and that with ``attn_backend=cpu-fused act_backend=cpu-fused`` (attnlab's C++ kernels for attention
-   and GELU, built by its first process; the per-iteration times leave the builds out). The issue's bar:
+   each), and that with ``attn_backend``, ``act_backend`` and ``linear_backend=cpu-fused`` (attnlab's C++
+   kernels for attention, GELU and the blocks' products, built by its first process; the per-iteration times
+   leave the builds out). The issue's bar:
    attnlab at >= 1.3x nanoGPT's iterations per second.
 
 The largest MFU each program logged is reported too (attnlab: against its own peak, training/mfu.py;
@@ -185,12 +186,13 @@ def nanogpt_step_ms(checkout: Path, work: Path, env: dict, iters: int) -> dict:
 
 def attnlab_step_ms(work: Path, env: dict, iters: int, compile: bool, batch_threads: int = 1,
                     backend: str = "sdpa") -> dict:
-    """``backend``: "sdpa" (stock kernels) or "cpu-fused" (attnlab's attention and GELU kernels)."""
+    """``backend``: "sdpa" (stock kernels) or "cpu-fused" (attnlab's attention, GELU and linear kernels)."""
     cmd = attnlab_cmd("shakespeare-char", work, "step", [
         "model.positions=learned", "dtype=float32", f"max_iters={iters}", f"lr_decay_iters={2000}",
         f"eval_interval={iters}", "eval_iters=1", "log_interval=1", "sample_tokens=0", f"compile={compile}",
         f"batch_threads={batch_threads}", f"attn_backend={backend}",
-        f"act_backend={'cpu-fused' if backend == 'cpu-fused' else 'torch'}"])
+        f"act_backend={'cpu-fused' if backend == 'cpu-fused' else 'torch'}",
+        f"linear_backend={'cpu-fused' if backend == 'cpu-fused' else 'torch'}"])
     seen = timed_process(cmd, ROOT, env, {"log": ATTNLAB_LOG})
     rates = [float(g[1].replace(",", "")) for _, g in seen["log"] if int(g[0]) > 50]
     return {"ms_per_iter": 1000 * 12 * 64 / statistics.median(rates),

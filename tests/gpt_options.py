@@ -19,7 +19,7 @@ CHANGES = [  # each a change to a base; together they name every field of GPTCon
     {"n_kv_head": 1}, {"n_kv_head": 2}, {"norm_position": "post"}, {"dropout": 0.1}, {"init_std": 0.5},
     *({"activation": a} for a in ("gelu", "gelu_tanh", "relu", "relu2", "swiglu")),
     {"norm": "layernorm"}, {"norm": "rmsnorm"}, {"attn_backend": "eager"}, {"attn_backend": "tiled"},
-    {"act_backend": "cpu-fused"},
+    {"act_backend": "cpu-fused"}, {"linear_backend": "cpu-fused"},
     {"qk_norm": True}, {"logit_softcap": 5.0}, {"block_size": 40}, {"n_head": 2}, {"n_head": 8}, {"n_layer": 1},
     {"d_model": 48}, {"vocab_size": 70},
     *({"positions": p} for p in ("learned", "sinusoidal", "rope", "alibi", "relative", "none")),
@@ -44,7 +44,7 @@ def built(config):
     torch.manual_seed(0)
     try:
         model = build_model(config).eval()
-    except KernelUnavailable as e:  # act_backend=cpu-fused without a C++ compiler
+    except KernelUnavailable as e:  # act_backend or linear_backend=cpu-fused without a C++ compiler
         pytest.skip(str(e))
     with torch.no_grad():
         for name, p in model.named_parameters():

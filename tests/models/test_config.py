@@ -29,7 +29,8 @@ from attnlab.models.config import LEGACY_DEFAULTS
 
 # options added after the flat version-1 schema (the speed run's QK-norm and logit soft-cap)
 ADDED_SINCE_THE_FLAT_SCHEMA = {"qk_norm", "logit_softcap", "n_targets", "mask_ratio", "decoder_layers",
-                               "decoder_d_model", "decoder_n_head", "norm_pix_loss", "ssm_scan", "act_backend"}
+                               "decoder_d_model", "decoder_n_head", "norm_pix_loss", "ssm_scan", "act_backend",
+                               "linear_backend"}
 
 FAMILIES = {"gpt": GPTConfig, "bert": BertConfig, "seq2seq": Seq2SeqConfig, "vit": ViTConfig, "cnn": CNNConfig,
             "encoder": EncoderConfig, "mae": MAEConfig}
@@ -44,7 +45,7 @@ def test_each_family_has_its_own_options_and_the_flat_schema_is_their_union():
     assert ModelConfig.families == {**FAMILIES, "recurrent": RecurrentConfig, "captioner": CaptionerConfig,
                                     "dino": DINOConfig, "mlp": MLPConfig}
     assert fields(RecurrentConfig) - set(LEGACY_DEFAULTS) == {"cell", "bidirectional"}
-    assert fields(CaptionerConfig) - set(LEGACY_DEFAULTS) == {"qk_norm", "act_backend"}
+    assert fields(CaptionerConfig) - set(LEGACY_DEFAULTS) == {"qk_norm", "act_backend", "linear_backend"}
     assert fields(DINOConfig) - set(LEGACY_DEFAULTS) >= {"out_dim", "teacher_temp", "local_size", "teacher_momentum"}
     # nothing lost; added since: only the options listed (a version-1 file never holds them: their defaults)
     assert set().union(*map(fields, FAMILIES.values())) == set(LEGACY_DEFAULTS) | ADDED_SINCE_THE_FLAT_SCHEMA

@@ -7,9 +7,9 @@ class fails loudly on a run folder ("no file named model.safetensors"), and ``at
 the folder ``transformers`` does read. Folders written before the rename (``model.safetensors``) still
 load.
 
-A model saved with one of attnlab's C++ CPU kernels (``attn_backend``, ``act_backend`` or ``ssm_scan`` set to
-cpu-fused) loads where that kernel cannot be built (no compiler) with torch's implementation of the same function
-in its place, and one line on stderr saying so: the kernels are how a function is computed, not what.
+A model saved with one of attnlab's C++ CPU kernels (``attn_backend``, ``act_backend``, ``linear_backend`` or
+``ssm_scan`` set to cpu-fused) loads where that kernel cannot be built (no compiler) with torch's implementation of
+the same function in its place, and one line on stderr saying so: the kernels are how a function is computed, not what.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Model configs: one class per family, composed from the shared option groups below.
 
     ModelConfig            the base: ``family``, the discriminator; every family config subclasses it
-    TransformerOptions     n_layer, d_model, dropout, bias, init_std
+    TransformerOptions     n_layer, d_model, dropout, bias, init_std, linear_backend
       AttentionOptions     n_head, n_kv_head, attn_backend
       NormOptions          norm, norm_position, norm_eps
       FFNOptions           d_ff, activation, act_backend
@@ -180,6 +180,7 @@ class TransformerOptions(AttentionOptions, NormOptions, FFNOptions):
     dropout: float = 0.0
     bias: bool = True
     init_std: float = 0.02
+    linear_backend: Literal["torch", "cpu-fused"] = "torch"  # cpu-fused: the blocks' products in C++ (nn/linear_cpu.py)
 
     @property
     def head_dim(self) -> int:
@@ -198,6 +199,9 @@ class TransformerOptions(AttentionOptions, NormOptions, FFNOptions):
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.attn_backend == "cpu-fused":
             self.check_cpu_fused(kv)
+        if self.linear_backend == "cpu-fused" and self.d_model % 16:
+            raise ConfigError(f"model.linear_backend=cpu-fused needs d_model a multiple of 16, got {self.d_model}; "
+                              "use linear_backend=torch")
         if self.act_backend == "cpu-fused" and self.activation != "gelu":
             raise ConfigError(f"model.act_backend=cpu-fused computes the exact GELU; model.activation="
                               f"{self.activation}: use act_backend=torch")
@@ -206,20 +210,10 @@ class TransformerOptions(AttentionOptions, NormOptions, FFNOptions):
 
     def check_cpu_fused(self, kv: int) -> None:
         """ConfigError where attn_backend=cpu-fused would never run its kernel (nn/attention/cpu_fused.py)."""
-        from attnlab.nn.attention.cpu_fused import head_dim_problem
+        from attnlab.nn.attention.cpu_fused import check_config
 
-        why = (f"a causal decoder, and family={self.family} attends both ways" if self.family not in CAUSAL_FAMILIES
-               else f"no dropout (model.dropout={self.dropout})" if self.dropout > 0
-               else f"as many key/value heads as heads (model.n_kv_head={kv})" if kv != self.n_head
-               else f"no bias in the scores (positions={self.positions})"
-               if getattr(self, "positions", "none") in ("alibi", "relative")
-               else f"multi-head attention (mixer={self.mixer})" if getattr(self, "mixer", "attention") == "latent"
-               else None)
-        if why is not None:
-            raise ConfigError(f"model.attn_backend=cpu-fused computes causal attention with {why}; "
-                              "use attn_backend=sdpa")
-        if (problem := head_dim_problem(self.head_dim)) is not None:
-            raise ConfigError(f"model.attn_backend=cpu-fused: {problem} (d_model/n_head); use attn_backend=sdpa")
+        check_config(self.family in CAUSAL_FAMILIES, self.family, self.dropout, kv, self.n_head, self.head_dim,
+                     getattr(self, "positions", "none"), getattr(self, "mixer", "attention"))
 
 
 @dataclass

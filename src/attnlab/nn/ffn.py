@@ -4,7 +4,8 @@
     swiglu:     FFN(x) = (SiLU(x W_gate) * (x W_up)) W_2                 (Shazeer 2020)
 
 x (..., C) -> (..., C) with a hidden width d_ff; W_2 writes into the residual stream. ``act_backend="cpu-fused"``
-computes the exact GELU through attnlab's C++ kernel (``nn/gelu_cpu.py``) for float32 CPU tensors.
+computes the exact GELU through attnlab's C++ kernel (``nn/gelu_cpu.py``) for float32 CPU tensors, and
+``linear_backend="cpu-fused"`` the products of W_1 and W_2 (``nn/linear_cpu.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 
 from attnlab.nn import roles
 from attnlab.nn.activations import activate, check_activation, gelu_ops
+from attnlab.nn.linear_cpu import linear_layer
 
 
 class FeedForward(nn.Module):
@@ -21,15 +23,16 @@ class FeedForward(nn.Module):
 
     def __init__(
         self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True, dropout: float = 0.0,
-        act_backend: str = "torch",
+        act_backend: str = "torch", linear_backend: str = "torch",
     ) -> None:
         super().__init__()
         check_activation(activation)
         self.activation = activation
         self.gelu_ops = gelu_ops(activation, act_backend)
         n_in = 2 * d_ff if activation == "swiglu" else d_ff
-        self.fc_in = nn.Linear(d_model, n_in, bias=bias)
-        self.fc_out = nn.Linear(d_ff, d_model, bias=bias)
+        linear = linear_layer(linear_backend)  # nn.Linear, or its C++ products on CPUs (nn/linear_cpu.py)
+        self.fc_in = linear(d_model, n_in, bias=bias)
+        self.fc_out = linear(d_ff, d_model, bias=bias)
         roles.declare(self, "fc_out.weight", roles.RESIDUAL_OUT)
         self.dropout = dropout
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,7 +42,7 @@ def supports(h: Tensor) -> bool:
 
 def load() -> str:
     """Build (once, cached on disk) and load the kernel; returns its op namespace, whose op ``gelu`` (x -> y, d)
-    is then registered with torch (fake tensors and autograd included)."""
+    is then registered with torch (with fake tensors, for torch.compile)."""
     with _LOCK:
         if not _LOADED:
             namespace = build_and_load(SOURCE, "attnlab_gelu_cpu", f"{NAME} GELU", "act_backend=torch", seconds=10)
@@ -51,29 +52,37 @@ def load() -> str:
 
 
 def _register(namespace: str) -> None:
-    """Fake-tensor shapes (for torch.compile) and the autograd formula dx = dy * d."""
+    """Fake-tensor shapes of the op, for torch.compile."""
 
     def gelu_fake(x: Tensor) -> tuple[Tensor, Tensor]:
         y = torch.empty_like(x, memory_format=torch.contiguous_format)
         return y, torch.empty_like(y)
 
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.mark_non_differentiable(output[1])
-        ctx.save_for_backward(output[1])
+    torch.library.register_fake(f"{namespace}::gelu")(gelu_fake)
 
-    def backward(ctx, grad_y: Tensor, grad_d: Tensor) -> Tensor:
-        if grad_y.requires_grad:  # create_graph=True: d is a constant here, so a second derivative would be wrong
+
+class _Gelu(torch.autograd.Function):
+    """y = GELU(x) with d kept, and dx = dy * d. A ``torch.autograd.Function`` rather than a formula registered
+    on the op: inside a compiled graph the op then runs straight from C++, where a registered formula sends each
+    call through Python and its lock (``nn/linear_cpu.py`` measures what that costs)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, namespace: str) -> Tensor:
+        y, d = getattr(torch.ops, namespace).gelu(x)
+        ctx.save_for_backward(d)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor, None]:
+        if torch.is_grad_enabled():  # create_graph=True: d is a constant here, so a second derivative would be wrong
             raise RuntimeError(f"act_backend={NAME} computes first derivatives only; use act_backend=torch for "
                                "gradients of gradients")
         (d,) = ctx.saved_tensors
-        return grad_y * d
-
-    torch.library.register_fake(f"{namespace}::gelu")(gelu_fake)
-    torch.library.register_autograd(f"{namespace}::gelu", backward, setup_context=setup_context)
+        return grad_y * d, None
 
 
 def gelu(h: Tensor, namespace: str | None = None) -> Tensor:
     """GELU(h) = h Phi(h) for a float32 CPU tensor of any shape -> the same shape; differentiable once.
     ``namespace``: from ``load`` (call it before ``torch.compile`` traces the model, which cannot run a build);
     None loads here."""
-    return getattr(torch.ops, namespace or load()).gelu(h)[0]
+    return _Gelu.apply(h, namespace or load())

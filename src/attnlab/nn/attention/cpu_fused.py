@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -57,6 +58,22 @@ def head_dim_problem(head_dim: int) -> str | None:
     return None
 
 
+def check_config(causal: bool, family: str, dropout: float, n_kv_head: int, n_head: int, head_dim: int,
+                 positions: str, mixer: str) -> None:
+    """ConfigError where a model's options ask for the kernel but its attention is one the kernel never
+    computes (``models/config.py`` checks each transformer's options with this)."""
+    why = (f"a causal decoder, and family={family} attends both ways" if not causal
+           else f"no dropout (model.dropout={dropout})" if dropout > 0
+           else f"as many key/value heads as heads (model.n_kv_head={n_kv_head})" if n_kv_head != n_head
+           else f"no bias in the scores (positions={positions})" if positions in ("alibi", "relative")
+           else f"multi-head attention (mixer={mixer})" if mixer == "latent"
+           else None)
+    if why is not None:
+        raise ConfigError(f"model.attn_backend={NAME} computes causal attention with {why}; use attn_backend=sdpa")
+    if (problem := head_dim_problem(head_dim)) is not None:
+        raise ConfigError(f"model.attn_backend={NAME}: {problem} (d_model/n_head); use attn_backend=sdpa")
+
+
 def check_run(model_cfg: object, device_type: str, dtype: str) -> None:
     """ConfigError, before training, where a run's model asks for the kernel but the run computes where the kernel
     never runs (a GPU, bfloat16)."""
@@ -67,7 +84,7 @@ def check_run(model_cfg: object, device_type: str, dtype: str) -> None:
 
 def load(head_dim: int) -> str:
     """Build (once, cached on disk) and load the kernel for ``head_dim``; returns its op namespace, whose ops
-    ``attn`` and ``attn_backward`` are then registered with torch (fake tensors and autograd included)."""
+    ``attn`` and ``attn_backward`` are then registered with torch (with fake tensors, for torch.compile)."""
     if (problem := head_dim_problem(head_dim)) is not None:
         raise KernelUnavailable(problem)
     with _LOCK:
@@ -80,7 +97,7 @@ def load(head_dim: int) -> str:
 
 
 def _register(namespace: str) -> None:
-    """Fake-tensor shapes (for torch.compile) and the autograd formula of the namespace's ops."""
+    """Fake-tensor shapes of the namespace's ops, for torch.compile."""
 
     def attn_fake(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
         B, H, T, _ = q.shape
@@ -90,25 +107,33 @@ def _register(namespace: str) -> None:
                       ) -> tuple[Tensor, Tensor, Tensor]:
         return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
 
-    def setup_context(ctx, inputs, output) -> None:
-        q, k, v, scale = inputs
-        o, P = output
-        ctx.save_for_backward(q, k, v, o, P)
-        ctx.scale = scale
-
-    def backward(ctx, grad_o: Tensor, grad_P: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        q, k, v, o, P = ctx.saved_tensors
-        ops = getattr(torch.ops, namespace)
-        return (*ops.attn_backward(q, k, v, o, P, grad_o, ctx.scale), None)
-
     torch.library.register_fake(f"{namespace}::attn")(attn_fake)
     torch.library.register_fake(f"{namespace}::attn_backward")(backward_fake)
-    torch.library.register_autograd(f"{namespace}::attn", backward, setup_context=setup_context)
+
+
+class _Attention(torch.autograd.Function):
+    """The ops' autograd. A ``torch.autograd.Function`` rather than a formula registered on the op: inside a
+    compiled graph the op then runs straight from C++, where a registered formula sends each call through
+    Python and its lock (``nn/linear_cpu.py`` measures what that costs)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, scale: float, namespace: str) -> Tensor:
+        o, P = getattr(torch.ops, namespace).attn(q, k, v, scale)
+        ctx.save_for_backward(q, k, v, o, P)
+        ctx.scale, ctx.namespace = scale, namespace
+        return o
+
+    @staticmethod
+    def backward(ctx: Any, grad_o: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
+        if torch.is_grad_enabled():  # create_graph=True: the kernel's gradients are not differentiable
+            raise RuntimeError(f"attn_backend={NAME} computes first derivatives only; use attn_backend=sdpa for "
+                               "gradients of gradients")
+        q, k, v, o, P = ctx.saved_tensors
+        return (*getattr(torch.ops, ctx.namespace).attn_backward(q, k, v, o, P, grad_o, ctx.scale), None, None)
 
 
 def cpu_fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, namespace: str | None = None) -> Tensor:
     """Causal softmax(Q K^T * scale) V for q, k, v (B, H, T, D) float32 CPU tensors (strided views allowed,
     the last dimension contiguous) -> (B, H, T, D); differentiable. ``namespace``: from ``load`` (call it before
     ``torch.compile`` traces the model, which cannot run a build); None loads here."""
-    ops = getattr(torch.ops, namespace or load(q.size(-1)))
-    return ops.attn(q, k, v, scale)[0]
+    return _Attention.apply(q, k, v, scale, namespace or load(q.size(-1)))

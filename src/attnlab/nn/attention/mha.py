@@ -20,6 +20,7 @@ from attnlab.nn.attention import cpu_fused
 from attnlab.nn.attention.kernels import BACKENDS, CPU_FUSED, Backend, sdpa_attention
 from attnlab.nn.attention.reference import attention_probs, causal_mask, combine_masks
 from attnlab.nn.hooks import HookPoint, ScoresPoint
+from attnlab.nn.linear_cpu import linear_layer
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.norms import RMSNorm
 
@@ -120,6 +121,7 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         cross: bool = False,
         d_memory: int | None = None,
         qk_norm: bool = False,
+        linear_backend: str = "torch",
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -133,12 +135,13 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         self.head_dim = d_model // n_heads
         self.dropout, self.backend, self.cross = dropout, backend, cross
         q_dim, kv_dim = n_heads * self.head_dim, n_kv_heads * self.head_dim
+        linear = linear_layer(linear_backend)  # nn.Linear, or its C++ products on CPUs (nn/linear_cpu.py)
         if cross:
-            self.q_proj = nn.Linear(d_model, q_dim, bias=bias)
-            self.kv_proj = nn.Linear(d_memory or d_model, 2 * kv_dim, bias=bias)
+            self.q_proj = linear(d_model, q_dim, bias=bias)
+            self.kv_proj = linear(d_memory or d_model, 2 * kv_dim, bias=bias)
         else:
-            self.qkv_proj = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)  # fused Q, K, V
-        self.out_proj = nn.Linear(q_dim, d_model, bias=bias)
+            self.qkv_proj = linear(d_model, q_dim + 2 * kv_dim, bias=bias)  # fused Q, K, V
+        self.out_proj = linear(q_dim, d_model, bias=bias)
         roles.declare(self, "out_proj.weight", roles.RESIDUAL_OUT)
         self.q_norm = RMSNorm(self.head_dim) if qk_norm else None  # over D, one gain shared by the heads
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else None

@@ -1,0 +1,197 @@
+// The three float32 products of a linear layer without bias on CPUs (linear_backend=cpu-fused):
+//
+//   forward       y  (M, N) = x (M, K) W^T         W (N, K): out_features x in_features
+//   grad input    dx (M, K) = dy (M, N) W
+//   grad weight   dW (N, K) = dy^T x
+//
+// Each is one loop, C (R, S) = sum_k a(r, k) B[k, :], with a(r, k) = A[r * ar + k * ak] read one float at a time
+// and broadcast, and the rows B[k, :] read as vectors:
+//
+//   forward       a = x      (ar = K, ak = 1),  B = W^T (K, N), transposed here in 16 x 16 register tiles
+//   grad input   a = dy     (ar = N, ak = 1),  B = W   (N, K), as it is
+//   grad weight   a = dy^T   (ar = 1, ak = N),  B = x   (M, K), as it is
+//
+// C is computed in tiles of RT rows by 64 columns (RT x 4 vectors of 16 floats held in registers for the whole
+// sum over k: each B vector loaded is used RT times, each a(r, k) 4 times); S must be a multiple of 16 (the
+// last tile of a row may be 16, 32 or 48 wide). Only the forward operand is copied (W^T, N x K floats); BLAS
+// libraries pack both operands into blocks first, which at these sizes (K of 128-512, a few hundred rows)
+// costs them more than it saves: nanoGPT's model spends ~12% of MKL's time in its packing and scaling.
+// Floats are summed over k in order, one accumulator per output, so results differ from a BLAS's in the last
+// bits only.
+//
+// Built by attnlab/nn/linear_cpu.py with -O3 -march=native and -DCK_NS=<op namespace>; GCC's vector
+// extensions give AVX-512 code where the CPU has it, narrower vectors elsewhere.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "cpu_vec.h"  // vf (16 floats), splat, load, store
+
+#ifndef CK_NS
+#error "CK_NS (the op namespace) must be defined"
+#endif
+
+namespace {
+
+constexpr long RT = 6;                  // rows per tile
+constexpr long NV = 4;                  // vectors per tile row: 64 columns
+constexpr long TILE_ROWS_PER_TASK = 8;  // a task of the thread pool: 48 rows by one 64-column panel
+
+// C[r, 0 : 16 V] = sum_{k < Kd} a(r, k) B[k, 0 : 16 V] for r < R
+template <int R, int V>
+inline void tile(const float *A, long ar, long ak, const float *B, long bs, long Kd, float *C, long cs) {
+    vf c[R][V];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) c[r][v] = splat(0.0f);
+    for (long k = 0; k < Kd; k++) {
+        vf b[V];
+        for (int v = 0; v < V; v++) b[v] = load(B + k * bs + v * VW);
+        for (int r = 0; r < R; r++) {
+            const float a = A[r * ar + k * ak];
+            for (int v = 0; v < V; v++) c[r][v] += a * b[v];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) store(C + r * cs + v * VW, c[r][v]);
+}
+
+// the last R < RT rows of a panel: the tile for exactly R rows
+template <int V, int R = RT - 1>
+inline void short_tile(long rows, const float *A, long ar, long ak, const float *B, long bs, long Kd, float *C,
+                       long cs) {
+    if constexpr (R > 0) {
+        if (rows == R) return tile<R, V>(A, ar, ak, B, bs, Kd, C, cs);
+        short_tile<V, R - 1>(rows, A, ar, ak, B, bs, Kd, C, cs);
+    }
+}
+
+// rows r0 .. r1 - 1 of one panel of C, 16 V columns from column j
+template <int V>
+void panel(long r0, long r1, long j, const float *A, long ar, long ak, const float *B, long bs, long Kd, float *C,
+           long cs) {
+    long r = r0;
+    for (; r + RT <= r1; r += RT) tile<RT, V>(A + r * ar, ar, ak, B + j, bs, Kd, C + r * cs + j, cs);
+    if (r < r1) short_tile<V>(r1 - r, A + r * ar, ar, ak, B + j, bs, Kd, C + r * cs + j, cs);
+}
+
+// C (R, S) = sum_k a(r, k) B[k, :]: tasks of up to 48 rows by one panel (64 columns, or the 16-48 left over)
+void product(const float *A, long ar, long ak, const float *B, long bs, long R, long Kd, long S, float *C) {
+    const long rows_per_task = RT * TILE_ROWS_PER_TASK, row_tasks = (R + rows_per_task - 1) / rows_per_task;
+    const long panels = (S + NV * VW - 1) / (NV * VW);
+    at::parallel_for(0, row_tasks * panels, 1, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; t++) {
+            const long p = t / row_tasks, r0 = (t % row_tasks) * rows_per_task;
+            const long r1 = std::min(R, r0 + rows_per_task), j = p * NV * VW, width = std::min(NV * VW, S - j);
+            switch (width / VW) {
+                case 4: panel<4>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S); break;
+                case 3: panel<3>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S); break;
+                case 2: panel<2>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S); break;
+                default: panel<1>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S);
+            }
+        }
+    });
+}
+
+// one step of a 16 x 16 transpose: lanes of rows a and b interleaved in groups of g
+inline void interleave(vf &a, vf &b, int g) {
+    vf lo, hi;
+    switch (g) {
+        case 1:
+            lo = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+            hi = __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+            break;
+        case 2:
+            lo = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+            hi = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+            break;
+        case 4:
+            lo = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+            hi = __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+            break;
+        default:
+            lo = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+            hi = __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+    a = lo, b = hi;
+}
+
+// Wt (K, N) = W (N, K) transposed, N and K multiples of 16: 16 x 16 tiles, each transposed in registers
+void transpose(const float *W, long N, long K, float *Wt) {
+    for (long j0 = 0; j0 < N; j0 += VW)
+        for (long k0 = 0; k0 < K; k0 += VW) {
+            vf t[VW];
+            for (long r = 0; r < VW; r++) t[r] = load(W + (j0 + r) * K + k0);
+            for (int g = 1; g < VW; g *= 2)
+                for (int r = 0; r < VW; r++)
+                    if (!(r & g)) interleave(t[r], t[r + g], g);
+            for (long r = 0; r < VW; r++) store(Wt + (k0 + r) * N + j0, t[r]);
+        }
+}
+
+void check(const at::Tensor &t, const char *name) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 2,
+                "cpu-fused linear: ", name, " must be a 2-D float32 CPU tensor, got ", t.scalar_type(), " ",
+                t.sizes());
+}
+
+void check_width(long width, const char *name) {
+    TORCH_CHECK(width % VW == 0, "cpu-fused linear: ", name, " (", width, ") must be a multiple of ", VW);
+}
+
+// y = x W^T: x (M, K), W (N, K) -> (M, N)
+at::Tensor linear(const at::Tensor &x_, const at::Tensor &w_) {
+    check(x_, "x"), check(w_, "weight");
+    TORCH_CHECK(x_.size(1) == w_.size(1), "cpu-fused linear: x ", x_.sizes(), " and weight ", w_.sizes(), " differ in K");
+    const auto x = x_.contiguous(), w = w_.contiguous();
+    const long M = x.size(0), K = x.size(1), N = w.size(0);
+    check_width(N, "out_features"), check_width(K, "in_features");
+    auto y = at::empty({M, N}, x.options());
+    if (M == 0) return y;
+    auto wt = at::empty({K, N}, x.options());
+    transpose(w.data_ptr<float>(), N, K, wt.data_ptr<float>());
+    product(x.data_ptr<float>(), K, 1, wt.data_ptr<float>(), N, M, K, N, y.data_ptr<float>());
+    return y;
+}
+
+// dx = dy W: dy (M, N), W (N, K) -> (M, K)
+at::Tensor linear_grad_input(const at::Tensor &g_, const at::Tensor &w_) {
+    check(g_, "grad"), check(w_, "weight");
+    TORCH_CHECK(g_.size(1) == w_.size(0), "cpu-fused linear: grad ", g_.sizes(), " and weight ", w_.sizes(), " differ in N");
+    const auto g = g_.contiguous(), w = w_.contiguous();
+    const long M = g.size(0), N = g.size(1), K = w.size(1);
+    check_width(K, "in_features");
+    auto dx = at::empty({M, K}, g.options());
+    if (M == 0) return dx;
+    product(g.data_ptr<float>(), N, 1, w.data_ptr<float>(), K, M, N, K, dx.data_ptr<float>());
+    return dx;
+}
+
+// dW = dy^T x: dy (M, N), x (M, K) -> (N, K)
+at::Tensor linear_grad_weight(const at::Tensor &g_, const at::Tensor &x_) {
+    check(g_, "grad"), check(x_, "x");
+    TORCH_CHECK(g_.size(0) == x_.size(0), "cpu-fused linear: grad ", g_.sizes(), " and x ", x_.sizes(), " differ in M");
+    const auto g = g_.contiguous(), x = x_.contiguous();
+    const long M = g.size(0), N = g.size(1), K = x.size(1);
+    check_width(K, "in_features");
+    if (M == 0) return at::zeros({N, K}, g.options());
+    auto dw = at::empty({N, K}, g.options());
+    product(g.data_ptr<float>(), 1, N, x.data_ptr<float>(), K, N, M, K, dw.data_ptr<float>());
+    return dw;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(CK_NS, m) {
+    m.def("linear(Tensor x, Tensor weight) -> Tensor");
+    m.def("linear_grad_input(Tensor grad, Tensor weight) -> Tensor");
+    m.def("linear_grad_weight(Tensor grad, Tensor x) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(CK_NS, CPU, m) {
+    m.impl("linear", &linear);
+    m.impl("linear_grad_input", &linear_grad_input);
+    m.impl("linear_grad_weight", &linear_grad_weight);
+}

@@ -1,0 +1,128 @@
+"""A linear layer whose float32 products run in attnlab's C++ kernel on CPUs (``linear_backend=cpu-fused``).
+
+    y = x W^T (+ b),   dx = dy W,   dW = dy^T x (,  db = sum of dy over rows)
+
+x (..., K) -> y (..., N) with W (N, K), as ``nn.Linear``; the same parameters, names and initialisation, so a
+checkpoint moves between the two backends unchanged. ``linear_cpu.cpp`` computes the three products (its header
+says how); at the sizes of the small models trained on a laptop (K and N of 128-512, a few hundred rows per
+call) it beats MKL because it does not pack its operands into blocks first. In nanoGPT's model, one half of
+``batch_threads=2``'s batch (6 x 64 tokens) on one thread, it saved ~1.3-1.7 ms of a ~27-ms forward and backward
+pass (``docs/speedrun.md``).
+
+Where it applies: float32 CPU tensors, in_features and out_features multiples of 16, autocast off; anything else
+(a model moved to a GPU, bfloat16, a 65-wide head) computes through ``F.linear``, the same function. The kernels
+are called through a ``torch.autograd.Function`` rather than an autograd formula registered on the op: inside a
+compiled graph the op then runs straight from C++, where a registered formula sends every call through Python
+(and its lock, which ``batch_threads``' two threads share). Gradients of gradients (``create_graph=True``) are
+computed by torch's products, so they are right too.
+
+Building: ``nn/cpp_build.py`` (g++ with ``-O3 -march=native``), ~10 s once per torch version and CPU, kept in the
+cache folder. No compiler, or a failed build, raises ``KernelUnavailable`` with the reason in one line.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.nn.cpp_build import build_and_load
+
+SOURCE = Path(__file__).with_name("linear_cpu.cpp")
+NAME = "cpu-fused"
+BACKENDS: tuple[str, ...] = ("torch", NAME)
+WIDTH = 16  # in_features and out_features must be multiples of this (the kernel's vector width in floats)
+_LOCK = threading.Lock()
+_LOADED: list[str] = []  # the op namespace, once built and registered
+
+
+def load() -> str:
+    """Build (once, cached on disk) and load the kernel; returns its op namespace, whose ops ``linear`` (x, W ->
+    x W^T), ``linear_grad_input`` (dy, W -> dy W) and ``linear_grad_weight`` (dy, x -> dy^T x) are then
+    registered with torch (with fake tensors, for torch.compile)."""
+    with _LOCK:
+        if not _LOADED:
+            namespace = build_and_load(SOURCE, "attnlab_linear_cpu", f"{NAME} linear", "linear_backend=torch")
+            _register(namespace)
+            _LOADED.append(namespace)
+        return _LOADED[0]
+
+
+def _register(namespace: str) -> None:
+    """The ops' output shapes, for tracing."""
+
+    def linear_fake(x: Tensor, weight: Tensor) -> Tensor:
+        return x.new_empty(x.shape[0], weight.shape[0])
+
+    def grad_input_fake(grad: Tensor, weight: Tensor) -> Tensor:
+        return grad.new_empty(grad.shape[0], weight.shape[1])
+
+    def grad_weight_fake(grad: Tensor, x: Tensor) -> Tensor:
+        return grad.new_empty(grad.shape[1], x.shape[1])
+
+    torch.library.register_fake(f"{namespace}::linear")(linear_fake)
+    torch.library.register_fake(f"{namespace}::linear_grad_input")(grad_input_fake)
+    torch.library.register_fake(f"{namespace}::linear_grad_weight")(grad_weight_fake)
+
+
+def supports(x: Tensor, weight: Tensor) -> bool:
+    """Whether the kernel computes x W^T: float32 CPU tensors, both widths multiples of 16, autocast off."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and weight.device.type == "cpu" and weight.shape[0] % WIDTH == 0 and weight.shape[1] % WIDTH == 0
+            and not torch.is_autocast_enabled("cpu"))
+
+
+class _Linear(torch.autograd.Function):
+    """x (M, K), W (N, K) -> x W^T (M, N) through the kernel; the backward pass through the kernel too, or
+    through torch's products where it must itself be differentiable."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, namespace: str) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.namespace = namespace
+        return getattr(torch.ops, namespace).linear(x, weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        x, weight = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if torch.is_grad_enabled():  # create_graph=True: the gradients must be differentiable themselves
+            return (grad @ weight if need_x else None), (grad.t() @ x if need_w else None), None
+        ops = getattr(torch.ops, ctx.namespace)
+        grad = grad.contiguous()
+        return (ops.linear_grad_input(grad, weight) if need_x else None,
+                ops.linear_grad_weight(grad, x) if need_w else None, None)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, namespace: str | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``: x (..., K) -> (..., N), through the kernel where ``supports`` says so.
+    ``namespace``: from ``load`` (call it before ``torch.compile`` traces the model, which cannot run a build);
+    None loads here."""
+    if not supports(x, weight):
+        return F.linear(x, weight, bias)
+    y = _Linear.apply(x.reshape(-1, x.shape[-1]), weight, namespace or load())
+    y = y.view(*x.shape[:-1], weight.shape[0])
+    return y if bias is None else y + bias
+
+
+class CPULinear(nn.Linear):
+    """``nn.Linear`` (same parameters, initialisation and state-dict keys) whose products run in the C++ kernel
+    where it applies (``supports``), through ``F.linear`` elsewhere. The kernel is built at construction."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs: Any) -> None:
+        super().__init__(in_features, out_features, bias=bias, **kwargs)
+        self.namespace = load()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias, self.namespace)
+
+
+def linear_layer(backend: str) -> type[nn.Linear]:
+    """The linear layer class for ``linear_backend``: ``nn.Linear`` ("torch") or ``CPULinear`` ("cpu-fused")."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown linear_backend {backend!r}; choose one of {BACKENDS}")
+    return CPULinear if backend == NAME else nn.Linear

@@ -1,0 +1,201 @@
+"""linear_backend=cpu-fused (nn/linear_cpu.py): a linear layer's three float32 products in attnlab's C++ kernel.
+Against float64 products, as close as torch's float32 products, for every tile shape the kernel has (rows not a
+multiple of its 6-row tiles, widths of 16-48 past its 64-column panels, one row, none); the same numbers on one
+thread and two; gradients of gradients right; every call it does not cover goes through F.linear; in a GPT, eager
+and compiled, the losses and gradients of linear_backend=torch, with the kernel's ops called from the compiled
+graphs; what it can never serve is refused before training."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.core.errors import ConfigError
+from attnlab.models import GPTConfig, build_model
+from attnlab.nn import cpp_build, linear_cpu
+from attnlab.nn.cpu_kernels import check_run, without_kernels
+
+
+def _products(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, layer) -> tuple[torch.Tensor, ...]:
+    """y = layer(x, w), and dx, dW for the upstream gradient g."""
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    y = layer(x, w)
+    y.backward(g)
+    return y.detach(), x.grad, w.grad
+
+
+def _error(ours: torch.Tensor, exact: torch.Tensor) -> float:
+    return ((ours.double() - exact).abs().max() / exact.abs().max()).item()
+
+
+@pytest.mark.parametrize("shape", [(384, 128, 384), (384, 512, 128), (100, 128, 112), (7, 16, 48), (1, 32, 16),
+                                   (13, 80, 208), (6, 64, 64)], ids=str)
+def test_products_are_as_close_to_float64_as_torchs(shape):
+    """(M, K, N): forward x W^T, dx = dy W and dW = dy^T x within 4x of torch's own float32 error, and 1e-5."""
+    M, K, N = shape
+    torch.manual_seed(M + K + N)
+    x, w, g = torch.randn(M, K, dtype=torch.float64), torch.randn(N, K, dtype=torch.float64), \
+        torch.randn(M, N, dtype=torch.float64)
+    exact = _products(x, w, g, F.linear)
+    stock = _products(x.float(), w.float(), g.float(), F.linear)
+    ours = _products(x.float(), w.float(), g.float(), linear_cpu.linear)
+    for o, s, e in zip(ours, stock, exact):
+        assert _error(o, e) <= max(4 * _error(s, e), 1e-6) and _error(o, e) < 1e-5
+
+
+def test_no_rows_and_leading_dimensions_and_strided_inputs():
+    w = torch.randn(32, 48, requires_grad=True)
+    y = linear_cpu.linear(torch.zeros(0, 48), w)
+    y.sum().backward()
+    assert y.shape == (0, 32) and torch.equal(w.grad, torch.zeros(32, 48))
+    x = torch.randn(2, 48, 5).transpose(1, 2)  # (2, 5, 48), not contiguous
+    b = torch.randn(32)
+    assert torch.allclose(linear_cpu.linear(x, w, b), F.linear(x, w, b), atol=1e-5)
+
+
+def test_one_thread_and_two_give_the_same_numbers():
+    """The kernel splits C into tasks; each output is summed by one task in the same order whatever the threads."""
+    torch.manual_seed(0)
+    x, w, g = torch.randn(300, 128), torch.randn(192, 128), torch.randn(300, 192)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(_products(x, w, g, linear_cpu.linear))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_gradients_of_gradients_are_torchs():
+    """create_graph=True (a gradient penalty): the backward pass goes through torch's products, so the second
+    derivatives are right, not a constant's."""
+    torch.manual_seed(0)
+    x, w = torch.randn(10, 32, requires_grad=True), torch.randn(16, 32, requires_grad=True)
+    results = []
+    for layer in (F.linear, linear_cpu.linear):
+        (dx,) = torch.autograd.grad(torch.tanh(layer(x, w)).sum(), x, create_graph=True)
+        results.append(torch.autograd.grad(dx.pow(2).sum(), w))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-5)
+
+
+def test_only_the_gradients_asked_for():
+    """A frozen weight gets no gradient, an input that needs none gets none (ctx.needs_input_grad)."""
+    layer = linear_cpu.CPULinear(32, 16, bias=False).requires_grad_(False)
+    x = torch.randn(4, 32, requires_grad=True)
+    layer(x).sum().backward()
+    assert layer.weight.grad is None and torch.allclose(x.grad, layer.weight.sum(0).expand(4, 32), atol=1e-6)
+    layer.requires_grad_(True)
+    layer(torch.randn(4, 32)).sum().backward()
+    assert layer.weight.grad is not None
+
+
+def test_calls_it_does_not_cover_go_through_torch():
+    """Widths not multiples of 16, float64, bfloat16 autocast: F.linear's numbers exactly."""
+    torch.manual_seed(0)
+    for layer, x in [(linear_cpu.CPULinear(32, 65), torch.randn(3, 32)),
+                     (linear_cpu.CPULinear(40, 16), torch.randn(3, 40)),
+                     (linear_cpu.CPULinear(32, 16).double(), torch.randn(3, 32, dtype=torch.float64))]:
+        assert not linear_cpu.supports(x, layer.weight)
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    layer, x = linear_cpu.CPULinear(32, 16), torch.randn(3, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not linear_cpu.supports(x, layer.weight)
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_the_ops_refuse_widths_they_cannot_compute_and_their_fakes_pass_torchs_checks():
+    ops = getattr(torch.ops, linear_cpu.load())
+    with pytest.raises(RuntimeError, match=r"out_features \(40\) must be a multiple of 16"):
+        ops.linear(torch.randn(3, 32), torch.randn(40, 32))
+    with pytest.raises(RuntimeError, match="must be a 2-D float32 CPU tensor"):
+        ops.linear(torch.randn(3, 32, dtype=torch.float64), torch.randn(16, 32))
+    x, w, g = torch.randn(5, 32), torch.randn(16, 32), torch.randn(5, 16)
+    for op, args in [(ops.linear, (x, w)), (ops.linear_grad_input, (g, w)), (ops.linear_grad_weight, (g, x))]:
+        assert set(torch.library.opcheck(op.default, args).values()) <= {"SUCCESS", "SKIP"}
+
+
+def _pair(**extra):
+    cfg = {**dict(vocab_size=50, block_size=32, n_layer=2, n_head=2, d_model=64, dropout=0.0, bias=False), **extra}
+    torch.manual_seed(0)
+    stock = build_model(GPTConfig(**cfg, linear_backend="torch"))
+    fused = build_model(GPTConfig(**cfg, linear_backend="cpu-fused"))
+    fused.load_state_dict(stock.state_dict())  # the same parameters under the same names
+    return stock, fused
+
+
+@pytest.mark.parametrize("extra", [{}, {"bias": True, "attn_backend": "cpu-fused", "act_backend": "cpu-fused"}],
+                         ids=["plain", "bias-and-the-other-kernels"])
+def test_gpt_trains_the_same_eager_and_compiled(extra):
+    from attnlab.training.compiling import compile_forward
+
+    stock, fused = _pair(**extra)
+    assert isinstance(fused.blocks[0].mixer.qkv_proj, linear_cpu.CPULinear)
+    assert type(stock.blocks[0].mixer.qkv_proj) is nn.Linear
+    assert stock.state_dict().keys() == fused.state_dict().keys()
+    x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
+    results = []
+    for forward, model in [(stock, stock), (fused, fused), (compile_forward(fused, "cpu"), fused)]:
+        loss = forward(idx=x, targets=y).loss
+        results.append((loss.item(), torch.autograd.grad(loss, list(model.parameters()))))
+    for loss, grads in results[1:]:
+        assert abs(loss - results[0][0]) < 1e-5
+        assert max((a - b).abs().max().item() for a, b in zip(grads, results[0][1])) < 1e-5
+
+
+def test_a_compiled_step_calls_the_kernel_in_both_passes():
+    """Inside the compiled graphs the products are the kernel's ops (forward, grad input, grad weight), called
+    from C++: none of the model's block products is left to aten::mm."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnlab.training.compiling import compile_forward
+
+    _, fused = _pair()
+    forward = compile_forward(fused, "cpu")
+    x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
+    forward(idx=x, targets=y).loss.backward()  # compiled outside the profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        forward(idx=x, targets=y).loss.backward()
+    names = [e.name for e in prof.events()]
+    ns = linear_cpu.load()
+    counts = {op: names.count(f"{ns}::{op}") for op in ("linear", "linear_grad_input", "linear_grad_weight")}
+    assert counts == {"linear": 8, "linear_grad_input": 8, "linear_grad_weight": 8}  # 4 products x 2 blocks
+
+
+def test_what_it_cannot_serve_is_refused_before_training():
+    with pytest.raises(ConfigError, match="linear_backend=cpu-fused needs d_model a multiple of 16, got 40"):
+        GPTConfig(vocab_size=50, d_model=40, n_head=2, linear_backend="cpu-fused").validate()
+    cfg = GPTConfig(vocab_size=50, linear_backend="cpu-fused")
+    with pytest.raises(ConfigError, match="linear_backend=cpu-fused is a float32 CPU kernel; this run is bfloat16"):
+        check_run(cfg, "cpu", "bfloat16")
+    check_run(cfg, "cpu", "float32")
+    assert without_kernels(cfg).linear_backend == "torch"
+    with pytest.raises(ValueError, match="unknown linear_backend 'mkl'"):
+        linear_cpu.linear_layer("mkl")
+
+
+def test_no_compiler_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    monkeypatch.setattr(linear_cpu, "_LOADED", [])
+    with pytest.raises(cpp_build.KernelUnavailable, match=r"needs a C\+\+ compiler: '/nonexistent/g\+\+'.*"
+                       r"linear_backend=torch"):
+        linear_cpu.load()
+
+
+def test_a_saved_model_loads_without_a_compiler(tmp_path, monkeypatch, capsys):
+    from attnlab.models.registry import from_pretrained
+
+    _, model = _pair()
+    model.eval().save_pretrained(tmp_path)
+    x = torch.randint(0, 50, (2, 32))
+    with torch.no_grad():
+        expected = model(idx=x).logits
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    monkeypatch.setattr(linear_cpu, "_LOADED", [])
+    loaded = from_pretrained(tmp_path)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "torch's implementation" in line]
+    assert len(lines) == 1 and "needs a C++ compiler" in lines[0]
+    assert loaded.config.linear_backend == "torch"
+    with torch.no_grad():
+        assert (loaded(idx=x).logits - expected).abs().max().item() < 1e-5
