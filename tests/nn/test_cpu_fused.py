@@ -65,16 +65,26 @@ def test_two_threads_give_the_same_numbers():
 
 
 def test_other_scale_and_fake_tensors():
-    """The scale is the caller's; the op's fake (meta) implementation and autograd pass torch's own checks,
-    which torch.compile relies on."""
+    """The scale is the caller's; the op's fake (meta) implementation passes torch's own checks, which
+    torch.compile relies on (its autograd is ``cpu_fused._Attention``'s, compared with torch's above)."""
     qkv, grad = _heads(2, 20, 2)
     ref = _attention(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5), qkv, grad)
     ours = _attention(lambda q, k, v: cpu_fused.cpu_fused_attention(q, k, v, 0.5), qkv, grad)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(ours, ref))
     op = getattr(torch.ops, cpu_fused.load(D)).attn.default
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    q, k, v = qkv.detach().permute(2, 0, 3, 1, 4).unbind(0)
     result = torch.library.opcheck(op, (q, k, v, D ** -0.5))
     assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_second_derivatives_are_refused():
+    """P is kept as a constant, so a gradient of a gradient would be wrong: it is an error instead."""
+    qkv, _ = _heads(1, 8, 2)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    with pytest.raises(RuntimeError, match="first derivatives only; use attn_backend=sdpa"):
+        torch.autograd.grad(cpu_fused.cpu_fused_attention(q, k, v, 0.5).sum(), qkv, create_graph=True)
+    (first,) = torch.autograd.grad(cpu_fused.cpu_fused_attention(q, k, v, 0.5).sum(), qkv)
+    assert first.shape == qkv.shape
 
 
 def _pair(**extra):
