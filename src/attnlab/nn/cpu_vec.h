@@ -1,12 +1,12 @@
 // Vectors of 16 floats for attnlab's C++ CPU kernels (GCC/Clang vector extensions: AVX-512 code where the CPU
-// has it, narrower vectors elsewhere), and e^x for x <= 0.
+// has it, narrower vectors elsewhere), e^x for x <= 0, and transposes in 16 x 16 register tiles.
 //
 //   e^x = 2^n e^r,  x = n ln2 + r (Cody-Waite: ln2 in two parts), |r| <= ln2/2,
 //   e^r by its Taylor polynomial of degree 6 (relative error ~1e-7, like the float32 exp); 2^n from its bits.
 //   x is clamped at -87 (e^-87 ~ 1.6e-38, the smallest normal float's order), so the result is never subnormal.
 //
-// Included by nn/attention/cpu_fused.cpp, nn/gelu_cpu.cpp and training/cpu_step.cpp; nn/cpp_build.py keys their
-// builds on this file's text too.
+// Included by nn/attention/cpu_fused.cpp, nn/gelu_cpu.cpp, nn/linear_cpu.cpp and training/cpu_step.cpp;
+// nn/cpp_build.py keys their builds on this file's text too.
 
 #pragma once
 
@@ -36,6 +36,49 @@ inline vf exp_nonpositive(vf x) {
     vf scale;
     std::memcpy(&scale, &bits, sizeof scale);
     return p * scale;
+}
+
+// one step of a 16 x 16 transpose: lanes of rows a and b interleaved in groups of G
+template <int G>
+inline void interleave(vf &a, vf &b) {
+    vf lo, hi;
+    if constexpr (G == 1) {
+        lo = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+        hi = __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    } else if constexpr (G == 2) {
+        lo = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+        hi = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    } else if constexpr (G == 4) {
+        lo = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+        hi = __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    } else {
+        lo = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+        hi = __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+    a = lo, b = hi;
+}
+
+// a step of transposing 16 rows of 16 floats in registers (G = 1, 2, 4, 8, in turn): rows r and r + G swap
+// their off-diagonal G-groups, for every r with bit G clear
+template <int G>
+inline void transpose_step(vf (&t)[VW]) {
+#pragma GCC unroll 16
+    for (int r = 0; r < VW; r++)
+        if (!(r & G)) interleave<G>(t[r], t[r + G]);
+}
+
+// Xt (C, RP) = the R rows of X (C floats each, rows xs floats apart) transposed, zero-padded to RP columns;
+// C and RP multiples of 16: 16 x 16 tiles, each transposed in registers
+inline void transpose_rows(const float *X, long xs, long R, long RP, long C, float *Xt) {
+    for (long j0 = 0; j0 < RP; j0 += VW)
+        for (long c0 = 0; c0 < C; c0 += VW) {
+            vf t[VW];
+#pragma GCC unroll 16
+            for (long r = 0; r < VW; r++) t[r] = j0 + r < R ? load(X + (j0 + r) * xs + c0) : splat(0.0f);
+            transpose_step<1>(t), transpose_step<2>(t), transpose_step<4>(t), transpose_step<8>(t);
+#pragma GCC unroll 16
+            for (long r = 0; r < VW; r++) store(Xt + (c0 + r) * RP + j0, t[r]);
+        }
 }
 
 }  // namespace

@@ -28,7 +28,7 @@
 
 #include <algorithm>
 
-#include "cpu_vec.h"  // vf (16 floats), splat, load, store
+#include "cpu_vec.h"  // vf (16 floats), splat, load, store, transpose_rows
 
 #ifndef CK_NS
 #error "CK_NS (the op namespace) must be defined"
@@ -95,42 +95,6 @@ void product(const float *A, long ar, long ak, const float *B, long bs, long R, 
     });
 }
 
-// one step of a 16 x 16 transpose: lanes of rows a and b interleaved in groups of g
-inline void interleave(vf &a, vf &b, int g) {
-    vf lo, hi;
-    switch (g) {
-        case 1:
-            lo = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-            hi = __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-            break;
-        case 2:
-            lo = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-            hi = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-            break;
-        case 4:
-            lo = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-            hi = __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-            break;
-        default:
-            lo = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-            hi = __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    }
-    a = lo, b = hi;
-}
-
-// Wt (K, N) = W (N, K) transposed, N and K multiples of 16: 16 x 16 tiles, each transposed in registers
-void transpose(const float *W, long N, long K, float *Wt) {
-    for (long j0 = 0; j0 < N; j0 += VW)
-        for (long k0 = 0; k0 < K; k0 += VW) {
-            vf t[VW];
-            for (long r = 0; r < VW; r++) t[r] = load(W + (j0 + r) * K + k0);
-            for (int g = 1; g < VW; g *= 2)
-                for (int r = 0; r < VW; r++)
-                    if (!(r & g)) interleave(t[r], t[r + g], g);
-            for (long r = 0; r < VW; r++) store(Wt + (k0 + r) * N + j0, t[r]);
-        }
-}
-
 void check(const at::Tensor &t, const char *name) {
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 2,
                 "cpu-fused linear: ", name, " must be a 2-D float32 CPU tensor, got ", t.scalar_type(), " ",
@@ -151,7 +115,7 @@ at::Tensor linear(const at::Tensor &x_, const at::Tensor &w_) {
     auto y = at::empty({M, N}, x.options());
     if (M == 0) return y;
     auto wt = at::empty({K, N}, x.options());
-    transpose(w.data_ptr<float>(), N, K, wt.data_ptr<float>());
+    transpose_rows(w.data_ptr<float>(), K, N, N, K, wt.data_ptr<float>());  // W^T (K, N)
     product(x.data_ptr<float>(), K, 1, wt.data_ptr<float>(), N, M, K, N, y.data_ptr<float>());
     return y;
 }

@@ -31,7 +31,7 @@
 #include <cstring>
 #include <memory>
 
-#include "../cpu_vec.h"  // vf (16 floats), splat, load, store, exp_nonpositive
+#include "../cpu_vec.h"  // vf (16 floats), splat, load, store, exp_nonpositive, transpose_rows
 
 #ifndef CK_HD
 #error "CK_HD (the head dimension) must be defined"
@@ -113,50 +113,13 @@ inline void weighted_block(long R, const float *w, long wr, long wc, const float
     for (long u = 0; u < R; u++) weighted_rows<1>(w + u * wr, wr, wc, M, ms, j0, j1, out + u * os, os);
 }
 
-// one step of a 16 x 16 transpose: lanes of rows a and b interleaved in groups of g
-inline void interleave(vf &a, vf &b, int g) {
-    vf lo, hi;
-    switch (g) {
-        case 1:
-            lo = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-            hi = __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-            break;
-        case 2:
-            lo = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-            hi = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-            break;
-        case 4:
-            lo = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-            hi = __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-            break;
-        default:
-            lo = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-            hi = __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    }
-    a = lo, b = hi;
-}
-
-// Xt (CK_HD, TP) = the T rows of X transposed, zero-padded to TP columns: 16 x 16 tiles, each transposed in
-// registers (rows r and r + g swap their off-diagonal g-groups, g = 1, 2, 4, 8)
-void transpose_padded(const float *X, long xs, long T, long TP, float *Xt) {
-    for (long j0 = 0; j0 < TP; j0 += VW)
-        for (long d0 = 0; d0 < CK_HD; d0 += VW) {
-            vf t[VW];
-            for (long r = 0; r < VW; r++) t[r] = j0 + r < T ? load(X + (j0 + r) * xs + d0) : splat(0.0f);
-            for (int g = 1; g < VW; g *= 2)
-                for (int r = 0; r < VW; r++)
-                    if (!(r & g)) interleave(t[r], t[r + g], g);
-            for (long r = 0; r < VW; r++) store(Xt + (d0 + r) * TP + j0, t[r]);
-        }
-}
-
 struct Rows {  // one head's rows: base pointer and row stride
     const float *p;
     long s;
 };
 
 void forward_head(Rows Q, Rows K, Rows V, float *O, long os, float *P, long T, long TP, float scale, float *kt) {
-    transpose_padded(K.p, K.s, T, TP, kt);
+    transpose_rows(K.p, K.s, T, TP, CK_HD, kt);  // K^T (CK_HD, TP), zero-padded
     for (long i0 = 0; i0 < T; i0 += RB) {
         long R = T - i0 < RB ? T - i0 : RB;
         long nb = (i0 + R - 1) / VW + 1;  // key blocks holding keys 0 .. i0 + R - 1 (the same for all R rows)
@@ -193,7 +156,7 @@ void forward_head(Rows Q, Rows K, Rows V, float *O, long os, float *P, long T, l
 
 void backward_head(Rows Q, Rows K, Rows V, Rows O, const float *P, Rows G, float *dQ, float *dK, float *dV, long ds,
                    long T, long TP, float scale, float *vt, float *dS) {
-    transpose_padded(V.p, V.s, T, TP, vt);
+    transpose_rows(V.p, V.s, T, TP, CK_HD, vt);  // V^T (CK_HD, TP), zero-padded
     for (long i0 = 0; i0 < T; i0 += RB) {
         long R = T - i0 < RB ? T - i0 : RB;
         long nb = (i0 + R - 1) / VW + 1;
