@@ -148,7 +148,7 @@ def test_a_bidirectional_family_is_refused():
                                       attn_backend="cpu-fused")).validate()
 
 
-@pytest.mark.parametrize("option", ["attn_backend", "act_backend"])  # attention's kernel, and GELU's (gelu_cpu.py)
+@pytest.mark.parametrize("option", ["attn_backend", "act_backend", "linear_backend"])  # attention, GELU, linear layers
 def test_a_bfloat16_run_is_refused_before_training(tmp_path, option):
     corpus = write_corpus(tmp_path / "corpus.txt")
     with pytest.raises(ConfigError, match=f"{option}=cpu-fused is a float32 CPU kernel; this run is bfloat16 on cpu"):

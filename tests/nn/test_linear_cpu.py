@@ -5,6 +5,8 @@ thread and two; gradients of gradients right; every call it does not cover goes 
 and compiled, the losses and gradients of linear_backend=torch, with the kernel's ops called from the compiled
 graphs; what it can never serve is refused before training."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -199,3 +201,23 @@ def test_a_saved_model_loads_without_a_compiler(tmp_path, monkeypatch, capsys):
     assert loaded.config.linear_backend == "torch"
     with torch.no_grad():
         assert (loaded(idx=x).logits - expected).abs().max().item() < 1e-5
+
+
+def test_a_run_trains_with_it_and_its_model_reloads(tmp_path):
+    """``attnlab train ... linear_backend=cpu-fused batch_threads=2``: the Trainer builds the kernel's layers, trains
+    on both threads, and the run's checkpoint reloads with the same layers and numbers."""
+    from attnlab.models.registry import from_pretrained
+    from attnlab.training.trainer import Trainer
+    from tests.helpers import tiny_config, write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="lin", max_iters=6, eval_interval=6, batch_threads=2, threads=2,
+                                  linear_backend="cpu-fused"))
+    assert isinstance(trainer.model.blocks[0].ffn.fc_in, linear_cpu.CPULinear)
+    result = trainer.train()
+    assert result.step == 6 and result.val_loss is not None and math.isfinite(result.val_loss)
+    loaded = from_pretrained(result.run_dir)
+    assert isinstance(loaded.blocks[0].mixer.qkv_proj, linear_cpu.CPULinear)
+    x = torch.randint(0, loaded.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(idx=x).logits, trainer.plain_model().eval()(idx=x).logits)
