@@ -211,8 +211,8 @@ def test_a_run_trains_with_it_and_its_model_reloads(tmp_path):
     from tests.helpers import tiny_config, write_corpus
 
     corpus = write_corpus(tmp_path / "corpus.txt")
-    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="lin", max_iters=6, eval_interval=6, batch_threads=2, threads=2,
-                                  linear_backend="cpu-fused"))
+    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="lin", max_iters=6, eval_interval=6, batch_threads=2,
+                                  threads=2, linear_backend="cpu-fused"))
     assert isinstance(trainer.model.blocks[0].ffn.fc_in, linear_cpu.CPULinear)
     result = trainer.train()
     assert result.step == 6 and result.val_loss is not None and math.isfinite(result.val_loss)
