@@ -221,3 +221,70 @@ def test_a_run_trains_with_it_and_its_model_reloads(tmp_path):
     x = torch.randint(0, loaded.config.vocab_size, (2, 16))
     with torch.no_grad():
         assert torch.equal(loaded.eval()(idx=x).logits, trainer.plain_model().eval()(idx=x).logits)
+
+
+@pytest.mark.parametrize("shape", [(384, 128, 512), (7, 32, 48), (13, 64, 80)], ids=str)
+def test_linear_gelu_is_gelu_of_the_linear_layer(shape):
+    """One pass (GELU applied to each tile in registers): against float64 GELU(x W^T), forward and backward, as
+    close as the products alone; and the same numbers, bit for bit, as the kernel's product followed by GELU's."""
+    from attnlab.nn import gelu_cpu
+
+    M, K, N = shape
+    torch.manual_seed(M)
+    x, w, g = torch.randn(M, K, dtype=torch.float64), torch.randn(N, K, dtype=torch.float64) * 0.1, \
+        torch.randn(M, N, dtype=torch.float64)
+    exact = _products(x, w, g, lambda a, b: F.gelu(F.linear(a, b)))
+    ours = _products(x.float(), w.float(), g.float(), linear_cpu.linear_gelu)
+    assert all(_error(o, e) < 2e-6 for o, e in zip(ours, exact))
+    two_passes = _products(x.float(), w.float(), g.float(), lambda a, b: gelu_cpu.gelu(linear_cpu.linear(a, b)))
+    assert all(torch.equal(a, b) for a, b in zip(ours, two_passes))
+    with pytest.raises(RuntimeError, match="first derivatives only"):
+        xg = x.float().requires_grad_()
+        torch.autograd.grad(linear_cpu.linear_gelu(xg, w.float()).sum(), xg, create_graph=True)
+
+
+def test_the_ffn_fuses_only_where_nothing_is_skipped():
+    """With both kernels an FFN computes x W_1 and GELU in one pass; with a bias, or a hook on fc_in (which the
+    fused pass would not call), it computes them one after the other: the same outputs every way."""
+    from attnlab.nn.ffn import FeedForward
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32)
+    fused = FeedForward(32, 64, bias=False, act_backend="cpu-fused", linear_backend="cpu-fused")
+    stock = FeedForward(32, 64, bias=False)
+    stock.load_state_dict(fused.state_dict())
+    calls = []
+    original = linear_cpu.linear_gelu
+    try:
+        linear_cpu.linear_gelu = lambda *a, **k: calls.append(1) or original(*a, **k)
+        assert torch.allclose(fused(x), stock(x), atol=1e-5) and len(calls) == 1
+        seen = []
+        handle = fused.fc_in.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+        assert torch.allclose(fused(x), stock(x), atol=1e-5) and len(calls) == 1 and seen == [(2, 5, 64)]
+        handle.remove()
+        biased = FeedForward(32, 64, bias=True, act_backend="cpu-fused", linear_backend="cpu-fused")
+        biased(x)
+        assert len(calls) == 1
+    finally:
+        linear_cpu.linear_gelu = original
+
+
+def test_a_compiled_ffn_calls_the_fused_op():
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnlab.training.compiling import compile_forward
+
+    stock, fused = _pair(act_backend="cpu-fused")
+    forward = compile_forward(fused, "cpu")
+    x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
+    expected = stock(idx=x, targets=y).loss
+    forward(idx=x, targets=y).loss.backward()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss = forward(idx=x, targets=y).loss
+        loss.backward()
+    assert abs(loss.item() - expected.item()) < 1e-5
+    names = [e.name for e in prof.events()]
+    ns = linear_cpu.load()
+    counts = {op: names.count(f"{ns}::{op}") for op in ("linear", "linear_gelu", "linear_grad_input",
+                                                         "linear_grad_weight")}
+    assert counts == {"linear": 6, "linear_gelu": 2, "linear_grad_input": 8, "linear_grad_weight": 8}

@@ -1,5 +1,6 @@
 // Vectors of 16 floats for attnlab's C++ CPU kernels (GCC/Clang vector extensions: AVX-512 code where the CPU
-// has it, narrower vectors elsewhere), e^x for x <= 0, and transposes in 16 x 16 register tiles.
+// has it, narrower vectors elsewhere), e^x for x <= 0, the exact GELU with its slope, and transposes in
+// 16 x 16 register tiles.
 //
 //   e^x = 2^n e^r,  x = n ln2 + r (Cody-Waite: ln2 in two parts), |r| <= ln2/2,
 //   e^r by its Taylor polynomial of degree 6 (relative error ~1e-7, like the float32 exp); 2^n from its bits.
@@ -36,6 +37,20 @@ inline vf exp_nonpositive(vf x) {
     vf scale;
     std::memcpy(&scale, &bits, sizeof scale);
     return p * scale;
+}
+
+// y = GELU(x) = x Phi(x) and d = dy/dx = Phi(x) + x phi(x), sharing one exponential (the formulas and the erf's
+// source: nn/gelu_cpu.cpp's header)
+inline void gelu_and_slope(vf x, vf &y, vf &d) {
+    vf u = x * 0.70710678118654752f;
+    vf a = u < 0.0f ? -u : u;
+    vf t = 1.0f / (1.0f + 0.3275911f * a);
+    vf r = 0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f)));
+    vf e = exp_nonpositive(-(u * u));
+    vf erf_a = 1.0f - r * t * e;
+    vf cdf = 0.5f + 0.5f * (u < 0.0f ? -erf_a : erf_a);
+    y = x * cdf;
+    d = cdf + x * (e * 0.3989422804014327f);
 }
 
 // one step of a 16 x 16 transpose: lanes of rows a and b interleaved in groups of G

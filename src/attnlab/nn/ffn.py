@@ -5,7 +5,8 @@
 
 x (..., C) -> (..., C) with a hidden width d_ff; W_2 writes into the residual stream. ``act_backend="cpu-fused"``
 computes the exact GELU through attnlab's C++ kernel (``nn/gelu_cpu.py``) for float32 CPU tensors, and
-``linear_backend="cpu-fused"`` the products of W_1 and W_2 (``nn/linear_cpu.py``).
+``linear_backend="cpu-fused"`` the products of W_1 and W_2 (``nn/linear_cpu.py``); with both, x W_1 and its GELU
+are one pass of the kernel.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 
 from attnlab.nn import roles
 from attnlab.nn.activations import activate, check_activation, gelu_ops
-from attnlab.nn.linear_cpu import linear_layer
+from attnlab.nn.linear_cpu import CPULinear, linear_layer
 
 
 class FeedForward(nn.Module):
@@ -37,7 +38,10 @@ class FeedForward(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        h = activate(self.fc_in(x), self.activation, self.gelu_ops)  # (B, T, d_ff)
+        if self.gelu_ops is not None and isinstance(self.fc_in, CPULinear):  # both C++ kernels: one pass
+            h = self.fc_in.forward_gelu(x)  # (B, T, d_ff)
+        else:
+            h = activate(self.fc_in(x), self.activation, self.gelu_ops)  # (B, T, d_ff)
         y = self.fc_out(h)  # (B, T, C)
         return F.dropout(y, self.dropout, self.training) if self.dropout > 0 else y
 

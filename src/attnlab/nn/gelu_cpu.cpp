@@ -22,7 +22,7 @@
 #include <cstring>
 #include <tuple>
 
-#include "cpu_vec.h"  // vf (16 floats), splat, load, store, exp_nonpositive
+#include "cpu_vec.h"  // vf (16 floats), splat, load, store, gelu_and_slope (the formulas above)
 
 #ifndef CK_NS
 #error "CK_NS (the op namespace) must be defined"
@@ -31,18 +31,6 @@
 namespace {
 
 constexpr int64_t GRAIN = 2048;  // vectors per task (32768 floats): a layer of a small model stays on one thread
-
-inline void gelu_and_slope(vf x, vf &y, vf &d) {
-    vf u = x * 0.70710678118654752f;
-    vf a = u < 0.0f ? -u : u;
-    vf t = 1.0f / (1.0f + 0.3275911f * a);
-    vf r = 0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f)));
-    vf e = exp_nonpositive(-(u * u));
-    vf erf_a = 1.0f - r * t * e;
-    vf cdf = 0.5f + 0.5f * (u < 0.0f ? -erf_a : erf_a);
-    y = x * cdf;
-    d = cdf + x * (e * 0.3989422804014327f);
-}
 
 // (x) -> (y, d), both contiguous, x's shape
 std::tuple<at::Tensor, at::Tensor> gelu(const at::Tensor &input) {

@@ -17,7 +17,8 @@
 // libraries pack both operands into blocks first, which at these sizes (K of 128-512, a few hundred rows)
 // costs them more than it saves: nanoGPT's model spends ~12% of MKL's time in its packing and scaling.
 // Floats are summed over k in order, one accumulator per output, so results differ from a BLAS's in the last
-// bits only.
+// bits only. linear_gelu applies the exact GELU (and its slope, for the backward pass) to each tile as it leaves
+// the registers, so an FFN's first layer and its activation make one pass over the hidden activations, not three.
 //
 // Built by attnlab/nn/linear_cpu.py with -O3 -march=native and -DCK_NS=<op namespace>; GCC's vector
 // extensions give AVX-512 code where the CPU has it, narrower vectors elsewhere.
@@ -27,8 +28,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <tuple>
 
-#include "cpu_vec.h"  // vf (16 floats), splat, load, store, transpose_rows
+#include "cpu_vec.h"  // vf (16 floats), splat, load, store, transpose_rows, gelu_and_slope
 
 #ifndef CK_NS
 #error "CK_NS (the op namespace) must be defined"
@@ -40,9 +42,9 @@ constexpr long RT = 6;                  // rows per tile
 constexpr long NV = 4;                  // vectors per tile row: 64 columns
 constexpr long TILE_ROWS_PER_TASK = 8;  // a task of the thread pool: 48 rows by one 64-column panel
 
-// C[r, 0 : 16 V] = sum_{k < Kd} a(r, k) B[k, 0 : 16 V] for r < R
+// C[r, 0 : 16 V] = sum_{k < Kd} a(r, k) B[k, 0 : 16 V] for r < R; with D, C = GELU of that sum and D its slope
 template <int R, int V>
-inline void tile(const float *A, long ar, long ak, const float *B, long bs, long Kd, float *C, long cs) {
+inline void tile(const float *A, long ar, long ak, const float *B, long bs, long Kd, float *C, long cs, float *D) {
     vf c[R][V];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < V; v++) c[r][v] = splat(0.0f);
@@ -54,6 +56,15 @@ inline void tile(const float *A, long ar, long ak, const float *B, long bs, long
             for (int v = 0; v < V; v++) c[r][v] += a * b[v];
         }
     }
+    if (D != nullptr) {
+        for (int r = 0; r < R; r++)
+            for (int v = 0; v < V; v++) {
+                vf y, d;
+                gelu_and_slope(c[r][v], y, d);
+                store(C + r * cs + v * VW, y), store(D + r * cs + v * VW, d);
+            }
+        return;
+    }
     for (int r = 0; r < R; r++)
         for (int v = 0; v < V; v++) store(C + r * cs + v * VW, c[r][v]);
 }
@@ -61,24 +72,28 @@ inline void tile(const float *A, long ar, long ak, const float *B, long bs, long
 // the last R < RT rows of a panel: the tile for exactly R rows
 template <int V, int R = RT - 1>
 inline void short_tile(long rows, const float *A, long ar, long ak, const float *B, long bs, long Kd, float *C,
-                       long cs) {
+                       long cs, float *D) {
     if constexpr (R > 0) {
-        if (rows == R) return tile<R, V>(A, ar, ak, B, bs, Kd, C, cs);
-        short_tile<V, R - 1>(rows, A, ar, ak, B, bs, Kd, C, cs);
+        if (rows == R) return tile<R, V>(A, ar, ak, B, bs, Kd, C, cs, D);
+        short_tile<V, R - 1>(rows, A, ar, ak, B, bs, Kd, C, cs, D);
     }
 }
 
 // rows r0 .. r1 - 1 of one panel of C, 16 V columns from column j
 template <int V>
 void panel(long r0, long r1, long j, const float *A, long ar, long ak, const float *B, long bs, long Kd, float *C,
-           long cs) {
+           long cs, float *D) {
     long r = r0;
-    for (; r + RT <= r1; r += RT) tile<RT, V>(A + r * ar, ar, ak, B + j, bs, Kd, C + r * cs + j, cs);
-    if (r < r1) short_tile<V>(r1 - r, A + r * ar, ar, ak, B + j, bs, Kd, C + r * cs + j, cs);
+    for (; r + RT <= r1; r += RT)
+        tile<RT, V>(A + r * ar, ar, ak, B + j, bs, Kd, C + r * cs + j, cs, D ? D + r * cs + j : nullptr);
+    if (r < r1)
+        short_tile<V>(r1 - r, A + r * ar, ar, ak, B + j, bs, Kd, C + r * cs + j, cs, D ? D + r * cs + j : nullptr);
 }
 
-// C (R, S) = sum_k a(r, k) B[k, :]: tasks of up to 48 rows by one panel (64 columns, or the 16-48 left over)
-void product(const float *A, long ar, long ak, const float *B, long bs, long R, long Kd, long S, float *C) {
+// C (R, S) = sum_k a(r, k) B[k, :]: tasks of up to 48 rows by one panel (64 columns, or the 16-48 left over);
+// with D (R, S), C = GELU of the sums and D their slopes (the epilogue of an FFN's first layer)
+void product(const float *A, long ar, long ak, const float *B, long bs, long R, long Kd, long S, float *C,
+             float *D = nullptr) {
     const long rows_per_task = RT * TILE_ROWS_PER_TASK, row_tasks = (R + rows_per_task - 1) / rows_per_task;
     const long panels = (S + NV * VW - 1) / (NV * VW);
     at::parallel_for(0, row_tasks * panels, 1, [&](int64_t t0, int64_t t1) {
@@ -86,10 +101,10 @@ void product(const float *A, long ar, long ak, const float *B, long bs, long R, 
             const long p = t / row_tasks, r0 = (t % row_tasks) * rows_per_task;
             const long r1 = std::min(R, r0 + rows_per_task), j = p * NV * VW, width = std::min(NV * VW, S - j);
             switch (width / VW) {
-                case 4: panel<4>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S); break;
-                case 3: panel<3>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S); break;
-                case 2: panel<2>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S); break;
-                default: panel<1>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S);
+                case 4: panel<4>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S, D); break;
+                case 3: panel<3>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S, D); break;
+                case 2: panel<2>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S, D); break;
+                default: panel<1>(r0, r1, j, A, ar, ak, B, bs, Kd, C, S, D);
             }
         }
     });
@@ -118,6 +133,21 @@ at::Tensor linear(const at::Tensor &x_, const at::Tensor &w_) {
     transpose_rows(w.data_ptr<float>(), K, N, N, K, wt.data_ptr<float>());  // W^T (K, N)
     product(x.data_ptr<float>(), K, 1, wt.data_ptr<float>(), N, M, K, N, y.data_ptr<float>());
     return y;
+}
+
+// (GELU(x W^T), its slope): x (M, K), W (N, K) -> two (M, N); an FFN's first layer and activation in one pass
+std::tuple<at::Tensor, at::Tensor> linear_gelu(const at::Tensor &x_, const at::Tensor &w_) {
+    check(x_, "x"), check(w_, "weight");
+    TORCH_CHECK(x_.size(1) == w_.size(1), "cpu-fused linear: x ", x_.sizes(), " and weight ", w_.sizes(), " differ in K");
+    const auto x = x_.contiguous(), w = w_.contiguous();
+    const long M = x.size(0), K = x.size(1), N = w.size(0);
+    check_width(N, "out_features"), check_width(K, "in_features");
+    auto y = at::empty({M, N}, x.options()), d = at::empty({M, N}, x.options());
+    if (M == 0) return {y, d};
+    auto wt = at::empty({K, N}, x.options());
+    transpose_rows(w.data_ptr<float>(), K, N, N, K, wt.data_ptr<float>());  // W^T (K, N)
+    product(x.data_ptr<float>(), K, 1, wt.data_ptr<float>(), N, M, K, N, y.data_ptr<float>(), d.data_ptr<float>());
+    return {y, d};
 }
 
 // dx = dy W: dy (M, N), W (N, K) -> (M, K)
@@ -150,12 +180,14 @@ at::Tensor linear_grad_weight(const at::Tensor &g_, const at::Tensor &x_) {
 
 TORCH_LIBRARY(CK_NS, m) {
     m.def("linear(Tensor x, Tensor weight) -> Tensor");
+    m.def("linear_gelu(Tensor x, Tensor weight) -> (Tensor, Tensor)");
     m.def("linear_grad_input(Tensor grad, Tensor weight) -> Tensor");
     m.def("linear_grad_weight(Tensor grad, Tensor x) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(CK_NS, CPU, m) {
     m.impl("linear", &linear);
+    m.impl("linear_gelu", &linear_gelu);
     m.impl("linear_grad_input", &linear_grad_input);
     m.impl("linear_grad_weight", &linear_grad_weight);
 }

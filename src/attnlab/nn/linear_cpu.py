@@ -7,7 +7,8 @@ checkpoint moves between the two backends unchanged. ``linear_cpu.cpp`` computes
 says how); at the sizes of the small models trained on a laptop (K and N of 128-512, a few hundred rows per
 call) it beats MKL because it does not pack its operands into blocks first. In nanoGPT's model, one half of
 ``batch_threads=2``'s batch (6 x 64 tokens) on one thread, it saved ~1.3-1.7 ms of a ~27-ms forward and backward
-pass (``docs/speedrun.md``).
+pass (``docs/speedrun.md``). With ``act_backend=cpu-fused`` too, an FFN's first layer and its exact GELU are one
+pass (``linear_gelu``): the GELU and its slope are computed on each output tile while it is in registers.
 
 Where it applies: float32 CPU tensors, in_features and out_features multiples of 16, autocast off; anything else
 (a model moved to a GPU, bfloat16, a 65-wide head) computes through ``F.linear``, the same function. The kernels
@@ -42,8 +43,9 @@ _LOADED: list[str] = []  # the op namespace, once built and registered
 
 def load() -> str:
     """Build (once, cached on disk) and load the kernel; returns its op namespace, whose ops ``linear`` (x, W ->
-    x W^T), ``linear_grad_input`` (dy, W -> dy W) and ``linear_grad_weight`` (dy, x -> dy^T x) are then
-    registered with torch (with fake tensors, for torch.compile)."""
+    x W^T), ``linear_gelu`` (x, W -> GELU(x W^T), its slope), ``linear_grad_input`` (dy, W -> dy W) and
+    ``linear_grad_weight`` (dy, x -> dy^T x) are then registered with torch (with fake tensors, for
+    torch.compile)."""
     with _LOCK:
         if not _LOADED:
             namespace = build_and_load(SOURCE, "attnlab_linear_cpu", f"{NAME} linear", "linear_backend=torch")
@@ -67,6 +69,11 @@ def _register(namespace: str) -> None:
     torch.library.register_fake(f"{namespace}::linear")(linear_fake)
     torch.library.register_fake(f"{namespace}::linear_grad_input")(grad_input_fake)
     torch.library.register_fake(f"{namespace}::linear_grad_weight")(grad_weight_fake)
+
+    def linear_gelu_fake(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape[0], weight.shape[0])
+
+    torch.library.register_fake(f"{namespace}::linear_gelu")(linear_gelu_fake)
 
 
 def supports(x: Tensor, weight: Tensor) -> bool:
@@ -98,6 +105,38 @@ class _Linear(torch.autograd.Function):
                 ops.linear_grad_weight(grad, x) if need_w else None, None)
 
 
+class _LinearGelu(torch.autograd.Function):
+    """x (M, K), W (N, K) -> GELU(x W^T) (M, N) in one pass, the slope d = GELU'(x W^T) kept for the backward
+    pass: dh = dy * d, then dx = dh W and dW = dh^T x through the kernel."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, namespace: str) -> Tensor:
+        y, d = getattr(torch.ops, namespace).linear_gelu(x, weight)
+        ctx.save_for_backward(x, weight, d)
+        ctx.namespace = namespace
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        if torch.is_grad_enabled():  # create_graph=True: d is a constant here, so a second derivative would be wrong
+            raise RuntimeError(f"act_backend={NAME} computes first derivatives only; use act_backend=torch for "
+                               "gradients of gradients")
+        x, weight, d = ctx.saved_tensors
+        ops = getattr(torch.ops, ctx.namespace)
+        grad = (grad * d).contiguous()  # through GELU
+        return (ops.linear_grad_input(grad, weight) if ctx.needs_input_grad[0] else None,
+                ops.linear_grad_weight(grad, x) if ctx.needs_input_grad[1] else None, None)
+
+
+def linear_gelu(x: Tensor, weight: Tensor, namespace: str | None = None) -> Tensor:
+    """The exact ``F.gelu(F.linear(x, weight))``, x (..., K) -> (..., N), as one pass of the kernel (the GELU
+    applied to each output tile in registers, its slope kept for the backward pass) where ``supports`` says so."""
+    if not supports(x, weight):
+        return F.gelu(F.linear(x, weight))
+    y = _LinearGelu.apply(x.reshape(-1, x.shape[-1]), weight, namespace or load())
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, namespace: str | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``: x (..., K) -> (..., N), through the kernel where ``supports`` says so.
     ``namespace``: from ``load`` (call it before ``torch.compile`` traces the model, which cannot run a build);
@@ -119,6 +158,13 @@ class CPULinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias, self.namespace)
+
+    def forward_gelu(self, x: Tensor) -> Tensor:
+        """GELU(this layer(x)) in one pass of the kernel where it applies and the layer has no bias and no module
+        hooks (which the fused pass would skip); else GELU after the layer's own forward."""
+        if self.bias is None and not (self._forward_hooks or self._forward_pre_hooks):
+            return linear_gelu(x, self.weight, self.namespace)
+        return F.gelu(self(x))
 
 
 def linear_layer(backend: str) -> type[nn.Linear]:
