@@ -121,3 +121,17 @@ def verdicts_follow_their_intervals(record: dict, r: dict) -> None:
         assert low <= o.get("mean", o.get("difference")) <= high
     assert record["verdict"] == verdict_of(r["outcomes"])
     assert len(record["protocol"]["seeds"]) >= 3 and record["protocol"]["verdict_rule"]
+
+
+def assert_trains_the_same(forwards, x, y, loss_tol: float, grad_tol: float) -> None:
+    """Each (forward, model) of ``forwards`` gives the first one's loss on (x, y) within ``loss_tol`` and its
+    gradients within ``grad_tol`` (models that compute the same function by different kernels)."""
+    import torch
+
+    results = []
+    for forward, model in forwards:
+        loss = forward(idx=x, targets=y).loss
+        results.append((loss.item(), torch.autograd.grad(loss, list(model.parameters()))))
+    for loss, grads in results[1:]:
+        assert abs(loss - results[0][0]) < loss_tol
+        assert max((a - b).abs().max().item() for a, b in zip(grads, results[0][1])) < grad_tol

@@ -13,6 +13,7 @@ from attnlab.core.errors import ConfigError
 from attnlab.models import GPTConfig, build_model
 from attnlab.nn import cpp_build, gelu_cpu
 from attnlab.nn.activations import activate, gelu_ops
+from tests.helpers import assert_trains_the_same
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the kernel is built with g++")
 
@@ -106,13 +107,7 @@ def test_gpt_trains_the_same_eager_and_compiled(extra):
     assert fused.blocks[0].ffn.gelu_ops is not None and stock.blocks[0].ffn.gelu_ops is None
     x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
     forwards = [(stock, stock), (fused, fused)] + ([(compile_forward(fused, "cpu"), fused)] if not extra else [])
-    results = []
-    for forward, model in forwards:
-        loss = forward(idx=x, targets=y).loss
-        results.append((loss.item(), torch.autograd.grad(loss, list(model.parameters()))))
-    for loss, grads in results[1:]:
-        assert abs(loss - results[0][0]) < 1e-6
-        assert max((a - b).abs().max().item() for a, b in zip(grads, results[0][1])) < 1e-5
+    assert_trains_the_same(forwards, x, y, loss_tol=1e-6, grad_tol=1e-5)
 
 
 def test_calls_it_does_not_cover_go_through_torch():

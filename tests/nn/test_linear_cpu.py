@@ -16,6 +16,7 @@ from attnlab.core.errors import ConfigError
 from attnlab.models import GPTConfig, build_model
 from attnlab.nn import cpp_build, linear_cpu
 from attnlab.nn.cpu_kernels import check_run, without_kernels
+from tests.helpers import assert_trains_the_same, tiny_config, write_corpus
 
 
 def _products(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, layer) -> tuple[torch.Tensor, ...]:
@@ -137,13 +138,8 @@ def test_gpt_trains_the_same_eager_and_compiled(extra):
     assert type(stock.blocks[0].mixer.qkv_proj) is nn.Linear
     assert stock.state_dict().keys() == fused.state_dict().keys()
     x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
-    results = []
-    for forward, model in [(stock, stock), (fused, fused), (compile_forward(fused, "cpu"), fused)]:
-        loss = forward(idx=x, targets=y).loss
-        results.append((loss.item(), torch.autograd.grad(loss, list(model.parameters()))))
-    for loss, grads in results[1:]:
-        assert abs(loss - results[0][0]) < 1e-5
-        assert max((a - b).abs().max().item() for a, b in zip(grads, results[0][1])) < 1e-5
+    forwards = [(stock, stock), (fused, fused), (compile_forward(fused, "cpu"), fused)]
+    assert_trains_the_same(forwards, x, y, loss_tol=1e-5, grad_tol=1e-5)
 
 
 def test_a_compiled_step_calls_the_kernel_in_both_passes():
@@ -208,7 +204,6 @@ def test_a_run_trains_with_it_and_its_model_reloads(tmp_path):
     on both threads, and the run's checkpoint reloads with the same layers and numbers."""
     from attnlab.models.registry import from_pretrained
     from attnlab.training.trainer import Trainer
-    from tests.helpers import tiny_config, write_corpus
 
     corpus = write_corpus(tmp_path / "corpus.txt")
     trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="lin", max_iters=6, eval_interval=6, batch_threads=2,

@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <utility>
 
 #include "cpu_vec.h"  // vf (16 floats), splat, load, store, transpose_rows, gelu_and_slope
 
@@ -110,69 +111,64 @@ void product(const float *A, long ar, long ak, const float *B, long bs, long R, 
     });
 }
 
-void check(const at::Tensor &t, const char *name) {
-    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 2,
-                "cpu-fused linear: ", name, " must be a 2-D float32 CPU tensor, got ", t.scalar_type(), " ",
-                t.sizes());
+// a and b, checked (2-D float32 CPU, a's dimension ad the length of b's bd, the `what` they share) and contiguous
+std::pair<at::Tensor, at::Tensor> operands(const at::Tensor &a, const char *an, long ad, const at::Tensor &b,
+                                           const char *bn, long bd, const char *what) {
+    for (auto [t, name] : {std::pair{&a, an}, std::pair{&b, bn}})
+        TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->dim() == 2, "cpu-fused linear: ",
+                    name, " must be a 2-D float32 CPU tensor, got ", t->scalar_type(), " ", t->sizes());
+    TORCH_CHECK(a.size(ad) == b.size(bd), "cpu-fused linear: ", an, " ", a.sizes(), " and ", bn, " ", b.sizes(),
+                " differ in ", what);
+    return {a.contiguous(), b.contiguous()};
 }
 
 void check_width(long width, const char *name) {
     TORCH_CHECK(width % VW == 0, "cpu-fused linear: ", name, " (", width, ") must be a multiple of ", VW);
 }
 
-// y = x W^T: x (M, K), W (N, K) -> (M, N)
-at::Tensor linear(const at::Tensor &x_, const at::Tensor &w_) {
-    check(x_, "x"), check(w_, "weight");
-    TORCH_CHECK(x_.size(1) == w_.size(1), "cpu-fused linear: x ", x_.sizes(), " and weight ", w_.sizes(), " differ in K");
-    const auto x = x_.contiguous(), w = w_.contiguous();
+// y = x W^T, x (M, K), W (N, K) -> (M, N); with d, y = GELU(x W^T) and d its slope
+at::Tensor forward(const at::Tensor &x_, const at::Tensor &w_, bool gelu, at::Tensor *d) {
+    const auto [x, w] = operands(x_, "x", 1, w_, "weight", 1, "K");
     const long M = x.size(0), K = x.size(1), N = w.size(0);
     check_width(N, "out_features"), check_width(K, "in_features");
     auto y = at::empty({M, N}, x.options());
+    if (gelu) *d = at::empty({M, N}, x.options());
     if (M == 0) return y;
     auto wt = at::empty({K, N}, x.options());
     transpose_rows(w.data_ptr<float>(), K, N, N, K, wt.data_ptr<float>());  // W^T (K, N)
-    product(x.data_ptr<float>(), K, 1, wt.data_ptr<float>(), N, M, K, N, y.data_ptr<float>());
+    product(x.data_ptr<float>(), K, 1, wt.data_ptr<float>(), N, M, K, N, y.data_ptr<float>(),
+            gelu ? d->data_ptr<float>() : nullptr);
     return y;
 }
 
-// (GELU(x W^T), its slope): x (M, K), W (N, K) -> two (M, N); an FFN's first layer and activation in one pass
-std::tuple<at::Tensor, at::Tensor> linear_gelu(const at::Tensor &x_, const at::Tensor &w_) {
-    check(x_, "x"), check(w_, "weight");
-    TORCH_CHECK(x_.size(1) == w_.size(1), "cpu-fused linear: x ", x_.sizes(), " and weight ", w_.sizes(), " differ in K");
-    const auto x = x_.contiguous(), w = w_.contiguous();
-    const long M = x.size(0), K = x.size(1), N = w.size(0);
-    check_width(N, "out_features"), check_width(K, "in_features");
-    auto y = at::empty({M, N}, x.options()), d = at::empty({M, N}, x.options());
-    if (M == 0) return {y, d};
-    auto wt = at::empty({K, N}, x.options());
-    transpose_rows(w.data_ptr<float>(), K, N, N, K, wt.data_ptr<float>());  // W^T (K, N)
-    product(x.data_ptr<float>(), K, 1, wt.data_ptr<float>(), N, M, K, N, y.data_ptr<float>(), d.data_ptr<float>());
+at::Tensor linear(const at::Tensor &x, const at::Tensor &w) { return forward(x, w, false, nullptr); }
+
+// (GELU(x W^T), its slope): an FFN's first layer and its activation in one pass
+std::tuple<at::Tensor, at::Tensor> linear_gelu(const at::Tensor &x, const at::Tensor &w) {
+    at::Tensor d;
+    at::Tensor y = forward(x, w, true, &d);
     return {y, d};
 }
 
 // dx = dy W: dy (M, N), W (N, K) -> (M, K)
 at::Tensor linear_grad_input(const at::Tensor &g_, const at::Tensor &w_) {
-    check(g_, "grad"), check(w_, "weight");
-    TORCH_CHECK(g_.size(1) == w_.size(0), "cpu-fused linear: grad ", g_.sizes(), " and weight ", w_.sizes(), " differ in N");
-    const auto g = g_.contiguous(), w = w_.contiguous();
-    const long M = g.size(0), N = g.size(1), K = w.size(1);
-    check_width(K, "in_features");
-    auto dx = at::empty({M, K}, g.options());
-    if (M == 0) return dx;
-    product(g.data_ptr<float>(), N, 1, w.data_ptr<float>(), K, M, N, K, dx.data_ptr<float>());
+    const auto [g, w] = operands(g_, "grad", 1, w_, "weight", 0, "N");
+    check_width(w.size(1), "in_features");
+    auto dx = at::empty({g.size(0), w.size(1)}, g.options());
+    if (g.size(0) > 0)
+        product(g.data_ptr<float>(), g.size(1), 1, w.data_ptr<float>(), w.size(1), g.size(0), g.size(1), w.size(1),
+                dx.data_ptr<float>());
     return dx;
 }
 
-// dW = dy^T x: dy (M, N), x (M, K) -> (N, K)
+// dW = dy^T x: dy (M, N), x (M, K) -> (N, K); no rows: zeros
 at::Tensor linear_grad_weight(const at::Tensor &g_, const at::Tensor &x_) {
-    check(g_, "grad"), check(x_, "x");
-    TORCH_CHECK(g_.size(0) == x_.size(0), "cpu-fused linear: grad ", g_.sizes(), " and x ", x_.sizes(), " differ in M");
-    const auto g = g_.contiguous(), x = x_.contiguous();
-    const long M = g.size(0), N = g.size(1), K = x.size(1);
-    check_width(K, "in_features");
-    if (M == 0) return at::zeros({N, K}, g.options());
-    auto dw = at::empty({N, K}, g.options());
-    product(g.data_ptr<float>(), 1, N, x.data_ptr<float>(), K, N, M, K, dw.data_ptr<float>());
+    const auto [g, x] = operands(g_, "grad", 0, x_, "x", 0, "M");
+    check_width(x.size(1), "in_features");
+    if (g.size(0) == 0) return at::zeros({g.size(1), x.size(1)}, g.options());
+    auto dw = at::empty({g.size(1), x.size(1)}, g.options());
+    product(g.data_ptr<float>(), 1, g.size(1), x.data_ptr<float>(), x.size(1), g.size(1), g.size(0), x.size(1),
+            dw.data_ptr<float>());
     return dw;
 }
 
