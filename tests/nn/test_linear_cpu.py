@@ -14,7 +14,7 @@ from torch import nn
 
 from attnlab.core.errors import ConfigError
 from attnlab.models import GPTConfig, build_model
-from attnlab.nn import cpp_build, linear_cpu
+from attnlab.nn import cpp_build, gelu_cpu, linear_cpu
 from attnlab.nn.cpu_kernels import check_run, without_kernels
 from tests.helpers import assert_trains_the_same, tiny_config, write_corpus
 
@@ -173,12 +173,15 @@ def test_what_it_cannot_serve_is_refused_before_training():
         linear_cpu.linear_layer("mkl")
 
 
-def test_no_compiler_is_one_clear_error(monkeypatch):
+@pytest.mark.parametrize("module, option", [(linear_cpu, "linear_backend"), (gelu_cpu, "act_backend")],
+                         ids=["linear", "gelu"])
+def test_no_compiler_is_one_clear_error(monkeypatch, module, option):
+    """This kernel's, and GELU's: one line naming the compiler and the option that computes without it."""
     monkeypatch.setenv("CXX", "/nonexistent/g++")
-    monkeypatch.setattr(linear_cpu, "_LOADED", [])
+    monkeypatch.setattr(module, "_LOADED", [])
     with pytest.raises(cpp_build.KernelUnavailable, match=r"needs a C\+\+ compiler: '/nonexistent/g\+\+'.*"
-                       r"linear_backend=torch"):
-        linear_cpu.load()
+                       f"{option}=torch"):
+        module.load()
 
 
 def test_a_saved_model_loads_without_a_compiler(tmp_path, monkeypatch, capsys):
@@ -222,8 +225,6 @@ def test_a_run_trains_with_it_and_its_model_reloads(tmp_path):
 def test_linear_gelu_is_gelu_of_the_linear_layer(shape):
     """One pass (GELU applied to each tile in registers): against float64 GELU(x W^T), forward and backward, as
     close as the products alone; and the same numbers, bit for bit, as the kernel's product followed by GELU's."""
-    from attnlab.nn import gelu_cpu
-
     M, K, N = shape
     torch.manual_seed(M)
     x, w, g = torch.randn(M, K, dtype=torch.float64), torch.randn(N, K, dtype=torch.float64) * 0.1, \
