@@ -249,10 +249,12 @@ def test_the_ffn_fuses_only_where_nothing_is_skipped():
     fused = FeedForward(32, 64, bias=False, act_backend="cpu-fused", linear_backend="cpu-fused")
     stock = FeedForward(32, 64, bias=False)
     stock.load_state_dict(fused.state_dict())
+    from attnlab.nn import ffn
+
     calls = []
-    original = linear_cpu.linear_gelu
+    original = ffn.linear_gelu
     try:
-        linear_cpu.linear_gelu = lambda *a, **k: calls.append(1) or original(*a, **k)
+        ffn.linear_gelu = lambda *a, **k: calls.append(1) or original(*a, **k)
         assert torch.allclose(fused(x), stock(x), atol=1e-5) and len(calls) == 1
         seen = []
         handle = fused.fc_in.register_forward_hook(lambda m, i, o: seen.append(o.shape))
@@ -262,7 +264,7 @@ def test_the_ffn_fuses_only_where_nothing_is_skipped():
         biased(x)
         assert len(calls) == 1
     finally:
-        linear_cpu.linear_gelu = original
+        ffn.linear_gelu = original
 
 
 def test_a_compiled_ffn_calls_the_fused_op():

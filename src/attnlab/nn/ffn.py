@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from attnlab.nn import roles
 from attnlab.nn.activations import activate, check_activation, gelu_ops
-from attnlab.nn.linear_cpu import CPULinear, linear_layer
+from attnlab.nn.linear_cpu import CPULinear, linear_gelu, linear_layer
 
 
 class FeedForward(nn.Module):
@@ -38,8 +38,8 @@ class FeedForward(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.gelu_ops is not None and isinstance(self.fc_in, CPULinear):  # both C++ kernels: one pass
-            h = self.fc_in.forward_gelu(x)  # (B, T, d_ff)
+        if self.gelu_ops is not None and isinstance(self.fc_in, CPULinear) and self.fc_in.fuses():
+            h = linear_gelu(x, self.fc_in.weight, self.fc_in.namespace)  # both C++ kernels: one pass, (B, T, d_ff)
         else:
             h = activate(self.fc_in(x), self.activation, self.gelu_ops)  # (B, T, d_ff)
         y = self.fc_out(h)  # (B, T, C)

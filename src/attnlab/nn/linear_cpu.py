@@ -60,20 +60,18 @@ def _register(namespace: str) -> None:
     def linear_fake(x: Tensor, weight: Tensor) -> Tensor:
         return x.new_empty(x.shape[0], weight.shape[0])
 
+    def linear_gelu_fake(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        return linear_fake(x, weight), linear_fake(x, weight)
+
     def grad_input_fake(grad: Tensor, weight: Tensor) -> Tensor:
         return grad.new_empty(grad.shape[0], weight.shape[1])
 
     def grad_weight_fake(grad: Tensor, x: Tensor) -> Tensor:
         return grad.new_empty(grad.shape[1], x.shape[1])
 
-    torch.library.register_fake(f"{namespace}::linear")(linear_fake)
-    torch.library.register_fake(f"{namespace}::linear_grad_input")(grad_input_fake)
-    torch.library.register_fake(f"{namespace}::linear_grad_weight")(grad_weight_fake)
-
-    def linear_gelu_fake(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-        return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape[0], weight.shape[0])
-
-    torch.library.register_fake(f"{namespace}::linear_gelu")(linear_gelu_fake)
+    for op, fake in [("linear", linear_fake), ("linear_gelu", linear_gelu_fake),
+                     ("linear_grad_input", grad_input_fake), ("linear_grad_weight", grad_weight_fake)]:
+        torch.library.register_fake(f"{namespace}::{op}")(fake)
 
 
 def supports(x: Tensor, weight: Tensor) -> bool:
@@ -159,12 +157,10 @@ class CPULinear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias, self.namespace)
 
-    def forward_gelu(self, x: Tensor) -> Tensor:
-        """GELU(this layer(x)) in one pass of the kernel where it applies and the layer has no bias and no module
-        hooks (which the fused pass would skip); else GELU after the layer's own forward."""
-        if self.bias is None and not (self._forward_hooks or self._forward_pre_hooks):
-            return linear_gelu(x, self.weight, self.namespace)
-        return F.gelu(self(x))
+    def fuses(self) -> bool:
+        """Whether ``linear_gelu`` may stand for GELU(this layer(x)): no bias, and no module hooks (which the
+        fused pass would skip)."""
+        return self.bias is None and not (self._forward_hooks or self._forward_pre_hooks)
 
 
 def linear_layer(backend: str) -> type[nn.Linear]:
