@@ -61,6 +61,14 @@ def _register(namespace: str) -> None:
     torch.library.register_fake(f"{namespace}::gelu")(gelu_fake)
 
 
+def refuse_second_derivatives() -> None:
+    """Raise inside a backward pass that must itself be differentiable (create_graph=True): the kept slope d is a
+    constant there, so a gradient of the gradient would be wrong. Called by every backward pass that uses d."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"act_backend={NAME} computes first derivatives only; use act_backend=torch for "
+                           "gradients of gradients")
+
+
 class _Gelu(torch.autograd.Function):
     """y = GELU(x) with d kept, and dx = dy * d. A ``torch.autograd.Function`` rather than a formula registered
     on the op: inside a compiled graph the op then runs straight from C++, where a registered formula sends each
@@ -74,9 +82,7 @@ class _Gelu(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor, None]:
-        if torch.is_grad_enabled():  # create_graph=True: d is a constant here, so a second derivative would be wrong
-            raise RuntimeError(f"act_backend={NAME} computes first derivatives only; use act_backend=torch for "
-                               "gradients of gradients")
+        refuse_second_derivatives()
         (d,) = ctx.saved_tensors
         return grad_y * d, None
 

@@ -15,7 +15,7 @@ Where it applies: float32 CPU tensors, in_features and out_features multiples of
 are called through a ``torch.autograd.Function`` rather than an autograd formula registered on the op: inside a
 compiled graph the op then runs straight from C++, where a registered formula sends every call through Python
 (and its lock, which ``batch_threads``' two threads share). Gradients of gradients (``create_graph=True``) are
-computed by torch's products, so they are right too.
+computed by torch's products, so they are right too; the fused FFN pass refuses them, as GELU's kernel does.
 
 Building: ``nn/cpp_build.py`` (g++ with ``-O3 -march=native``), ~10 s once per torch version and CPU, kept in the
 cache folder. No compiler, or a failed build, raises ``KernelUnavailable`` with the reason in one line.
@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn import gelu_cpu
 from attnlab.nn.cpp_build import build_and_load
 
 SOURCE = Path(__file__).with_name("linear_cpu.cpp")
@@ -116,9 +117,7 @@ class _LinearGelu(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        if torch.is_grad_enabled():  # create_graph=True: d is a constant here, so a second derivative would be wrong
-            raise RuntimeError(f"act_backend={NAME} computes first derivatives only; use act_backend=torch for "
-                               "gradients of gradients")
+        gelu_cpu.refuse_second_derivatives()  # d is kept as a constant
         x, weight, d = ctx.saved_tensors
         ops = getattr(torch.ops, ctx.namespace)
         grad = (grad * d).contiguous()  # through GELU
