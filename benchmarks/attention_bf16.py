@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 from attnlab.core.resources import check_room
 from attnlab.nn.attention.kernels import MAX_SCORES, bmm_attention
 
@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=at_least(1), default=5)
     ap.add_argument("--reps", type=at_least(1), default=5, help="timed calls per contender per round")
     ap.add_argument("--threads", type=at_least(1), default=None)
-    ap.add_argument("--out", default="benchmarks/results/attention_bf16.json")
+    ap.add_argument("--out", type=writable_file, default="benchmarks/results/attention_bf16.json")
     args = ap.parse_args()
     B, H, D = args.batch, args.heads, args.head_dim
     T = max(args.lengths)  # a lower bound, in bf16: q, k, v and the output's gradient, and the bmm path's scores

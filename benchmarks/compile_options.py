@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.errors import OneLineParser, run_script
+from attnlab.cli.errors import OneLineParser, run_script, writable_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -63,7 +63,7 @@ def main() -> int:
     ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=("aot_eager", "inductor"), default="aot_eager")
     ap.add_argument("--only", nargs="+", default=None, help="option sets whose name contains one of these")
-    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--results", type=writable_folder, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
     rows = []
     for base, base_options in BASES.items():

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.attention import cpu_model
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, d_model=128)
@@ -117,7 +117,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=at_least(0), default=5)
     ap.add_argument("--threads", type=at_least(1), default=None)
     ap.add_argument("--eval", action="store_true", help="time an evaluation (eval mode, no gradients) instead")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compile_step.json"))
+    ap.add_argument("--out", type=writable_file, default=str(ROOT / "benchmarks" / "results" / "compile_step.json"))
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 
 SUBJECTS = ["The old fisherman", "A small child", "Our new neighbour", "The committee", "She", "The engineer",
             "A flock of geese", "The orchestra", "My grandmother", "The startup", "Nobody", "The river"]
@@ -63,7 +63,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=at_least(1), default=5)
     ap.add_argument("--threads", type=at_least(1), default=1)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "encode_throughput.json"))
+    ap.add_argument("--out", type=writable_file,
+                    default=str(Path(__file__).parent / "results" / "encode_throughput.json"))
     args = ap.parse_args()
     if args.quick:
         args.sentences, args.rounds = 128, 3

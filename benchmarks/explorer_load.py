@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -82,7 +82,7 @@ def main() -> int | None:
     ap.add_argument("--requests", type=at_least(1), default=200)
     ap.add_argument("--rounds", type=at_least(1), default=3)
     ap.add_argument("--text", default=None, help="default: the run's example text")
-    ap.add_argument("--out", default="benchmarks/results/explorer_load.json")
+    ap.add_argument("--out", type=writable_file, default="benchmarks/results/explorer_load.json")
     args = ap.parse_args()
     if args.run_dir is not None and not Path(args.run_dir).is_dir():
         print(f"explorer_load: --run-dir {args.run_dir}: run folder not found", file=sys.stderr)

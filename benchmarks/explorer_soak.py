@@ -38,7 +38,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -160,7 +160,7 @@ def main() -> None:
     ap.add_argument("--slow-seconds", type=float, default=30)
     ap.add_argument("--rounds", type=at_least(1), default=10)
     ap.add_argument("--uploads", type=at_least(1), default=260)
-    ap.add_argument("--out", default="benchmarks/results/explorer_soak.json")
+    ap.add_argument("--out", type=writable_file, default="benchmarks/results/explorer_soak.json")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:

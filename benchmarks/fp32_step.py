@@ -68,7 +68,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -206,7 +206,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=at_least(0), default=30)
     ap.add_argument("--threads", type=at_least(1), default=None)
     ap.add_argument("--data", default=str(DATA))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fp32_step.json"))
+    ap.add_argument("--out", type=writable_file, default=str(ROOT / "benchmarks" / "results" / "fp32_step.json"))
     args = ap.parse_args()
     checkout, data_path = Path(args.nanogpt), Path(args.data)
     if not (checkout / "model.py").is_file():
@@ -227,6 +227,10 @@ def main() -> int:
 
         cpu_fused.load(SHAPE["d_model"] // SHAPE["n_head"])
         gelu_cpu.load()
+        if any("fused" in name and not name.endswith("-torch-linear") for name in args.contenders):
+            from attnlab.nn import linear_cpu
+
+            linear_cpu.load()
     if args.threads:
         torch.set_num_threads(args.threads)
     from attnlab.bench.attention import cpu_model

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.devices import resolve_device
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 
 CONTEXT = 1024  # the model's block_size
 PROMPTS = (16, 512)  # the throughput part's prompt lengths
@@ -46,7 +46,7 @@ def main() -> int | None:
     ap.add_argument("--contexts", type=at_least(1), nargs="+", default=[64, 128, 256, 512, 1024])
     ap.add_argument("--latency-steps", type=at_least(1), default=32)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when one is visible)")
-    ap.add_argument("--out", default="benchmarks/results/generation.json")
+    ap.add_argument("--out", type=writable_file, default="benchmarks/results/generation.json")
     args = ap.parse_args()
     if max(args.contexts) > CONTEXT or max(PROMPTS) + args.new_tokens > CONTEXT:
         print(f"generation: the model's context is {CONTEXT} tokens: --contexts at most {CONTEXT} (got "

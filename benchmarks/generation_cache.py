@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 from attnlab.cli.errors import seed as any_seed
 from attnlab.models import GPTConfig, build_model
 from attnlab.models.gpt import GPT
@@ -228,7 +228,7 @@ def main() -> None:
     ap.add_argument("--check-tokens", type=at_least(1), default=16, help="cached steps of the equivalence check")
     ap.add_argument("--threads", type=at_least(1), default=1)
     ap.add_argument("--seed", type=any_seed, default=0)
-    ap.add_argument("--out", default="benchmarks/results/generation_cache.json")
+    ap.add_argument("--out", type=writable_file, default="benchmarks/results/generation_cache.json")
     args = ap.parse_args()
     contexts = sorted(args.contexts or (QUICK_CONTEXTS if args.quick else CONTEXTS))
     torch.set_num_threads(args.threads)

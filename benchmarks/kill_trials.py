@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 from attnlab.cli.errors import seed as any_seed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def main() -> None:
     ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=at_least(1), default=30, help="named-window trials first, random moments after")
     ap.add_argument("--seed", type=any_seed, default=0)
-    ap.add_argument("--out", default="benchmarks/results/kill_trials.json")
+    ap.add_argument("--out", type=writable_file, default="benchmarks/results/kill_trials.json")
     args = ap.parse_args()
     assert set(PASSES) == set(KILL_POINTS)
     rng = random.Random(args.seed)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.errors import OneLineParser, at_least, positive, run_script
+from attnlab.cli.errors import OneLineParser, at_least, positive, run_script, writable_file
 from attnlab.core.resources import check_room
 from attnlab.nn.attention import KVCache, MultiHeadAttention
 from attnlab.nn.attention.kernels import BACKENDS, CPU_FUSED
@@ -157,7 +157,7 @@ def main() -> int | None:
     ap.add_argument("--backends", nargs="+", default=["eager", "sdpa"], choices=[*BACKENDS, CPU_FUSED])
     ap.add_argument("--threads", type=at_least(1), default=1)
     ap.add_argument("--budget", type=positive, default=1.5, help="seconds of timing per (backend, variant)")
-    ap.add_argument("--out", default="benchmarks/results/kv_cache_size.json")
+    ap.add_argument("--out", type=writable_file, default="benchmarks/results/kv_cache_size.json")
     args = ap.parse_args()
     problem = (f"--d-rope must be even (RoPE rotates pairs), got {args.d_rope}" if args.d_rope % 2
                else f"--d-model {args.d_model} must be a multiple of --heads {args.heads}" if args.d_model % args.heads

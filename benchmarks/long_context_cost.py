@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.devices import resolve_device
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_folder
 from attnlab.experiments.base import slope_text, slopes
 from attnlab.experiments.ssm_vs_attention import FULL, SLOPE_FROM, cost, cost_outcomes
 
@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--max-step-s", type=float, default=3.0, help="no step predicted to take longer is started")
     ap.add_argument("--max-mib", type=float, default=40_000, help="no step predicted to need more is started")
     ap.add_argument("--eager-max-mib", type=float, default=8192, help="cap on eager's (4, T, T) probabilities")
-    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--results", type=writable_folder, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
     device = resolve_device(args.device, "long_context_cost")
     if device is None:

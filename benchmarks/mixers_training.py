@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from attnlab.bench.mixers import VARIANTS, run
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--threads", type=at_least(1), default=2)
     ap.add_argument("--out-dir", default="runs/mixers")
-    ap.add_argument("--out", default="benchmarks/results/mixers_training.json")
+    ap.add_argument("--out", type=writable_file, default="benchmarks/results/mixers_training.json")
     args = ap.parse_args()
     rows = []
     for name in args.variants:

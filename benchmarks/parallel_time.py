@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.devices import resolve_device
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_folder
 from attnlab.core.resources import check_room
 from attnlab.experiments.base import slope_interval
 from attnlab.experiments.long_range import forward_times, parallel_outcome
@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda where torch sees one)")
     ap.add_argument("--lengths", type=at_least(1), nargs="+", help="default: 64 256 1024 4096 (a GPU: and 16384)")
     ap.add_argument("--repeats", type=at_least(1), default=7)
-    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--results", type=writable_folder, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
     device = resolve_device(args.device, "parallel_time")
     if device is None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.errors import OneLineParser, at_least, positive, run_script
+from attnlab.cli.errors import OneLineParser, at_least, positive, run_script, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=positive, default=None, help="skip the default run and use this budget")
     ap.add_argument("--calibration-steps", type=at_least(1), default=40)
     ap.add_argument("--threads", type=at_least(1), default=None)
-    ap.add_argument("--out", default="benchmarks/results/quality_at_budget.json")
+    ap.add_argument("--out", type=writable_file, default="benchmarks/results/quality_at_budget.json")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from attnlab.cli.errors import OneLineParser, at_least, positive, run_script
+from attnlab.cli.errors import OneLineParser, at_least, positive, run_script, writable_file
 from attnlab.cli.errors import seed as any_seed
 
 
@@ -128,7 +128,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=any_seed, nargs="+", default=[0])
     ap.add_argument("--lrs", type=positive, nargs="+", default=[1e-3, 3e-3], help="swept on the first seed")
     ap.add_argument("--threads", type=at_least(1), default=1)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "set_interaction.json"))
+    ap.add_argument("--out", type=writable_file,
+                    default=str(Path(__file__).parent / "results" / "set_interaction.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     data = load_data(args.n)

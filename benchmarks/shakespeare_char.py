@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 from attnlab.cli.errors import seed as any_seed
 from train_throughput import build_hf  # the same HF GPT-2 the throughput benchmark uses
 
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--steps", type=at_least(1), default=2000)
     ap.add_argument("--eval-batches", type=at_least(1), default=200)
     ap.add_argument("--threads", type=at_least(1), default=None)
-    ap.add_argument("--out", default="benchmarks/results/shakespeare_char.json")
+    ap.add_argument("--out", type=writable_file, default="benchmarks/results/shakespeare_char.json")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -63,7 +63,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnlab.cli.errors import OneLineParser, at_least, positive, run_script
+from attnlab.cli.errors import OneLineParser, at_least, positive, run_script, writable_folder
 from attnlab.cli.errors import seed as any_seed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,7 +133,7 @@ def curve(evals: list, loss_group: int) -> list[dict]:
     return [{"step": int(g[0]), "val_loss": float(g[loss_group]), "seconds": s} for s, g in evals]
 
 
-def nanogpt_copy(checkout: Path, work: Path, data: Path = DATA) -> Path:
+def nanogpt_copy(checkout: Path, work: Path, data: Path) -> Path:
     copy = work / "nanogpt"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(checkout, copy, ignore=shutil.ignore_patterns(".git", "out-*", "*.bin"))
@@ -147,13 +147,13 @@ def nanogpt_cmd(args: list[str]) -> list[str]:
     return [sys.executable, "-c", script]
 
 
-def attnlab_cmd(preset: str, work: Path, name: str, extra: list[str], data: Path = DATA) -> list[str]:
+def attnlab_cmd(preset: str, work: Path, name: str, extra: list[str], data: Path) -> list[str]:
     shutil.rmtree(work / name, ignore_errors=True)
     return [sys.executable, "-m", "attnlab.cli", "train", preset, f"data={data}", f"out_dir={work}", f"name={name}",
             "progress=false", *extra]
 
 
-def run_nanogpt(checkout: Path, work: Path, env: dict, mode: dict = CPU, data: Path = DATA) -> dict:
+def run_nanogpt(checkout: Path, work: Path, env: dict, data: Path, mode: dict = CPU) -> dict:
     copy = nanogpt_copy(checkout, work, data)
     seen = timed_process(nanogpt_cmd(mode["run"]), copy, env, {"eval": NANOGPT_EVAL, "iter": NANOGPT_ITER})
     out = subprocess.run([sys.executable, "-c", NANOGPT_AFTER, str(mode["batch"]), str(mode["block"]), mode["device"]],
@@ -165,7 +165,7 @@ def run_nanogpt(checkout: Path, work: Path, env: dict, mode: dict = CPU, data: P
             "sample": sample}
 
 
-def run_attnlab(preset: str, work: Path, env: dict, seed: int, extra: list[str], data: Path = DATA) -> dict:
+def run_attnlab(preset: str, work: Path, env: dict, seed: int, extra: list[str], data: Path) -> dict:
     cmd = attnlab_cmd(preset, work, "speedrun", [f"seed={seed}", "sample_tokens=0", *extra], data)
     seen = timed_process(cmd, ROOT, env, {"eval": ATTNLAB_EVAL, "log": ATTNLAB_LOG})
     c = curve(seen["eval"], 1)
@@ -176,15 +176,15 @@ def run_attnlab(preset: str, work: Path, env: dict, seed: int, extra: list[str],
             "max_mfu": max((float(g[2]) for _, g in seen["log"] if g[2]), default=None), "sample": sample.strip()}
 
 
-def nanogpt_step_ms(checkout: Path, work: Path, env: dict, iters: int) -> dict:
-    copy = nanogpt_copy(checkout, work)
+def nanogpt_step_ms(checkout: Path, work: Path, env: dict, data: Path, iters: int) -> dict:
+    copy = nanogpt_copy(checkout, work, data)
     args = [*RECIPE, "--log_interval=1", f"--max_iters={iters}", "--lr_decay_iters=2000", "--eval_interval=100000"]
     seen = timed_process(nanogpt_cmd(args), copy, env, {"iter": NANOGPT_ITER})
     ms = [float(g[1]) for _, g in seen["iter"] if int(g[0]) > 50]  # iter 0's time includes an evaluation
     return {"ms_per_iter": statistics.median(ms), "max_mfu": max(float(g[2]) for _, g in seen["iter"])}
 
 
-def attnlab_step_ms(work: Path, env: dict, iters: int, compile: bool, batch_threads: int = 1,
+def attnlab_step_ms(work: Path, env: dict, data: Path, iters: int, compile: bool, batch_threads: int = 1,
                     backend: str = "sdpa") -> dict:
     """``backend``: "sdpa" (stock kernels) or "cpu-fused" (attnlab's attention, GELU and linear kernels)."""
     cmd = attnlab_cmd("shakespeare-char", work, "step", [
@@ -192,7 +192,7 @@ def attnlab_step_ms(work: Path, env: dict, iters: int, compile: bool, batch_thre
         f"eval_interval={iters}", "eval_iters=1", "log_interval=1", "sample_tokens=0", f"compile={compile}",
         f"batch_threads={batch_threads}", f"attn_backend={backend}",
         f"act_backend={'cpu-fused' if backend == 'cpu-fused' else 'torch'}",
-        f"linear_backend={'cpu-fused' if backend == 'cpu-fused' else 'torch'}"])
+        f"linear_backend={'cpu-fused' if backend == 'cpu-fused' else 'torch'}"], data)
     seen = timed_process(cmd, ROOT, env, {"log": ATTNLAB_LOG})
     rates = [float(g[1].replace(",", "")) for _, g in seen["log"] if int(g[0]) > 50]
     return {"ms_per_iter": 1000 * 12 * 64 / statistics.median(rates),
@@ -230,7 +230,7 @@ def time_rounds(args, checkout: Path, work: Path, env: dict, mode: dict = CPU) -
     rounds = []
     for r in range(args.rounds):
         order = ("nanogpt", "attnlab") if r % 2 == 0 else ("attnlab", "nanogpt")
-        result = {name: (run_nanogpt(checkout, work, env, mode, args.data) if name == "nanogpt"
+        result = {name: (run_nanogpt(checkout, work, env, args.data, mode) if name == "nanogpt"
                          else run_attnlab(args.preset, work, env, args.seed + r, args.extra, args.data))
                   for name in order}
         target = min(args.target, result["nanogpt"]["final_val_200"])
@@ -290,14 +290,15 @@ STEP_CONTENDERS = ("attnlab", "attnlab+compile", "attnlab+compile+threads", "att
 
 
 def step_rounds(args, checkout: Path, work: Path, env: dict) -> dict:
-    contenders = {"nanogpt": lambda: nanogpt_step_ms(checkout, work, env, args.step_iters),
-                  "attnlab": lambda: attnlab_step_ms(work, env, args.step_iters, compile=False),
-                  "attnlab+compile": lambda: attnlab_step_ms(work, env, args.step_iters, compile=True)}
+    data, iters = args.data, args.step_iters
+    contenders = {"nanogpt": lambda: nanogpt_step_ms(checkout, work, env, data, iters),
+                  "attnlab": lambda: attnlab_step_ms(work, env, data, iters, compile=False),
+                  "attnlab+compile": lambda: attnlab_step_ms(work, env, data, iters, compile=True)}
     if args.threads >= 2:  # the batch's two halves at once, one thread each (training/threaded.py)
-        contenders["attnlab+compile+threads"] = lambda: attnlab_step_ms(work, env, args.step_iters, True, 2)
+        contenders["attnlab+compile+threads"] = lambda: attnlab_step_ms(work, env, data, iters, True, 2)
         # and with attnlab's C++ kernels for attention and GELU (nn/attention/cpu_fused.py, nn/gelu_cpu.py)
-        contenders["attnlab+compile+threads+cpu-fused"] = lambda: attnlab_step_ms(work, env, args.step_iters, True,
-                                                                                  2, "cpu-fused")
+        contenders["attnlab+compile+threads+cpu-fused"] = lambda: attnlab_step_ms(work, env, data, iters, True, 2,
+                                                                                  "cpu-fused")
     if args.step_contenders:  # nanoGPT always: the speed-ups are taken against it
         contenders = {name: run for name, run in contenders.items() if name in {"nanogpt", *args.step_contenders}}
     seen: dict[str, list[dict]] = {name: [] for name in contenders}
@@ -309,6 +310,19 @@ def step_rounds(args, checkout: Path, work: Path, env: dict) -> dict:
     ms = {name: statistics.median(x["ms_per_iter"] for x in runs) for name, runs in seen.items()}
     return {"rounds": seen, "median_ms_per_iter": ms,
             "speedup_vs_nanogpt": {n: ms["nanogpt"] / v for n, v in ms.items() if n != "nanogpt"}}
+
+
+def build_kernels() -> None:
+    """attnlab's C++ kernels for the step phase's cpu-fused contender, built (cached on disk) before any work: a
+    machine that cannot build them is told in one line (exit 2) at the start, not after the speed run's rounds."""
+    from attnlab.nn import gelu_cpu, linear_cpu
+    from attnlab.nn.attention import cpu_fused
+    from attnlab.training.runs import load_train_config
+
+    model = load_train_config("shakespeare-char").model  # the step phase's model (attnlab_step_ms)
+    cpu_fused.load(model.d_model // model.n_head)
+    gelu_cpu.load()
+    linear_cpu.load()
 
 
 def device_name(device: str) -> str:
@@ -337,7 +351,8 @@ def main() -> int:
                     help="no runs: put the rounds of earlier runs' JSON files together")
     ap.add_argument("--target", type=positive, help="val loss to reach (default 1.88, --gpu: 1.47)")
     ap.add_argument("--data", type=Path, default=DATA, help="tinyshakespeare's text")
-    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and plot go")
+    ap.add_argument("--results", type=writable_folder, default=ROOT / "benchmarks" / "results",
+                    help="where JSON and plot go")
     ap.add_argument("--threads", type=at_least(1), default=os.cpu_count())
     ap.add_argument("--step-iters", type=at_least(1), default=400, help="iterations of each fp32 step measurement")
     ap.add_argument("--skip-step", action="store_true", help="leave out the fp32 step measurement")
@@ -384,6 +399,9 @@ def main() -> int:
     if args.rounds < 1 or args.step_iters < 100:
         print("speedrun: --rounds must be >= 1 and --step-iters >= 100", file=sys.stderr)
         return 2
+    if not (args.skip_step or args.gpu) and args.threads >= 2 and (
+            not args.step_contenders or "attnlab+compile+threads+cpu-fused" in args.step_contenders):
+        build_kernels()
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT / "src"),
            "PYTHONUNBUFFERED": "1"}
     if args.step_only:
@@ -395,14 +413,15 @@ def main() -> int:
             "threads": args.threads, "step_iters": args.step_iters, "device": device_name("cpu"),
             "torch": _torch_version(), "fp32_step": step}, indent=1))
         return 0
+    record = {"preset": args.preset, "extra": args.extra, "target": args.target, "threads": args.threads,
+              "device": device_name(mode["device"]), "torch": _torch_version(), "fp32_step": None}
     with tempfile.TemporaryDirectory() as tmp:
-        rounds, summary = time_rounds(args, checkout, Path(tmp), env, mode)
-        step = None if args.skip_step or args.gpu else step_rounds(args, checkout, Path(tmp), env)
-    report(rounds, summary, step, mode)
-    return write(args.results, mode, {
-        "preset": args.preset, "extra": args.extra, "target": args.target, "threads": args.threads,
-        "device": device_name(mode["device"]), "torch": _torch_version(), "rounds": rounds, "summary": summary,
-        "fp32_step": step})
+        record["rounds"], record["summary"] = time_rounds(args, checkout, Path(tmp), env, mode)
+        write(args.results, mode, record)  # kept if the fp32 step phase that follows fails
+        if not (args.skip_step or args.gpu):
+            record["fp32_step"] = step_rounds(args, checkout, Path(tmp), env)
+    report(record["rounds"], record["summary"], record["fp32_step"], mode)
+    return write(args.results, mode, record)
 
 
 def report(rounds: list[dict], summary: dict, step: dict | None, mode: dict) -> None:

@@ -12,9 +12,9 @@ seed, so the machine's drift lands on all of them alike.
 Removing a trick that makes its own learning rate matter (Muon -> AdamW) gives that arm its own small
 learning-rate sweep, and the best rate is kept (chosen on the same final val; there is no test split here).
 
-    python benchmarks/speedrun_ablation.py [--seeds 1337 1338 1339] [--only no-qk-norm adamw ...]
+    python benchmarks/speedrun_ablation.py [--seeds 1337 1338 1339] [--only no-qk-norm adamw ...] [--data FILE]
 
-Writes benchmarks/results/speedrun_ablation.json; prints a Markdown table.
+Writes speedrun_ablation.json under --results (default benchmarks/results); prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnlab.cli.errors import OneLineParser, positive, run_script
+from attnlab.cli.errors import OneLineParser, positive, run_script, writable_folder
 from attnlab.cli.errors import seed as any_seed
 from attnlab.training.runs import load_train_config
 
@@ -63,10 +63,10 @@ def preset_steps() -> int:
     return load_train_config("shakespeare-char-speedrun").max_iters
 
 
-def run_once(overrides: list[str], steps: int, seed: int, work: Path) -> dict:
+def run_once(overrides: list[str], steps: int, seed: int, work: Path, data: Path) -> dict:
     """One whole process; its final val and the wall second at which that line appeared."""
     name = f"v{time.monotonic_ns()}"
-    cmd = [str(Path(sys.executable).with_name("attnlab")), "train", "shakespeare-char-speedrun", f"data={DATA}",
+    cmd = [str(Path(sys.executable).with_name("attnlab")), "train", "shakespeare-char-speedrun", f"data={data}",
            f"out_dir={work}", f"name={name}", "progress=false", f"seed={seed}", f"max_iters={steps}",
            f"lr_decay_iters={steps}", f"eval_interval={steps}", *overrides]
     started = time.perf_counter()
@@ -83,7 +83,7 @@ def run_once(overrides: list[str], steps: int, seed: int, work: Path) -> dict:
     return found
 
 
-def search(names: list[str], seeds: list[int], target: float, work: Path, start: int) -> dict:
+def search(names: list[str], seeds: list[int], target: float, work: Path, start: int, data: Path) -> dict:
     """The shortest reaching L of every variant (see the module docstring), the runs interleaved, each search
     starting at L = ``start``."""
     at = {n: GRID.index(start) for n in names}  # the grid position each variant tries next
@@ -94,7 +94,7 @@ def search(names: list[str], seeds: list[int], target: float, work: Path, start:
         for seed in seeds:
             for n in pending:
                 steps = GRID[at[n]]
-                result = run_once(VARIANTS[n][1], steps, seed, work)
+                result = run_once(VARIANTS[n][1], steps, seed, work, data)
                 tried[n].setdefault(steps, []).append(result)
                 print(f"  {n:18s} L={steps:5d} seed {seed}: val {result['val']:.4f} at {result['seconds']} s",
                       flush=True)
@@ -121,9 +121,12 @@ def main() -> int:
     ap.add_argument("--seeds", type=any_seed, nargs="+", default=[1337, 1338, 1339])
     ap.add_argument("--target", type=positive, default=1.88)
     ap.add_argument("--only", nargs="+", choices=sorted(VARIANTS), help="these variants (and the preset)")
+    ap.add_argument("--data", type=Path, default=DATA, help="tinyshakespeare's text")
+    ap.add_argument("--results", type=writable_folder, default=ROOT / "benchmarks" / "results",
+                    help="where the JSON goes")
     args = ap.parse_args()
-    if not DATA.is_file():
-        print(f"speedrun_ablation: {DATA} not found", file=sys.stderr)
+    if not args.data.is_file():
+        print(f"speedrun_ablation: {args.data} not found", file=sys.stderr)
         return 2
     start = preset_steps()
     if start not in GRID:
@@ -131,7 +134,7 @@ def main() -> int:
         return 2
     names = ["preset", *[n for n in VARIANTS if n != "preset" and (not args.only or n in args.only)]]
     with tempfile.TemporaryDirectory() as tmp:
-        found = search(names, args.seeds, args.target, Path(tmp), start)
+        found = search(names, args.seeds, args.target, Path(tmp), start, args.data)
     rows = {}
     for n in names:
         steps = found[n]["steps"]
@@ -150,7 +153,7 @@ def main() -> int:
             continue
         print(f"| {r['change']} | {r['steps']} | {r['val_mean']:.4f} +- {r['val_sd']:.4f} | {r['seconds']:.1f} | "
               f"{r['seconds'] - base:+.1f} s |")
-    out = ROOT / "benchmarks" / "results" / "speedrun_ablation.json"
+    out = args.results / "speedrun_ablation.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"target": args.target, "seeds": args.seeds, "grid": GRID, "rows": rows,
                                "runs": found}, indent=1))

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.bench.memory import peak_rss_mib, saved_for_backward
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_folder
 from attnlab.core.errors import ConfigError
 from attnlab.core.resources import check_room
 from attnlab.experiments.base import interleaved_seconds
@@ -105,7 +105,7 @@ def main() -> int:
     ap.add_argument("--shapes", nargs="+", default=["8x256x120", "1x4096x128", "1x16384x128"])
     ap.add_argument("--chunk", type=at_least(1), default=4, help="the chunked form's chunk (default 4)")
     ap.add_argument("--compiled", action="store_true", help="add the chunked form under torch.compile")
-    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--results", type=writable_folder, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--against", type=Path, help="another version of nn/scan_cpu.cpp, timed as a third contender")
     args = ap.parse_args()
     try:

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.devices import resolve_device
-from attnlab.cli.errors import OneLineParser, at_least, run_script
+from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 
 SHAPES = {
     # nanoGPT's shakespeare-char CPU recipe
@@ -117,7 +117,7 @@ def main() -> int | None:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when one is visible)")
     ap.add_argument("--keep-denormals", action="store_true",
                     help="do not flush subnormal floats to zero (the trainer's flush_denormal=false)")
-    ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
+    ap.add_argument("--out", type=writable_file, default="benchmarks/results/train_throughput.json")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -25,6 +25,7 @@ from tests.helpers import bench_here
     (["quality_at_budget", "--budget-s", "-5"], "must be a number > 0"),  # was accepted
     (["set_interaction", "--lrs", "-1"], "must be a number > 0"),  # was a ValueError traceback
     (["speedrun_ablation", "--target", "nan"], "must be a finite number"),  # was accepted: hours of runs
+    (["speedrun_ablation", "--data", "/no/such/shakespeare.txt"], "not found"),  # --data was not an option
     (["explorer_load", "--run-dir", "/no/such/run"], "run folder not found"),  # was "exited early", exit 1
     (["explorer_load", "--run-dir", "{tmp}"], "not a trained run folder"),  # the explorer's own reason, exit 2
     (["speedrun", "--nanogpt", "{tmp}", "--target", "nan"], "must be a finite number"),  # was accepted: a full run
@@ -50,3 +51,27 @@ def test_install_benchmark_has_a_help(capfd):
     """`bench install --help` prints its usage; it used to start the two-minute install it measures."""
     assert bench_here("install", "--help") == 0
     assert "usage:" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generation", "--out", "{dir}"], "the file {dir} is a folder, not a file"),
+    (["fp32_step", "--nanogpt", "{dir}", "--out", "{file}/fp32.json"],
+     "the folder of the file {file} exists and is not a folder"),
+    (["kill_trials", "--out", ""], "--out: is empty"),
+    (["speedrun", "--nanogpt", "{dir}", "--results", "{file}"], "the folder {file} exists and is not a folder"),
+    (["ssm_scan", "--results", "{file}/under"], "cannot write in the folder"),
+    (["parallel_time", "--results", ""], "--results: is empty"),  # was the current folder
+])
+def test_a_place_results_cannot_be_written_is_refused_before_any_work(tmp_path, capfd, argv, message):
+    """--out and --results are checked when the arguments are read: a benchmark once measured for minutes and
+    then failed to save (the checks of ``attnlab.cli.errors.writable_file`` / ``writable_folder``)."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("not a folder")
+    fill = {"{dir}": str(tmp_path / "dir"), "{file}": str(tmp_path / "file")}
+    for key, value in fill.items():
+        argv = [a.replace(key, value) for a in argv]
+        message = message.replace(key, value)
+    assert bench_here(*argv) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "file"] and not any((tmp_path / "dir").iterdir())

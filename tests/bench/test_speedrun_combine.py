@@ -76,18 +76,19 @@ def test_step_rounds_alternate_only_the_chosen_contenders_and_report_each_rounds
     calls = []
     times = {"nanogpt": iter([40.0, 30.0, 50.0]), "fused": iter([20.0, 30.0, 25.0])}
 
-    def nano(checkout, work, env, iters):
+    def nano(checkout, work, env, data, iters):
+        assert data == args.data  # --data reaches the step phase too (it once read the default path there)
         calls.append("nanogpt")
         return {"ms_per_iter": next(times["nanogpt"]), "max_mfu": 0.1}
 
-    def ours(work, env, iters, compile, batch_threads=1, attn_backend="sdpa"):
-        assert (compile, batch_threads, attn_backend) == (True, 2, "cpu-fused")
+    def ours(work, env, data, iters, compile, batch_threads=1, attn_backend="sdpa"):
+        assert (data, compile, batch_threads, attn_backend) == (args.data, True, 2, "cpu-fused")
         calls.append("fused")
         return {"ms_per_iter": next(times["fused"]), "max_mfu": 1.0}
 
     monkeypatch.setattr(speedrun, "nanogpt_step_ms", nano)
     monkeypatch.setattr(speedrun, "attnlab_step_ms", ours)
-    args = type("Args", (), {"threads": 2, "rounds": 3, "step_iters": 100,
+    args = type("Args", (), {"threads": 2, "rounds": 3, "step_iters": 100, "data": Path("/elsewhere/shakespeare.txt"),
                              "step_contenders": ["attnlab+compile+threads+cpu-fused"]})()
     step = speedrun.step_rounds(args, Path("."), Path("."), {})
     assert calls == ["nanogpt", "fused", "fused", "nanogpt", "nanogpt", "fused"]
@@ -96,3 +97,36 @@ def test_step_rounds_alternate_only_the_chosen_contenders_and_report_each_rounds
     speedrun.report_step(step)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  attnlab+compile+threads+cpu"))
     assert line.split()[-2:] == ["1.600x", "(1.000-2.000)"]
+
+
+def test_the_speed_runs_rounds_are_saved_before_the_step_phase(speedrun, monkeypatch, tmp_path):
+    """A failure in the fp32 step phase (minutes after the rounds) leaves the rounds' JSON and plot written; the
+    step phase's C++ kernels are built before the first round (a machine without a compiler is told at once)."""
+    checkout, data = tmp_path / "nanogpt", tmp_path / "shakespeare.txt"
+    checkout.mkdir()
+    for name in ("train.py", "model.py"):
+        (checkout / name).write_text("")
+    data.write_text("text")
+    rounds = [a_round(1337, 90.0, 15.0, 1.81)]
+    order = []
+    monkeypatch.setattr(speedrun, "build_kernels", lambda: order.append("build"))
+
+    def time_rounds(*a, **k):
+        order.append("rounds")
+        return rounds, speedrun.summarise(rounds)
+
+    def step_fails(args, *rest):
+        assert args.data == data
+        raise SystemExit("nanoGPT's step run failed")
+
+    monkeypatch.setattr(speedrun, "time_rounds", time_rounds)
+
+    monkeypatch.setattr(speedrun, "step_rounds", step_fails)
+    monkeypatch.setattr(sys, "argv", ["speedrun.py", "--nanogpt", str(checkout), "--data", str(data),
+                                      "--results", str(tmp_path / "out"), "--threads", "2"])
+    with pytest.raises(SystemExit, match="step run failed"):
+        speedrun.main()
+    saved = json.loads((tmp_path / "out" / "speedrun.json").read_text())
+    assert saved["rounds"] == rounds and saved["fp32_step"] is None
+    assert (tmp_path / "out" / "speedrun.png").is_file()
+    assert order == ["build", "rounds"]

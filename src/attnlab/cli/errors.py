@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from attnlab.core.errors import AttnlabError, ConfigError
@@ -15,7 +16,7 @@ from attnlab.core.schema import did_you_mean
 # evaluated the run's own data, exit 0): the usual cause is an unset shell variable (`--data $FILE`)
 PATHS = {"run_dir": "RUN", "directory": "DIRECTORY", "config": "CONFIG", "data": "--data", "out": "--out",
          "file": "--file", "image": "--image", "audio": "--audio", "json": "--json", "figure": "--figure",
-         "faithfulness": "--faithfulness"}
+         "faithfulness": "--faithfulness", "results": "--results"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -84,6 +85,29 @@ def positive(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
     return value
+
+
+def _writable(text: str, check, what: str) -> Path:
+    from attnlab.core.fileio import check_writable_file, check_writable_folder
+
+    if text == "":
+        raise argparse.ArgumentTypeError("is empty (an unset shell variable?); give a file or folder")
+    path = Path(text)
+    {"file": check_writable_file, "folder": check_writable_folder}[check](
+        path, what, argparse.ArgumentTypeError, create=True)
+    return path
+
+
+def writable_file(text: str) -> Path:
+    """An argparse type: a file the results will be written to, refused at once (one line, exit 2) when it is a
+    folder or its folder cannot be written in or made, so that a benchmark never measures for minutes and then
+    fails to save. Nothing is created here; the writer makes the missing folders."""
+    return _writable(text, "file", "the file")
+
+
+def writable_folder(text: str) -> Path:
+    """An argparse type: a folder the results will be written in, checked as ``writable_file`` checks a file."""
+    return _writable(text, "folder", "the folder")
 
 
 def run_script(main: Callable[[], int | None], name: str) -> NoReturn:
