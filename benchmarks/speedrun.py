@@ -61,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from attnlab.cli.errors import OneLineParser, at_least, positive, run_script, writable_folder
@@ -226,7 +227,10 @@ def plot(rounds: list[dict], target: float, out: Path, label: str = CPU["label"]
     plt.close(fig)
 
 
-def time_rounds(args, checkout: Path, work: Path, env: dict, mode: dict = CPU) -> tuple[list[dict], dict]:
+def time_rounds(args, checkout: Path, work: Path, env: dict, mode: dict = CPU,
+                saved: Callable[[list[dict]], None] | None = None) -> tuple[list[dict], dict]:
+    """``args.rounds`` alternating rounds of the two whole processes; ``saved`` is given the rounds so far after
+    each one (the benchmark writes them: an interrupted run keeps its finished rounds)."""
     rounds = []
     for r in range(args.rounds):
         order = ("nanogpt", "attnlab") if r % 2 == 0 else ("attnlab", "nanogpt")
@@ -242,6 +246,8 @@ def time_rounds(args, checkout: Path, work: Path, env: dict, mode: dict = CPU) -
         print(f"round {r + 1} (target {target:.4f}): " + "; ".join(
             f"{n} {result[n]['wall_s']} s whole, to target {result[n]['time_to_target_s']} s, final val "
             f"{result[n]['final_val_200']}" for n in ("nanogpt", "attnlab")), flush=True)
+        if saved is not None:
+            saved(rounds)
     return rounds, summarise(rounds)
 
 
@@ -416,8 +422,9 @@ def main() -> int:
     record = {"preset": args.preset, "extra": args.extra, "target": args.target, "threads": args.threads,
               "device": device_name(mode["device"]), "torch": _torch_version(), "fp32_step": None}
     with tempfile.TemporaryDirectory() as tmp:
-        record["rounds"], record["summary"] = time_rounds(args, checkout, Path(tmp), env, mode)
-        write(args.results, mode, record)  # kept if the fp32 step phase that follows fails
+        # each round is written as it ends: an interrupted run, or a failed fp32 step phase after it, keeps them
+        record["rounds"], record["summary"] = time_rounds(args, checkout, Path(tmp), env, mode, lambda rounds: write(
+            args.results, mode, {**record, "rounds": rounds, "summary": summarise(rounds)}))
         if not (args.skip_step or args.gpu):
             record["fp32_step"] = step_rounds(args, checkout, Path(tmp), env)
     report(record["rounds"], record["summary"], record["fp32_step"], mode)

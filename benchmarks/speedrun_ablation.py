@@ -14,7 +14,8 @@ learning-rate sweep, and the best rate is kept (chosen on the same final val; th
 
     python benchmarks/speedrun_ablation.py [--seeds 1337 1338 1339] [--only no-qk-norm adamw ...] [--data FILE]
 
-Writes speedrun_ablation.json under --results (default benchmarks/results); prints a Markdown table.
+Writes speedrun_ablation.json under --results (default benchmarks/results), after every run with the runs so
+far ("complete": false) and at the end with the table's rows; prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from attnlab.cli.errors import OneLineParser, positive, run_script, writable_folder
@@ -83,9 +85,11 @@ def run_once(overrides: list[str], steps: int, seed: int, work: Path, data: Path
     return found
 
 
-def search(names: list[str], seeds: list[int], target: float, work: Path, start: int, data: Path) -> dict:
+def search(names: list[str], seeds: list[int], target: float, work: Path, start: int, data: Path,
+           saved: Callable[[dict], None] | None = None) -> dict:
     """The shortest reaching L of every variant (see the module docstring), the runs interleaved, each search
-    starting at L = ``start``."""
+    starting at L = ``start``; ``saved`` is given the runs so far after each one (an interrupted search of
+    about an hour keeps them)."""
     at = {n: GRID.index(start) for n in names}  # the grid position each variant tries next
     tried: dict[str, dict[int, list[dict]]] = {n: {} for n in names}
     answer: dict[str, int | None] = {}
@@ -98,6 +102,8 @@ def search(names: list[str], seeds: list[int], target: float, work: Path, start:
                 tried[n].setdefault(steps, []).append(result)
                 print(f"  {n:18s} L={steps:5d} seed {seed}: val {result['val']:.4f} at {result['seconds']} s",
                       flush=True)
+                if saved is not None:
+                    saved({v: {str(k): runs for k, runs in tried[v].items()} for v in names})
         for n in pending:
             steps = GRID[at[n]]
             reached = statistics.mean(r["val"] for r in tried[n][steps]) <= target
@@ -133,8 +139,12 @@ def main() -> int:
         print(f"speedrun_ablation: the preset's max_iters={start} is not on the grid {GRID}", file=sys.stderr)
         return 2
     names = ["preset", *[n for n in VARIANTS if n != "preset" and (not args.only or n in args.only)]]
+    out = args.results / "speedrun_ablation.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    head = {"target": args.target, "seeds": args.seeds, "grid": GRID}
     with tempfile.TemporaryDirectory() as tmp:
-        found = search(names, args.seeds, args.target, Path(tmp), start, args.data)
+        found = search(names, args.seeds, args.target, Path(tmp), start, args.data, lambda runs: out.write_text(
+            json.dumps({**head, "complete": False, "runs_so_far": runs}, indent=1)))
     rows = {}
     for n in names:
         steps = found[n]["steps"]
@@ -153,10 +163,7 @@ def main() -> int:
             continue
         print(f"| {r['change']} | {r['steps']} | {r['val_mean']:.4f} +- {r['val_sd']:.4f} | {r['seconds']:.1f} | "
               f"{r['seconds'] - base:+.1f} s |")
-    out = args.results / "speedrun_ablation.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"target": args.target, "seeds": args.seeds, "grid": GRID, "rows": rows,
-                               "runs": found}, indent=1))
+    out.write_text(json.dumps({**head, "complete": True, "rows": rows, "runs": found}, indent=1))
     return 0
 
 

@@ -99,34 +99,45 @@ def test_step_rounds_alternate_only_the_chosen_contenders_and_report_each_rounds
     assert line.split()[-2:] == ["1.600x", "(1.000-2.000)"]
 
 
-def test_the_speed_runs_rounds_are_saved_before_the_step_phase(speedrun, monkeypatch, tmp_path):
-    """A failure in the fp32 step phase (minutes after the rounds) leaves the rounds' JSON and plot written; the
-    step phase's C++ kernels are built before the first round (a machine without a compiler is told at once)."""
+@pytest.mark.parametrize("fails", ["the fp32 step phase", "round 3"])
+def test_finished_rounds_are_saved_when_a_later_part_of_the_run_fails(speedrun, monkeypatch, tmp_path, fails):
+    """Each round's JSON and plot are written as it ends, so a failure minutes later (the fp32 step phase, or
+    a later round) leaves the finished rounds; the step phase's C++ kernels are built before the first round (a
+    machine without a compiler is told at once)."""
     checkout, data = tmp_path / "nanogpt", tmp_path / "shakespeare.txt"
     checkout.mkdir()
     for name in ("train.py", "model.py"):
         (checkout / name).write_text("")
     data.write_text("text")
-    rounds = [a_round(1337, 90.0, 15.0, 1.81)]
     order = []
     monkeypatch.setattr(speedrun, "build_kernels", lambda: order.append("build"))
 
-    def time_rounds(*a, **k):
-        order.append("rounds")
-        return rounds, speedrun.summarise(rounds)
+    def nanogpt(checkout, work, env, given, mode):
+        assert given == data
+        order.append("nanogpt")
+        return a_round(0, 90.0, 0.0, 0.0)["nanogpt"] | {"curve": [{"step": 2000, "val_loss": 1.89, "seconds": 90.0}],
+                                                       "final_val_200": 1.89}
+
+    def attnlab(preset, work, env, seed, extra, given):
+        assert given == data
+        order.append("attnlab")
+        if fails == "round 3" and seed == 1339:
+            raise SystemExit("attnlab's round failed")
+        return {k: v for k, v in a_round(seed, 0.0, 15.0, 1.81)["attnlab"].items() if k != "time_to_target_s"}
 
     def step_fails(args, *rest):
-        assert args.data == data
         raise SystemExit("nanoGPT's step run failed")
 
-    monkeypatch.setattr(speedrun, "time_rounds", time_rounds)
-
+    monkeypatch.setattr(speedrun, "run_nanogpt", nanogpt)
+    monkeypatch.setattr(speedrun, "run_attnlab", attnlab)
     monkeypatch.setattr(speedrun, "step_rounds", step_fails)
     monkeypatch.setattr(sys, "argv", ["speedrun.py", "--nanogpt", str(checkout), "--data", str(data),
                                       "--results", str(tmp_path / "out"), "--threads", "2"])
-    with pytest.raises(SystemExit, match="step run failed"):
+    with pytest.raises(SystemExit, match="failed"):
         speedrun.main()
     saved = json.loads((tmp_path / "out" / "speedrun.json").read_text())
-    assert saved["rounds"] == rounds and saved["fp32_step"] is None
+    assert [r["attnlab"]["seed"] for r in saved["rounds"]] == ([1337, 1338] if fails == "round 3"
+                                                               else [1337, 1338, 1339])
+    assert saved["summary"]["ratio"] == pytest.approx(15.0 / 90.0) and saved["fp32_step"] is None
     assert (tmp_path / "out" / "speedrun.png").is_file()
-    assert order == ["build", "rounds"]
+    assert order[:3] == ["build", "nanogpt", "attnlab"]
