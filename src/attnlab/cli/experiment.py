@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="keep what an earlier run in OUT finished "
                    "and run only what is missing (chomsky, vit-vs-cnn, moe-vs-dense, micrograph-saliency, ssl-recipe: "
                    "their single runs)")
+    p.add_argument("--data", default=None, help="the text an experiment that reads one trains on (scaling: "
+                   "default ../shared/data/tinyshakespeare.txt)")
     p.add_argument("--workers", type=int, default=1, help="train this many runs (seeds, rates, arms) at a time, "
                    "each in its own process with one torch thread (results as with 1; default 1)")
     p.set_defaults(func=_cmd_experiment)
@@ -32,7 +34,8 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         raise unknown_name("experiment", args.name, list(EXPERIMENTS))
     if args.list or not args.name:
         running = [flag for flag, given in (("--quick", args.quick), ("--out", args.out is not None),
-                                            ("--resume", args.resume), ("--workers", args.workers != 1)) if given]
+                                            ("--resume", args.resume), ("--workers", args.workers != 1),
+                                            ("--data", args.data is not None)) if given]
         if running:  # they only mean something for a run: a list that ignored them would hide the mistake
             raise ConfigError(f"{' and '.join(running)} only apply to a run, and --list (or no name) only lists: "
                               "leave them out, or name an experiment without --list")
@@ -58,15 +61,22 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     else:
         refuse_foreign_files(out, args.name)
     module = load(args.name)
-    if args.resume:
-        import inspect
+    import inspect
 
-        if "resume" not in inspect.signature(module.run).parameters:
-            raise ConfigError(f"experiment {args.name!r} cannot resume; run it again without --resume")
+    takes = inspect.signature(module.run).parameters
+    if args.resume and "resume" not in takes:
+        raise ConfigError(f"experiment {args.name!r} cannot resume; run it again without --resume")
+    if args.data is not None and "data" not in takes:
+        raise ConfigError(f"experiment {args.name!r} makes its own data; --data applies to "
+                          f"{', '.join(n for n in EXPERIMENTS if 'data' in inspect.signature(load(n).run).parameters)}")
+    if args.data is not None and not Path(args.data).is_file():
+        raise ConfigError(f"--data {args.data} is not a file")
+    options = {"quick": args.quick, **({"resume": True} if args.resume else {}),
+               **({"data": Path(args.data)} if args.data is not None else {})}
     from attnlab.experiments.study import parallel_runs
 
     with parallel_runs(args.workers):
-        record = module.run(out, quick=args.quick, resume=True) if args.resume else module.run(out, quick=args.quick)
+        record = module.run(out, **options)
     verdict = {"held": "the claim held", "not held": "the claim did NOT hold",
                "not decidable": "not decidable at this scale"}[record.get("verdict", "held" if record["claim_held"]
                                                                    else "not held")]

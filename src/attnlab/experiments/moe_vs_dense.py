@@ -32,7 +32,7 @@ import torch
 
 from attnlab.experiments.base import interleaved_seconds, label_axes, pyplot, save_figure, write_outputs
 from attnlab.experiments.partial import kept_arms, run_parts
-from attnlab.experiments.scaling import char_data, evaluate, non_embedding_params, warmup_cosine, windows
+from attnlab.experiments.scaling import char_data, evaluate, non_embedding_params, text_of, warmup_cosine, windows
 from attnlab.experiments.study import Difference, Protocol, edge_text, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
@@ -124,12 +124,16 @@ def step_times(s: dict[str, Any], vocab: int) -> dict[str, list[float]]:
                                per_round=3)
 
 
-def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: one tiny layer, 40 steps); writes results.json, report.md and curves.png. Each
-    single training run is kept in ``out/.runs/`` as it finishes; ``resume``: take the runs kept there (same
-    settings) and run only the rest."""
+def run(out: Path, quick: bool = False, resume: bool = False, data: Path | None = None) -> dict[str, Any]:
+    """Run the experiment (quick: one tiny layer, 40 steps) on the text ``data`` (``scaling.text_of``:
+    tinyshakespeare by default); writes results.json, report.md and curves.png. Each single training run is kept
+    in ``out/.runs/`` as it finishes; ``resume``: take the runs kept there (same settings, and with ``data`` the
+    same text) and run only the rest."""
     s = QUICK if quick else FULL
-    data, vocab = char_data(s["context"])
+    text, about = text_of(data)
+    # a run given --data keeps its runs under the text's hash too: a resume on another text is refused
+    key = {**s, "text_sha256": about["sha256"]} if data is not None else s
+    splits, vocab = char_data(s["context"], text)
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "context", "eval_every")},
                         lr_sweep={arm: list(s["lrs"]) for arm in ARMS}, verdict_rule=[r.describe() for r in RULES],
                         select_on="val_loss", higher_is_better=False, confirm_seeds=[3],
@@ -137,12 +141,12 @@ def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
     record: dict[tuple[str, float, int], dict[str, Any]] = {}
 
     def training(_: str, keep: Path) -> dict[str, Any]:  # every run of the study, one part
-        fns = {arm: (lambda seed, lr, arm=arm: train_arm(arm, s, data, vocab, seed, lr)) for arm in ARMS}
+        fns = {arm: (lambda seed, lr, arm=arm: train_arm(arm, s, splits, vocab, seed, lr)) for arm in ARMS}
         arms = run_arms(kept_arms(fns, keep), protocol, log=lambda line: None, record=record)
         return {"arms": arms, "curves": {arm: [record[(arm, arms[arm]["lr"], seed)]["curve"] for seed in protocol.seeds]
                                          for arm in ARMS}}
 
-    parts, _, started = run_parts(out, NAME, s, quick, ["training"], training, resume, keep_runs=True)
+    parts, _, started = run_parts(out, NAME, key, quick, ["training"], training, resume, keep_runs=True)
     arms, curves = parts["training"]["arms"], parts["training"]["curves"]
     outcomes = [r.decide(arms) for r in RULES]
     verdict = verdict_of(outcomes)
@@ -150,7 +154,8 @@ def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
               for arm in ("moe-8-top2", "dense-wide")}
     times = step_times(s, vocab)
     ratios = {arm: [a / d for a, d in zip(t, times["dense"])] for arm, t in times.items()}  # paired by round
-    results = {"settings": s, "arms": arms, "outcomes": outcomes, "reported": others, "step_seconds": times,
+    results = {"settings": s, "text": about, "arms": arms, "outcomes": outcomes, "reported": others,
+               "step_seconds": times,
                "time_ratio_to_dense": {arm: statistics.median(t) / statistics.median(times["dense"])
                                        for arm, t in times.items()},
                "time_ratio_range": {arm: [min(r), max(r)] for arm, r in ratios.items()},
@@ -176,11 +181,12 @@ its 95% Welch interval (seeds {protocol.seeds}, each arm at its tuned rate); hel
 interval lies wholly short of 0 even at the family-wise level 1 - 0.05/{len(outcomes)} (Bonferroni: with
 {len(outcomes)} intervals at 95%, one misses by chance up to {len(outcomes)} times as often), else not decidable.
 
-**Setup.** Char-level Shakespeare, GPT with {s['n_layer']} layers, d_model {s['d_model']}, 4 heads, context
-{s['context']}, batch {s['batch']}; {s['steps']} steps ({s['steps'] * s['batch'] * s['context']:,} characters, the
-same for every arm), AdamW (0.9, 0.95, weight decay 0.1), warmup 50 steps and cosine to 10%, clip 1.0; rates
-{s['lrs']} per arm chosen on validation loss, a best rate at either end of its sweep extended by the sweep's ratio up
-to {protocol.extend_edges} times (rates run: {_rates_run(arms)}); seed {protocol.confirm_seeds[0]} held out.
+**Setup.** Char-level on {results['text']['file']} ({results['text']['chars']:,} chars), GPT with {s['n_layer']}
+layers, d_model {s['d_model']}, 4 heads, context {s['context']}, batch {s['batch']}; {s['steps']} steps
+({s['steps'] * s['batch'] * s['context']:,} characters, the same for every arm), AdamW (0.9, 0.95, weight decay
+0.1), warmup 50 steps and cosine to 10%, clip 1.0; rates {s['lrs']} per arm chosen on validation loss, a best rate
+at either end of its sweep extended by the sweep's ratio up to {protocol.extend_edges} times (rates run:
+{_rates_run(arms)}); seed {protocol.confirm_seeds[0]} held out.
 MoE: experts of width 4d, capacity factor 1.25, load-balancing weight 0.01, router z-loss 0.001. FLOPs per token
 C = 6 (N_active + n_layer T d).
 Step time: one training step at batch {s['batch']}, arms interleaved over {s['time_rounds']} shuffled rounds,

@@ -20,6 +20,7 @@ compared, not decided: the regime (N <= 1.5e5, D <= 3.3e6 chars, one text) is or
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 import time
@@ -59,12 +60,19 @@ def rates(d_model: int) -> list[float]:
     return [base, 3 * base]
 
 
-def load_text() -> str:
-    """tinyshakespeare.txt from ../shared/data (relative to the working directory or to the checkout)."""
-    for path in (DATA, Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tinyshakespeare.txt"):
+def text_of(given: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """The text an experiment trains on, and what names it (``file``, ``chars``, ``sha256``): ``given``
+    (``attnlab experiment NAME --data FILE``), else tinyshakespeare.txt from ../shared/data (relative to the
+    working directory or to the checkout). DataError, before any work, where there is none."""
+    places = [given] if given is not None else [
+        DATA, Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tinyshakespeare.txt"]
+    for path in places:
         if path.is_file():
-            return path.read_text(encoding="utf-8")
-    raise DataError(f"Shakespeare text not found: {DATA}")
+            text = path.read_text(encoding="utf-8")
+            return text, {"file": str(path), "chars": len(text),
+                          "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]}
+    raise DataError(f"text not found: {given}" if given is not None else
+                    f"Shakespeare text not found: {DATA}; give its path with --data FILE")
 
 
 def non_embedding_params(model: GPT) -> int:
@@ -113,16 +121,16 @@ def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, T: int, batch:
     return total / (len(starts) * T)
 
 
-def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """One torch thread per run: these small models are dispatch-bound (on a loaded 2-core machine a second
-    thread made each step ~50x slower, 3.0 s vs 0.06 s at d_model 48)."""
+def run(out: Path, quick: bool = False, data: Path | None = None) -> dict[str, Any]:
+    """The sweep on the text ``data`` (``text_of``: tinyshakespeare by default). One torch thread per run: these
+    small models are dispatch-bound (on a loaded 2-core machine a second thread made each step ~50x slower,
+    3.0 s vs 0.06 s at d_model 48)."""
     with runtime.settings(threads=1):
-        return _run(out, quick)
+        return _run(out, quick, data)
 
 
-def char_data(context: int) -> tuple[dict[str, torch.Tensor], int]:
-    """The text as ids split 80/10/10, with fixed evaluation windows of the validation and test splits."""
-    text = load_text()
+def char_data(context: int, text: str) -> tuple[dict[str, torch.Tensor], int]:
+    """``text`` as ids split 80/10/10, with fixed evaluation windows of the validation and test splits."""
     chars = sorted(set(text))
     ids = torch.tensor(_encode(text, chars), dtype=torch.long)
     a, b = int(0.8 * len(ids)), int(0.9 * len(ids))
@@ -133,10 +141,11 @@ def char_data(context: int) -> tuple[dict[str, torch.Tensor], int]:
     return data, len(chars)
 
 
-def _run(out: Path, quick: bool) -> dict[str, Any]:
+def _run(out: Path, quick: bool, given: Path | None) -> dict[str, Any]:
     started = time.perf_counter()
     s = QUICK if quick else FULL
-    data, vocab = char_data(s["context"])
+    text, about = text_of(given)
+    data, vocab = char_data(s["context"], text)
     tokens_per_step = s["batch"] * s["context"]
     cells = {f"{L}x{d}@{steps}": (L, d, steps) for L, d in s["sizes"] for steps in s["steps"]}
     protocol = Protocol(seeds=[0, 1, 2], budget={"steps": list(s["steps"]), "tokens_per_step": tokens_per_step,
@@ -153,12 +162,12 @@ def _run(out: Path, quick: bool) -> dict[str, Any]:
     outcomes = _decide(fits)
     verdict = verdict_of(outcomes)
     ns = sorted({p["N"] for p in points})
-    results = {"settings": s, "tokens_per_step": tokens_per_step, "vocab_size": vocab,
+    results = {"settings": s, "text": about, "tokens_per_step": tokens_per_step, "vocab_size": vocab,
                "n_decades": math.log10(ns[-1] / ns[0]), "cells": points, "arms": arms, "fits": fits,
                "outcomes": outcomes, "reference": {"kaplan_alpha_N": KAPLAN_ALPHA_N,
                                                    "hoffmann_alpha": HOFFMANN_ALPHA, "hoffmann_beta": HOFFMANN_BETA}}
     _plot(points, fits, out)
-    return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, points, arms, fits, outcomes, ns),
+    return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, about, points, arms, fits, outcomes, ns),
                          started, quick, protocol=protocol.as_dict())
 
 
@@ -193,7 +202,7 @@ def _edge_note(arms: dict[str, Any]) -> str:
             "lie above the sweep and their losses are upper bounds. ")
 
 
-def _report(s, points, arms, fits, outcomes, ns) -> str:
+def _report(s, text, points, arms, fits, outcomes, ns) -> str:
     steps = list(s["steps"])
     by_size: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     for p in points:
@@ -212,7 +221,8 @@ def _report(s, points, arms, fits, outcomes, ns) -> str:
                          for f in fits["pinned"].values())
     return f"""**Verdict rule, fixed before the run.** {'; '.join(_rules_text())}. Seeds 0, 1, 2 per cell.
 
-**Setup.** Char-level Shakespeare (80/10/10 split), GPT with learned positions, 2 heads, context {s['context']},
+**Setup.** Char-level on {text['file']} ({text['chars']:,} chars, 80/10/10 split), GPT with learned positions, 2
+heads, context {s['context']},
 batch {s['batch']} ({tps} chars per step), AdamW (0.9, 0.95), no weight decay or dropout, one thread per run.
 Each cell (size x budget) is its own run: warmup 20 steps, cosine to 10% of the peak at its own end; the peak is
 chosen per cell on validation from two rates (3e-3 x min(1, 48/d) and 3x that). Test loss on 256 fixed windows

@@ -58,7 +58,7 @@ from attnlab.experiments.base import (
     slopes,
     write_outputs,
 )
-from attnlab.experiments.scaling import char_data, evaluate, windows
+from attnlab.experiments.scaling import char_data, evaluate, text_of, windows
 from attnlab.experiments.study import (
     Difference,
     Protocol,
@@ -199,20 +199,22 @@ def train_lm(mixer: str, s: dict[str, Any], d_model: int, data: dict[str, torch.
             "params": sum(p.numel() for p in model.parameters())}
 
 
-def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run both parts (quick: short lengths, a tiny model, 30 steps); writes results.json, report.md, cost.png."""
+def run(out: Path, quick: bool = False, data: Path | None = None) -> dict[str, Any]:
+    """Run both parts (quick: short lengths, a tiny model, 30 steps), part 2 on the text ``data``
+    (``scaling.text_of``: tinyshakespeare by default); writes results.json, report.md, cost.png."""
     started = time.perf_counter()
     s = QUICK if quick else FULL
+    text, about = text_of(data)  # before part 1: a missing text is told before any work
     measured, threads = cost(s), torch.get_num_threads()
-    data, _ = char_data(s["context"])
+    splits, _ = char_data(s["context"], text)
     widths = {"attention": s["d_model"], "ssm": matched_ssm_width(s)}
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "context")},
                         lr_sweep={m: list(s["lrs"]) for m in widths}, verdict_rule=_rules_text(),
                         select_on="val_loss", higher_is_better=False, confirm_seeds=[3],
                         extend_edges=0 if quick else 1)
-    arms = run_arms({m: (lambda seed, lr, m=m: train_lm(m, s, widths[m], data, seed, lr)) for m in widths},
+    arms = run_arms({m: (lambda seed, lr, m=m: train_lm(m, s, widths[m], splits, seed, lr)) for m in widths},
                     protocol, log=lambda line: None)
-    raw = {"settings": s, "slope_from": SLOPE_FROM["quick" if quick else "full"], "cost": measured,
+    raw = {"settings": s, "text": about, "slope_from": SLOPE_FROM["quick" if quick else "full"], "cost": measured,
            "cost_threads": threads, "widths": widths, "arms": arms}
     return _conclude(out, raw, protocol, started, quick)
 
@@ -222,7 +224,8 @@ def reanalyse(out: Path, note: str) -> dict[str, Any]:
     ``out/results.json`` (nothing is measured or trained again) with the current rule; rewrite its results.json,
     report.md and cost.png (its wall time grows by the seconds the re-analysis takes), with ``note`` (why) in both."""
     record = json.loads((out / "results.json").read_text())
-    raw = {k: record["results"][k] for k in ("settings", "slope_from", "cost", "cost_threads", "widths", "arms")}
+    raw = {k: record["results"][k] for k in ("settings", "slope_from", "cost", "cost_threads", "widths", "arms",
+                                              "text") if k in record["results"]}  # "text": runs since --data
     protocol = Protocol(**{**record["protocol"], "verdict_rule": _rules_text()})
     return _conclude(out, {**raw, "reanalysed": note}, protocol, time.perf_counter() - record["wall_time_s"],
                      record["quick"])
@@ -237,7 +240,8 @@ def _conclude(out: Path, raw: dict[str, Any], protocol: Protocol, started: float
     outcomes = [*cost_outcomes(fitted), {**loss_rule.decide(arms), "part": "loss within 2% at equal parameters"}]
     results = {**raw, "slopes": fitted, "outcomes": outcomes}
     _plot(measured, out)
-    report = _report(s, start, measured, fitted, raw["widths"], arms, outcomes, protocol, raw["cost_threads"])
+    report = _report(s, start, measured, fitted, raw["widths"], arms, outcomes, protocol, raw["cost_threads"],
+                     f"The characters of {raw['text']['file']}" if "text" in raw else "Shakespeare characters")
     if raw.get("reanalysed"):
         report += f"\n\n**Re-analysed** from this run's raw measurements: {raw['reanalysed']}"
     return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, report, started, quick,
@@ -266,7 +270,7 @@ def _rules_text() -> list[str]:
             "the SSM's test loss at most 2% above attention's at equal parameters (Welch 95% interval)"]
 
 
-def _report(s, start, measured, fitted, widths, arms, outcomes, protocol, threads) -> str:
+def _report(s, start, measured, fitted, widths, arms, outcomes, protocol, threads, text) -> str:
     mixers = list(measured)
     lengths = [T for T in s["lengths"] if any(str(T) in measured[m] for m in mixers)]
 
@@ -303,7 +307,7 @@ Log-log slopes over T >= {start:,} (95% intervals: times, bootstrap over repeats
 |---|---|---|
 {slope_rows}
 
-**Part 2, loss at equal parameters.** Shakespeare characters at context {s['context']}, {s['n_layer']} layers,
+**Part 2, loss at equal parameters.** {text} at context {s['context']}, {s['n_layer']} layers,
 batch {s['batch']}, {s['steps']:,} steps, AdamW with warmup and cosine; attention (SDPA, learned positions, d_model
 {widths['attention']}, {int(a['params']['mean']):,} parameters) against the SSM (no positions, d_model
 {widths['ssm']}, {int(ss['params']['mean']):,} parameters{', the C++ scan' if s['steps'] > 600 else ''}); rates
