@@ -3,6 +3,7 @@ script run in this process."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import runpy
@@ -36,6 +37,17 @@ needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="needs 
 
 # bit-identical resume on a GPU needs deterministic kernels (a CPU run is deterministic anyway)
 EXACT = {"deterministic": "true"} if torch.cuda.is_available() else {}
+
+
+def load_benchmark(name: str):
+    """``benchmarks/NAME.py`` imported as a module, its ``main`` not run, registered in ``sys.modules`` as
+    ``NAME_benchmark`` (its dataclasses look their module up there)."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def bench_here(name: str, *argv: str) -> int:

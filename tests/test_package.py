@@ -119,11 +119,8 @@ def test_the_speedrun_preset_evaluates_nanogpts_estimate_on_val_alone(tmp_path, 
 def test_the_speedrun_ablation_searches_from_the_presets_own_length():
     """benchmarks/speedrun_ablation.py starts every variant's search at the preset's max_iters, which must lie on
     its grid (a preset changed to an off-grid length would stop the ablation before its first run)."""
-    import importlib.util
+    from tests.helpers import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "speedrun_ablation.py"
-    spec = importlib.util.spec_from_file_location("speedrun_ablation", path)
-    ablation = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ablation)
+    ablation = load_benchmark("speedrun_ablation")
     assert ablation.preset_steps() == load_train_config("shakespeare-char-speedrun").max_iters
     assert ablation.preset_steps() in ablation.GRID

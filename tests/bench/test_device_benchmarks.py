@@ -9,7 +9,7 @@ import json
 import pytest
 
 from attnlab.cli import main
-from tests.helpers import bench_here
+from tests.helpers import bench_here, load_benchmark
 
 
 def test_parallel_time_measures_both_arms_and_applies_the_long_range_rule(tmp_path, capfd):
@@ -76,14 +76,7 @@ def test_the_older_benchmarks_refuse_a_device_this_machine_lacks_in_one_line(cap
 @pytest.fixture(scope="module")
 def attention_script():
     """benchmarks/attention.py as a module (in this process: each `attnlab bench` start costs an import of torch)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "attention.py"
-    spec = importlib.util.spec_from_file_location("attention_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("attention")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -5,15 +5,11 @@ switch it relies on actually switching."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 from attnlab.cli import main
 from attnlab.nn.attention.latent import MultiHeadLatentAttention
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "generation_cache.py"
+from tests.helpers import load_benchmark
 
 
 def test_every_variant_decodes_with_its_cache_as_the_full_pass_does(tmp_path):
@@ -28,10 +24,7 @@ def test_every_variant_decodes_with_its_cache_as_the_full_pass_does(tmp_path):
 
 
 def test_the_absorb_switch_reaches_every_latent_layer(monkeypatch):
-    spec = importlib.util.spec_from_file_location("generation_cache_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
+    module = load_benchmark("generation_cache")
     args = module.argparse.Namespace(seed=0, vocab=64, n_layer=2, heads=4, d_model=32)
     mla = next(v for v in module.variants(8) if v.name == "MLA absorbed")
     model = module.build(args, mla, block_size=32)

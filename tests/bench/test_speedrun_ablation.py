@@ -3,22 +3,18 @@ and its JSON written after every run (an interrupted search of about an hour kee
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "speedrun_ablation.py"
+from tests.helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def ablation():
-    spec = importlib.util.spec_from_file_location("speedrun_ablation", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("speedrun_ablation")
 
 
 def fake_runs(ablation, monkeypatch, fail_at: int | None = None) -> list:

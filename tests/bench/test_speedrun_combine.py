@@ -3,7 +3,6 @@ together as one run would have written them, and refused where they do not belon
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import sys
@@ -11,15 +10,12 @@ from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "speedrun.py"
+from tests.helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def speedrun():
-    spec = importlib.util.spec_from_file_location("speedrun", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("speedrun")
 
 
 def a_round(seed: int, nano_wall: float, to_target: float, final: float) -> dict:
