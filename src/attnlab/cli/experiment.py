@@ -19,8 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="keep what an earlier run in OUT finished "
                    "and run only what is missing (chomsky, vit-vs-cnn, moe-vs-dense, micrograph-saliency, ssl-recipe: "
                    "their single runs)")
-    p.add_argument("--data", default=None, help="the text an experiment that reads one trains on (scaling: "
-                   "default ../shared/data/tinyshakespeare.txt)")
+    p.add_argument("--data", default=None, help="the text that scaling, moe-vs-dense and ssm-vs-attention train on "
+                   "(default ../shared/data/tinyshakespeare.txt)")
     p.add_argument("--workers", type=int, default=1, help="train this many runs (seeds, rates, arms) at a time, "
                    "each in its own process with one torch thread (results as with 1; default 1)")
     p.set_defaults(func=_cmd_experiment)

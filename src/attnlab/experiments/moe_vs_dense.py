@@ -130,7 +130,7 @@ def run(out: Path, quick: bool = False, resume: bool = False, data: Path | None 
     in ``out/.runs/`` as it finishes; ``resume``: take the runs kept there (same settings, and with ``data`` the
     same text) and run only the rest."""
     s = QUICK if quick else FULL
-    text, about = text_of(data)
+    text, about = text_of(data, s["context"])
     # a run given --data keeps its runs under the text's hash too: a resume on another text is refused
     key = {**s, "text_sha256": about["sha256"]} if data is not None else s
     splits, vocab = char_data(s["context"], text)

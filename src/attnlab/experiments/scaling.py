@@ -60,19 +60,27 @@ def rates(d_model: int) -> list[float]:
     return [base, 3 * base]
 
 
-def text_of(given: Path | None = None) -> tuple[str, dict[str, Any]]:
-    """The text an experiment trains on, and what names it (``file``, ``chars``, ``sha256``): ``given``
-    (``attnlab experiment NAME --data FILE``), else tinyshakespeare.txt from ../shared/data (relative to the
-    working directory or to the checkout). DataError, before any work, where there is none."""
+def text_of(given: Path | None, context: int) -> tuple[str, dict[str, Any]]:
+    """The text an experiment trains on at ``context``, and what names it (``file``, ``chars``, ``sha256``):
+    ``given`` (``attnlab experiment NAME --data FILE``), else tinyshakespeare.txt from ../shared/data (relative to
+    the working directory or to the checkout). DataError, before any work, where there is none, where it is not
+    UTF-8 text, or where it is too short for ``char_data``'s windows."""
     places = [given] if given is not None else [
         DATA, Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tinyshakespeare.txt"]
-    for path in places:
-        if path.is_file():
-            text = path.read_text(encoding="utf-8")
-            return text, {"file": str(path), "chars": len(text),
-                          "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]}
-    raise DataError(f"text not found: {given}" if given is not None else
-                    f"Shakespeare text not found: {DATA}; give its path with --data FILE")
+    path = next((p for p in places if p.is_file()), None)
+    if path is None:
+        raise DataError(f"text not found: {given}" if given is not None else
+                        f"Shakespeare text not found: {DATA}; give its path with --data FILE")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text (byte {e.start:,} cannot be read): give a text file") from None
+    need = 10 * (context + 3)  # the validation and test tenths each hold a window of context + 1 characters
+    if len(text) < need:
+        raise DataError(f"{path} has {len(text):,} characters; at context {context} the experiment needs at least "
+                        f"{need:,}")
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    return text, {"file": str(path), "chars": len(text), "sha256": digest}
 
 
 def non_embedding_params(model: GPT) -> int:
@@ -144,7 +152,7 @@ def char_data(context: int, text: str) -> tuple[dict[str, torch.Tensor], int]:
 def _run(out: Path, quick: bool, given: Path | None) -> dict[str, Any]:
     started = time.perf_counter()
     s = QUICK if quick else FULL
-    text, about = text_of(given)
+    text, about = text_of(given, s["context"])
     data, vocab = char_data(s["context"], text)
     tokens_per_step = s["batch"] * s["context"]
     cells = {f"{L}x{d}@{steps}": (L, d, steps) for L, d in s["sizes"] for steps in s["steps"]}

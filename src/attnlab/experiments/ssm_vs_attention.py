@@ -204,7 +204,7 @@ def run(out: Path, quick: bool = False, data: Path | None = None) -> dict[str, A
     (``scaling.text_of``: tinyshakespeare by default); writes results.json, report.md, cost.png."""
     started = time.perf_counter()
     s = QUICK if quick else FULL
-    text, about = text_of(data)  # before part 1: a missing text is told before any work
+    text, about = text_of(data, s["context"])  # before part 1: a missing text is told before any work
     measured, threads = cost(s), torch.get_num_threads()
     splits, _ = char_data(s["context"], text)
     widths = {"attention": s["d_model"], "ssm": matched_ssm_width(s)}
