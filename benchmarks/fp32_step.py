@@ -221,16 +221,6 @@ def main() -> int:
     if "nanogpt" not in args.contenders:
         print("fp32_step: the speed-ups are against nanogpt; keep it among --contenders", file=sys.stderr)
         return 2
-    if any("fused" in name for name in args.contenders):  # the kernels' builds, or why not, before any work
-        from attnlab.nn import gelu_cpu
-        from attnlab.nn.attention import cpu_fused
-
-        cpu_fused.load(SHAPE["d_model"] // SHAPE["n_head"])
-        gelu_cpu.load()
-        if any("fused" in name and not name.endswith("-torch-linear") for name in args.contenders):
-            from attnlab.nn import linear_cpu
-
-            linear_cpu.load()
     if args.threads:
         torch.set_num_threads(args.threads)
     from attnlab.bench.attention import cpu_model
@@ -240,6 +230,7 @@ def main() -> int:
     data, vocab = batches(data_path.read_text(encoding="utf-8"), 200)
     torch.manual_seed(0)
     build = {"nanogpt": lambda: nanogpt_step(checkout, vocab), FLOOR: lambda: matmul_floor(vocab)}
+    # every contender built before any is timed: a C++ kernel that cannot be built here is one line (run_script)
     steps = {name: build.get(name, lambda name=name: attnlab_step(name, vocab))() for name in args.contenders}
     seconds = run(steps, data, args.rounds, args.block, args.warmup)
 

@@ -321,14 +321,14 @@ def step_rounds(args, checkout: Path, work: Path, env: dict) -> dict:
 def build_kernels() -> None:
     """attnlab's C++ kernels for the step phase's cpu-fused contender, built (cached on disk) before any work: a
     machine that cannot build them is told in one line (exit 2) at the start, not after the speed run's rounds."""
-    from attnlab.nn import gelu_cpu, linear_cpu
-    from attnlab.nn.attention import cpu_fused
+    import dataclasses
+
+    from attnlab.models import build_model
     from attnlab.training.runs import load_train_config
 
     model = load_train_config("shakespeare-char").model  # the step phase's model (attnlab_step_ms)
-    cpu_fused.load(model.d_model // model.n_head)
-    gelu_cpu.load()
-    linear_cpu.load()
+    build_model(dataclasses.replace(model, vocab_size=65, attn_backend="cpu-fused", act_backend="cpu-fused",
+                                    linear_backend="cpu-fused"))  # its layers load the kernels they use
 
 
 def device_name(device: str) -> str:

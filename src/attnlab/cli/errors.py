@@ -87,27 +87,27 @@ def positive(text: str) -> float:
     return value
 
 
-def _writable(text: str, check, what: str) -> Path:
-    from attnlab.core.fileio import check_writable_file, check_writable_folder
-
+def _writable(text: str, check: Callable[..., None], what: str) -> Path:
     if text == "":
         raise argparse.ArgumentTypeError("is empty (an unset shell variable?); give a file or folder")
-    path = Path(text)
-    {"file": check_writable_file, "folder": check_writable_folder}[check](
-        path, what, argparse.ArgumentTypeError, create=True)
-    return path
+    check(Path(text), what, argparse.ArgumentTypeError, create=True)
+    return Path(text)
 
 
 def writable_file(text: str) -> Path:
     """An argparse type: a file the results will be written to, refused at once (one line, exit 2) when it is a
     folder or its folder cannot be written in or made, so that a benchmark never measures for minutes and then
     fails to save. Nothing is created here; the writer makes the missing folders."""
-    return _writable(text, "file", "the file")
+    from attnlab.core.fileio import check_writable_file
+
+    return _writable(text, check_writable_file, "the file")
 
 
 def writable_folder(text: str) -> Path:
     """An argparse type: a folder the results will be written in, checked as ``writable_file`` checks a file."""
-    return _writable(text, "folder", "the folder")
+    from attnlab.core.fileio import check_writable_folder
+
+    return _writable(text, check_writable_folder, "the folder")
 
 
 def run_script(main: Callable[[], int | None], name: str) -> NoReturn:
