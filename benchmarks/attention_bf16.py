@@ -5,7 +5,7 @@ them (views of one fused (B, T, 3C) QKV projection), three ways, alternated roun
 
 * ``flash``: ``F.scaled_dot_product_attention(is_causal=True)`` on the bf16 tensors;
 * ``flash-fp32``: the same kernel on fp32 copies (what ``sdpa_attention`` did for heads < 64);
-* ``bmm``: ``attnlab.nn.attention.kernels`` (six batched matmuls, one softmax, probabilities kept).
+* ``bmm``: ``attnlab.nn.attention.bmm`` (six batched matmuls, one softmax, probabilities kept).
 
 The table gives the median milliseconds of one forward + backward per layer and the bytes the
 bmm path keeps for backward (its probabilities, B*H*T*T bf16), and marks where ``sdpa_attention``
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
 from attnlab.core.resources import check_room
-from attnlab.nn.attention.kernels import MAX_SCORES, bmm_attention
+from attnlab.nn.attention.bmm import MAX_SCORES, bmm_attention
 
 
 def flash(q, k, v):

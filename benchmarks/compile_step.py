@@ -34,7 +34,7 @@ from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_fil
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, d_model=128)
 BATCH = 12
-VARIANTS = {  # GPTConfig fields over the shape
+VARIANTS = {  # GPTConfig fields over the shape; "kernels": attnlab.cpu's kernels swapped in (a run's kernels=)
     "rope": {},
     "learned": {"positions": "learned"},
     "sinusoidal": {"positions": "sinusoidal"},
@@ -44,18 +44,22 @@ VARIANTS = {  # GPTConfig fields over the shape
     "latent": {"mixer": "latent", "d_latent": 32},
     "hyper": {"residual": "hyper", "residual_streams": 2},
     "ssm": {"mixer": "ssm", "positions": "none"},  # the chunked scan: ~1 min of cold compilation here
-    "ssm-cpu-fused": {"mixer": "ssm", "positions": "none", "ssm_scan": "cpu-fused"},
+    "ssm-cpu-fused": {"mixer": "ssm", "positions": "none", "kernels": "scan"},
 }
 
 
 def build(variant: str):
     """(model, optimiser) of one variant, seeded alike."""
+    from attnlab.cpu import accelerate, parse_kernels
     from attnlab.models import GPTConfig, build_model
     from attnlab.training.config import TrainConfig
     from attnlab.training.trainer import make_optimizer
 
+    fields = dict(VARIANTS[variant])
+    kernels = parse_kernels(fields.pop("kernels", "none"))
     torch.manual_seed(0)
-    model = build_model(GPTConfig(**SHAPE, **VARIANTS[variant]))
+    model = build_model(GPTConfig(**SHAPE, **fields))
+    accelerate(model, kernels)
     return model, make_optimizer(model, TrainConfig(weight_decay=0.1, beta2=0.99))
 
 

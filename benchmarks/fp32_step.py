@@ -23,21 +23,21 @@ Contenders (each a full optimisation step on the same batches of tinyshakespeare
                                halves run their forward and backward passes at once, one thread each, and
                                their gradients are summed
     attnlab-compiled-eager-attn-threads  both: attention as plain ops, two threads
-    attnlab-compiled-fused     attnlab-compiled with attn_backend, act_backend and linear_backend=cpu-fused:
-                               attnlab's C++ kernels for causal float32 attention (nn/attention/cpu_fused.py),
-                               the exact GELU (nn/gelu_cpu.py) and the blocks' products (nn/linear_cpu.py),
+    attnlab-compiled-fused     attnlab-compiled with kernels=attention,gelu,linear (attnlab.cpu.accelerate):
+                               attnlab's C++ kernels for causal float32 attention (cpu/attention.py),
+                               the exact GELU (cpu/gelu.py) and the blocks' products (cpu/linear.py),
                                built on first use
     attnlab-compiled-fused-threads  the same with batch_threads=2 (whose step ends in C++ inside the halves'
                                threads: the gradient sum, its norm and AdamW with the clipping folded in, each
-                               thread on its share of the tensors, training/cpu_step.py)
+                               thread on its share of the tensors, cpu/step.py)
     attnlab-compiled-fused-threads-serial-end  the same with the step's end in C++ on one thread after the
-                               halves (cpu_step.serial_end), as before cpu_step.PartsEnd
+                               halves (PartsStep(2, end="serial")), as before cpu.step.PartsEnd
     attnlab-compiled-fused-threads-torch-end  the same with the step's end through torch (foreach sum,
-                               clip_grad_norm_, fused AdamW), as before training/cpu_step.py
+                               clip_grad_norm_, fused AdamW; PartsStep(2, end="torch")), as before cpu/step.py
     attnlab-compiled-fused-threads-torch-gelu  attnlab-compiled-fused-threads with GELU through torch
-                               (act_backend=torch), as before nn/gelu_cpu.py
+                               (kernels=attention,linear), as before cpu/gelu.py
     attnlab-compiled-fused-threads-torch-linear  attnlab-compiled-fused-threads with the blocks' products
-                               through torch (linear_backend=torch: MKL), as before nn/linear_cpu.py
+                               through torch (kernels=attention,gelu: MKL), as before cpu/linear.py
     matmuls-only               not a training step: only the matrix products one step must do (forward,
                                grad-input and grad-weight of every linear layer and the head; attention's six
                                batched products per layer), at the model's shapes, with stock kernels. Its time
@@ -56,7 +56,6 @@ Writes benchmarks/results/fp32_step.json (``--out``).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import platform
@@ -120,20 +119,21 @@ def nanogpt_step(checkout: Path, vocab: int) -> Callable[[torch.Tensor, torch.Te
 
 def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
     """attnlab's build of the same model, the trainer's optimiser and its train_step."""
+    from attnlab.cpu import accelerate
     from attnlab.models import GPTConfig, build_model
-    from attnlab.training import cpu_step
     from attnlab.training.compiling import compile_forward
     from attnlab.training.config import TrainConfig
     from attnlab.training.loop import train_step
     from attnlab.training.optim import make_optimizer
+    from attnlab.training.parts_step import PartsStep
 
     cfg = GPTConfig(vocab_size=vocab, block_size=SHAPE["block_size"], n_layer=SHAPE["n_layer"],
                     n_head=SHAPE["n_head"], d_model=SHAPE["d_model"], dropout=0.0, bias=False, positions="learned",
-                    activation="gelu", norm="layernorm",
-                    attn_backend="eager" if "eager-attn" in name else "cpu-fused" if "fused" in name else "sdpa",
-                    act_backend="cpu-fused" if "fused" in name and not name.endswith("-torch-gelu") else "torch",
-                    linear_backend="cpu-fused" if "fused" in name and not name.endswith("-torch-linear") else "torch")
+                    activation="gelu", norm="layernorm", attn_backend="eager" if "eager-attn" in name else "sdpa")
     model = build_model(cfg)
+    if "fused" in name:  # attnlab's C++ kernels, swapped in (and built) before compilation
+        on_torch = "gelu" if name.endswith("-torch-gelu") else "linear" if name.endswith("-torch-linear") else None
+        accelerate(model, [k for k in ("attention", "gelu", "linear") if k != on_torch])
     opt = make_optimizer(model, TrainConfig(lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.99))
     forward = model
     if name == "attnlab-compiled-python-wrapper":
@@ -143,13 +143,13 @@ def attnlab_step(name: str, vocab: int) -> Callable[[torch.Tensor, torch.Tensor]
     if name.endswith("-opt"):
         opt.step = torch.compile(opt.step)
 
-    parts = 2 if "-threads" in name else 1
-    end = cpu_step.torch_path if name.endswith("-torch-end") else \
-        cpu_step.serial_end if name.endswith("-serial-end") else contextlib.nullcontext  # the step's end in C++
+    take_step = train_step
+    if "-threads" in name:  # the batch's halves on two threads; the step's end in C++ unless the name says
+        take_step = PartsStep(2, end="torch" if name.endswith("-torch-end") else
+                              "serial" if name.endswith("-serial-end") else "parts")
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        with end():
-            train_step(model, opt, [{"idx": x, "targets": y}], lambda b: forward(**b), grad_clip=1.0, parts=parts)
+        take_step(model, opt, [{"idx": x, "targets": y}], lambda b: forward(**b), grad_clip=1.0)
 
     return step
 

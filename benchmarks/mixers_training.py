@@ -1,5 +1,5 @@
 """Train the issue-6 variants on Shakespeare for the same steps: dense vs MoE (equal active FLOPs),
-SSM-only and hybrid (each also with the C++ scan, ``ssm_scan=cpu-fused``: the same model and numbers,
+SSM-only and hybrid (each also with the C++ scan, ``kernels=scan``: the same model and numbers,
 another scan); report val loss, wall time, expert balance, and a sample from each.
 
     python benchmarks/mixers_training.py --data ../shared/data/tinyshakespeare.txt --steps 1000

@@ -21,8 +21,8 @@ Two measurements, each in alternating rounds (the order flips between rounds, so
    tokens/s of each iteration, which leaves evaluations out), median over the iterations after the first 50,
    then the median over rounds;
    with two or more threads also compiled with ``batch_threads=2`` (the batch's halves at once, one thread
-   each), and that with ``attn_backend``, ``act_backend`` and ``linear_backend=cpu-fused`` (attnlab's C++
-   kernels for attention, GELU and the blocks' products, built by its first process; the per-iteration times
+   each), and that with ``kernels=attention,gelu,linear`` (attnlab's C++ kernels, attnlab.cpu, for
+   attention, GELU and the blocks' products, built by its first process; the per-iteration times
    leave the builds out). The issue's bar:
    attnlab at >= 1.3x nanoGPT's iterations per second.
 
@@ -186,14 +186,13 @@ def nanogpt_step_ms(checkout: Path, work: Path, env: dict, data: Path, iters: in
 
 
 def attnlab_step_ms(work: Path, env: dict, data: Path, iters: int, compile: bool, batch_threads: int = 1,
-                    backend: str = "sdpa") -> dict:
-    """``backend``: "sdpa" (stock kernels) or "cpu-fused" (attnlab's attention, GELU and linear kernels)."""
+                    kernels: str = "none") -> dict:
+    """``kernels``: the run's setting, "none" (stock kernels) or "attention,gelu,linear" (attnlab's C++ kernels
+    for attention, GELU and the blocks' products)."""
     cmd = attnlab_cmd("shakespeare-char", work, "step", [
         "model.positions=learned", "dtype=float32", f"max_iters={iters}", f"lr_decay_iters={2000}",
         f"eval_interval={iters}", "eval_iters=1", "log_interval=1", "sample_tokens=0", f"compile={compile}",
-        f"batch_threads={batch_threads}", f"attn_backend={backend}",
-        f"act_backend={'cpu-fused' if backend == 'cpu-fused' else 'torch'}",
-        f"linear_backend={'cpu-fused' if backend == 'cpu-fused' else 'torch'}"], data)
+        f"batch_threads={batch_threads}", f"kernels={kernels}"], data)
     seen = timed_process(cmd, ROOT, env, {"log": ATTNLAB_LOG})
     rates = [float(g[1].replace(",", "")) for _, g in seen["log"] if int(g[0]) > 50]
     return {"ms_per_iter": 1000 * 12 * 64 / statistics.median(rates),
@@ -302,9 +301,10 @@ def step_rounds(args, checkout: Path, work: Path, env: dict) -> dict:
                   "attnlab+compile": lambda: attnlab_step_ms(work, env, data, iters, compile=True)}
     if args.threads >= 2:  # the batch's two halves at once, one thread each (training/threaded.py)
         contenders["attnlab+compile+threads"] = lambda: attnlab_step_ms(work, env, data, iters, True, 2)
-        # and with attnlab's C++ kernels for attention and GELU (nn/attention/cpu_fused.py, nn/gelu_cpu.py)
+        # and with attnlab's C++ kernels for attention, GELU and the products (cpu/attention.py, cpu/gelu.py,
+        # cpu/linear.py)
         contenders["attnlab+compile+threads+cpu-fused"] = lambda: attnlab_step_ms(work, env, data, iters, True, 2,
-                                                                                  "cpu-fused")
+                                                                                  "attention,gelu,linear")
     if args.step_contenders:  # nanoGPT always: the speed-ups are taken against it
         contenders = {name: run for name, run in contenders.items() if name in {"nanogpt", *args.step_contenders}}
     seen: dict[str, list[dict]] = {name: [] for name in contenders}
@@ -323,12 +323,13 @@ def build_kernels() -> None:
     machine that cannot build them is told in one line (exit 2) at the start, not after the speed run's rounds."""
     import dataclasses
 
+    from attnlab.cpu import accelerate
     from attnlab.models import build_model
     from attnlab.training.runs import load_train_config
 
     model = load_train_config("shakespeare-char").model  # the step phase's model (attnlab_step_ms)
-    build_model(dataclasses.replace(model, vocab_size=65, attn_backend="cpu-fused", act_backend="cpu-fused",
-                                    linear_backend="cpu-fused"))  # its layers load the kernels they use
+    accelerate(build_model(dataclasses.replace(model, vocab_size=65)),
+               ("attention", "gelu", "linear"))  # builds the kernels its layers take
 
 
 def device_name(device: str) -> str:

@@ -1,7 +1,7 @@
-"""The selective scan on a CPU: the C++ loop (ssm_scan=cpu-fused) against the chunked form, forward + backward.
+"""The selective scan on a CPU: the C++ loop (kernels=scan) against the chunked form, forward + backward.
 
 Both evaluate h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_t, y_t = C_t h_t + D x_t (nn/selective_scan.py,
-nn/scan_cpu.py) on the same random inputs of a Mamba layer (d_inner channels, d_state N); per shape the two
+cpu/scan.py) on the same random inputs of a Mamba layer (d_inner channels, d_state N); per shape the two
 are timed alternately, in a fresh order each round, after one warm-up call each; the table gives the median
 of the rounds and the ratio of the medians, and what autograd keeps for the backward pass (the bytes of the
 distinct tensors saved during the forward, through ``torch.autograd.graph.saved_tensors_hooks``) and the
@@ -18,8 +18,8 @@ chunked form under ``torch.compile`` (inductor, one compilation per shape, untim
 whether inductor fuses the decay matrices into the reductions that consume them (they are one block there)
 or stores them whole.
 
-``--against`` adds another version of nn/scan_cpu.cpp as a third contender, built beside the current one
-(e.g. ``git show REV:src/attnlab/nn/scan_cpu.cpp > old.cpp``): the ratio is old / current.
+``--against`` adds another version of cpu/scan.cpp as a third contender, built beside the current one
+(e.g. ``git show REV:src/attnlab/cpu/scan.cpp > old.cpp``): the ratio is old / current.
 
 Prints a table and writes ssm_scan.json under --results (default benchmarks/results).
 """
@@ -40,8 +40,8 @@ from attnlab.bench.memory import peak_rss_mib, saved_for_backward
 from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_folder
 from attnlab.core.errors import ConfigError
 from attnlab.core.resources import check_room
+from attnlab.cpu import scan as cpu_scan
 from attnlab.experiments.base import interleaved_seconds
-from attnlab.nn import scan_cpu
 from attnlab.nn.selective_scan import selective_scan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def chunked(args: list[torch.Tensor], chunk: int = 4, scan=selective_scan) -> to
 
 def fused(args: list[torch.Tensor], namespace: str | None = None) -> torch.Tensor:
     u, delta, A, B, C, D = args
-    y, _ = scan_cpu.fused_scan(u, delta, A, B, C, namespace=namespace)
+    y, _ = cpu_scan.fused_scan(u, delta, A, B, C, namespace=namespace)
     return y + u * D
 
 
@@ -106,7 +106,7 @@ def main() -> int:
     ap.add_argument("--chunk", type=at_least(1), default=4, help="the chunked form's chunk (default 4)")
     ap.add_argument("--compiled", action="store_true", help="add the chunked form under torch.compile")
     ap.add_argument("--results", type=writable_folder, default=ROOT / "benchmarks" / "results")
-    ap.add_argument("--against", type=Path, help="another version of nn/scan_cpu.cpp, timed as a third contender")
+    ap.add_argument("--against", type=Path, help="another version of cpu/scan.cpp, timed as a third contender")
     args = ap.parse_args()
     try:
         shapes = [shape_arg(s) for s in args.shapes]
@@ -120,7 +120,7 @@ def main() -> int:
     if args.against is not None and not args.against.is_file():
         print(f"ssm_scan: --against {args.against} is not a file", file=sys.stderr)
         return 2
-    scan_cpu.load()  # the builds (once) are not timed
+    cpu_scan.load()  # the builds (once) are not timed
     name = f"chunked (chunk {args.chunk})"
     contenders = {name: lambda x: chunked(x, args.chunk), "cpu-fused": fused}
     if args.compiled:
@@ -128,7 +128,7 @@ def main() -> int:
         contenders[COMPILED] = lambda x: chunked(x, args.chunk, compiled_scan)
     if args.against is not None:
         try:
-            other = scan_cpu.load(args.against.resolve())
+            other = cpu_scan.load(args.against.resolve())
         except (ConfigError, RuntimeError) as exc:  # it does not build, or defines other ops
             print(f"ssm_scan: --against {args.against}: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
             return 2

@@ -44,7 +44,7 @@ def _restore_runtime():
 # and to end with short tests (in collection order, tests/training's process launches came near the end).
 LONG = ("tests/experiments/", "tests/training/test_distributed.py", "tests/training/test_kill_points.py",
         "tests/training/test_reliability.py", "tests/test_notebooks.py", "tests/bench/",
-        "tests/nn/test_cpu_fused.py", "tests/nn/test_scan_cpu.py", "tests/nn/test_gelu_cpu.py")
+        "tests/cpu/")
 
 
 def pytest_collection_modifyitems(items):

@@ -25,7 +25,8 @@ def test_docs_site_builds_strict(tmp_path):
     assert (site / "commands" / "export" / "index.html").is_file()  # generated from the parser
     assert "attnlab.interop.export" in (site / "api" / "interop" / "index.html").read_text()
     training = (site / "api" / "training" / "index.html").read_text()
-    assert "attnlab.training.threaded" in training and "AdamWEnd" in training  # batch_threads and its C++ end
-    nn = (site / "api" / "nn" / "index.html").read_text()
-    assert "attnlab.nn.gelu_cpu" in nn and "attnlab.nn.attention.cpu_fused" in nn  # the C++ kernels' modules
+    assert "attnlab.training.threaded" in training and "PartsStep" in training  # batch_threads
+    cpu = (site / "api" / "cpu" / "index.html").read_text()
+    assert "attnlab.cpu.gelu" in cpu and "attnlab.cpu.attention" in cpu  # the C++ kernels' modules
+    assert "AdamWEnd" in cpu  # batch_threads' C++ end
     assert (site / "experiments" / "sqrt-dk" / "report" / "index.html").is_file()

@@ -56,7 +56,7 @@ def test_base_dependencies_leave_torch_to_the_user_and_the_heavy_ones_to_extras(
 
 def test_every_file_read_at_run_time_is_package_data():
     """The C++ kernels' sources (built on first use), the web page and the bundled presets are read from the
-    installed package: a wheel without them installs, then fails at first use (nn/scan_cpu.cpp was once missing)."""
+    installed package: a wheel without them installs, then fails at first use (a kernel's source was once missing)."""
     import tomllib
     from fnmatch import fnmatch
 

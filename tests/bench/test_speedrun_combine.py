@@ -77,8 +77,8 @@ def test_step_rounds_alternate_only_the_chosen_contenders_and_report_each_rounds
         calls.append("nanogpt")
         return {"ms_per_iter": next(times["nanogpt"]), "max_mfu": 0.1}
 
-    def ours(work, env, data, iters, compile, batch_threads=1, attn_backend="sdpa"):
-        assert (data, compile, batch_threads, attn_backend) == (args.data, True, 2, "cpu-fused")
+    def ours(work, env, data, iters, compile, batch_threads=1, kernels="none"):
+        assert (data, compile, batch_threads, kernels) == (args.data, True, 2, "attention,gelu,linear")
         calls.append("fused")
         return {"ms_per_iter": next(times["fused"]), "max_mfu": 1.0}
 

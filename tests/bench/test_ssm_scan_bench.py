@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from attnlab.cli import main
-from attnlab.nn import scan_cpu
+from attnlab.cpu import scan as cpu_scan
 from tests.helpers import bench_here
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the kernel is built with g++")
@@ -43,17 +43,17 @@ def test_the_compiled_form_is_a_third_contender_with_peak_memory(tmp_path, capfd
 
 
 def test_another_version_of_the_kernel_is_a_third_contender(tmp_path, capfd):
-    """--against builds another scan_cpu.cpp beside the current one (here the same text plus a comment, so a
+    """--against builds another cpu/scan.cpp beside the current one (here the same text plus a comment, so a
     namespace of its own) and reports its time over the current kernel's."""
     other = tmp_path / "older.cpp"
-    other.write_text(scan_cpu.SOURCE.read_text() + "// another version\n")
+    other.write_text(cpu_scan.SOURCE.read_text() + "// another version\n")
     out = tmp_path / "out"
     assert main(["bench", "ssm_scan", "--rounds", "3", "--shapes", "1x70x8", "--against", str(other), "--results",
                  str(out)]) == 0
     row = json.loads((out / "ssm_scan.json").read_text())["rows"][0]
     assert set(row["seconds"]) == {"chunked (chunk 4)", "cpu-fused", "cpu-fused (--against)"}
     assert row["speedup_over_against"] > 0 and "its time / cpu-fused's" in capfd.readouterr().out
-    assert scan_cpu.load(other) != scan_cpu.load()
+    assert cpu_scan.load(other) != cpu_scan.load()
 
 
 @pytest.mark.parametrize("argv", [["--shapes", "8x0x1"], ["--shapes", "8x256"], ["--rounds", "2"], ["--chunk", "0"],

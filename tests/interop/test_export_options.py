@@ -42,7 +42,6 @@ SHARED = [  # the encoder options of both
     *({"activation": a} for a in ("gelu_tanh", "relu", "relu2", "swiglu")), {"norm": "rmsnorm"},
     {"norm_position": "pre"}, {"norm_position": "post"}, {"attn_backend": "eager"}, {"attn_backend": "tiled"},
     {"qk_norm": True}, {"n_layer": 1}, {"n_head": 2}, {"d_model": 48}, {"n_classes": 5}, {"pooling": "mean"},
-    {"act_backend": "cpu-fused"}, {"linear_backend": "cpu-fused"},
     *({"positions": p} for p in ("learned", "rope", "sinusoidal", "alibi", "relative", "none")),
 ]
 BERT_CHANGES = [*SHARED, {"tie_embeddings": False}, {"vocab_size": 70}, {"block_size": 40}, {"rope_theta": 500.0},

@@ -10,6 +10,7 @@ import pytest
 
 from attnlab.cli import main
 from attnlab.core.errors import ConfigError
+from attnlab.core.legacy import FLAT_DEFAULTS as LEGACY_DEFAULTS
 from attnlab.models import (
     BertConfig,
     CaptionerConfig,
@@ -25,12 +26,10 @@ from attnlab.models import (
     ViTConfig,
 )
 from attnlab.models.base import read_config
-from attnlab.models.config import LEGACY_DEFAULTS
 
 # options added after the flat version-1 schema (the speed run's QK-norm and logit soft-cap)
 ADDED_SINCE_THE_FLAT_SCHEMA = {"qk_norm", "logit_softcap", "n_targets", "mask_ratio", "decoder_layers",
-                               "decoder_d_model", "decoder_n_head", "norm_pix_loss", "ssm_scan", "act_backend",
-                               "linear_backend"}
+                               "decoder_d_model", "decoder_n_head", "norm_pix_loss"}
 
 FAMILIES = {"gpt": GPTConfig, "bert": BertConfig, "seq2seq": Seq2SeqConfig, "vit": ViTConfig, "cnn": CNNConfig,
             "encoder": EncoderConfig, "mae": MAEConfig}
@@ -45,7 +44,7 @@ def test_each_family_has_its_own_options_and_the_flat_schema_is_their_union():
     assert ModelConfig.families == {**FAMILIES, "recurrent": RecurrentConfig, "captioner": CaptionerConfig,
                                     "dino": DINOConfig, "mlp": MLPConfig}
     assert fields(RecurrentConfig) - set(LEGACY_DEFAULTS) == {"cell", "bidirectional"}
-    assert fields(CaptionerConfig) - set(LEGACY_DEFAULTS) == {"qk_norm", "act_backend", "linear_backend"}
+    assert fields(CaptionerConfig) - set(LEGACY_DEFAULTS) == {"qk_norm"}
     assert fields(DINOConfig) - set(LEGACY_DEFAULTS) >= {"out_dim", "teacher_temp", "local_size", "teacher_momentum"}
     # nothing lost; added since: only the options listed (a version-1 file never holds them: their defaults)
     assert set().union(*map(fields, FAMILIES.values())) == set(LEGACY_DEFAULTS) | ADDED_SINCE_THE_FLAT_SCHEMA
@@ -70,9 +69,37 @@ def test_an_option_of_another_family_is_refused_in_one_line(family, key, value):
         ModelConfig.from_mapping({"family": family, key: value})
 
 
-def test_another_familys_option_at_the_flat_schemas_default_is_a_leftover_not_a_choice():
-    cfg = ModelConfig.from_mapping({"family": "cnn", "mixer": "attention", "moe_experts": 0, "n_classes": 3})
+def test_another_familys_option_is_refused_at_any_value_but_a_dump_of_the_flat_schema_drops_it():
+    """A new file or command line that names another family's option is refused even at the flat schema's
+    default (``model.patch_size=4`` on a GPT trained without it); a file attnlab wrote (dump) lists them all."""
+    section = {"family": "cnn", "mixer": "attention", "moe_experts": 0, "n_classes": 3}
+    with pytest.raises(ConfigError, match=r"^model\.mixer is not an option of family cnn$"):
+        ModelConfig.from_mapping(section)
+    cfg = ModelConfig.from_mapping(section, dump=True)
     assert type(cfg) is CNNConfig and cfg.n_classes == 3
+
+
+@pytest.mark.parametrize(("options", "key"), [
+    (dict(d_latent=None), "d_latent"), (dict(ssm_d_state=16), "ssm_d_state"), (dict(moe_top_k=2), "moe_top_k"),
+    (dict(residual_streams=4), "residual_streams"), (dict(rope_theta=10000.0), "rope_theta"),
+])
+def test_an_unused_option_given_at_its_default_is_refused_but_a_dump_holds_it(options, key):
+    with pytest.raises(ConfigError, match=rf"^model\.{key} is not used: "):
+        ModelConfig.from_mapping({"family": "gpt", "vocab_size": 10, **options})
+    assert ModelConfig.from_mapping({"family": "gpt", "vocab_size": 10, **options}, dump=True) == GPTConfig(
+        vocab_size=10)
+
+
+@pytest.mark.parametrize("override, family_key", [
+    ("model.patch_size=4", "model.patch_size is not an option of family gpt"),
+    ("model.cnn_width=32", "model.cnn_width is not an option of family gpt"),
+    ("model.n_segments=2", "model.n_segments is not an option of family gpt"),
+    ("head=regression", "model.head is not an option of family gpt"),
+])
+def test_the_cli_refuses_another_familys_option_at_its_default(override, family_key, tmp_path, capsys):
+    assert main(["train", "quickstart", override, f"out_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err.strip() == f"attnlab: error: {family_key}"
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(("options", "key"), [

@@ -20,7 +20,9 @@ from attnlab.nn.embeddings import FeatureEmbedding, SetEmbedding
 
 def set_model(pooling: str = "mean", head: str = "regression", **extra) -> torch.nn.Module:
     cfg = dict(family="encoder", inputs="set", positions="none", n_elements=10, n_layer=2, n_head=2, d_model=16,
-               pooling=pooling, head=head, attn_backend="eager", n_classes=3 if head == "classification" else None)
+               pooling=pooling, head=head, attn_backend="eager")
+    if head == "classification":
+        cfg["n_classes"] = 3
     cfg.update(extra)
     torch.manual_seed(0)
     model = build_model(from_dict(ModelConfig, cfg)).eval()

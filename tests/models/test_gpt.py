@@ -242,7 +242,7 @@ def test_config_json_contains_the_config(tmp_path):
     model = make_gpt(positions="rope", n_kv_head=2, activation="swiglu")
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / CONFIG_NAME).read_text())
-    assert data["config_version"] == 2
+    assert data["config_version"] == 3
     assert "attnlab_version" in data
     for key, value in vars(model.config).items():
         assert data[key] == value, key

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.nn.attention import causal_mask, scaled_dot_product_attention, sdpa_attention
-from attnlab.nn.attention.kernels import MAX_SCORES, bmm_attention, use_bmm_attention
+from attnlab.nn.attention.bmm import MAX_SCORES, bmm_attention, use_bmm_attention
 
 
 def _qkv(B=2, H=3, T=5, S=7, D=4, dtype=torch.float64, grad=True):

@@ -10,6 +10,7 @@ from attnlab.cli import main
 from attnlab.core.errors import ConfigError
 from attnlab.training import threaded
 from attnlab.training.loop import train_step
+from attnlab.training.parts_step import PartsStep
 from attnlab.training.runs import load_train_config, read_metrics
 from attnlab.training.trainer import Trainer
 from tests.helpers import tiny_config, tiny_overrides, write_corpus
@@ -38,7 +39,7 @@ def test_two_parts_step_as_the_whole_batch_does(corpus, tmp_path):
     gen = torch.Generator().manual_seed(0)
     batches = [dict(zip(("idx", "targets"), one.task.data.get_batch("train", 8, 16, gen))) for _ in range(2)]
     a = train_step(one.model, torch.optim.SGD(one.model.parameters(), 1.0), batches, lr=1e-1, grad_clip=0.5)
-    b = train_step(two.model, torch.optim.SGD(two.model.parameters(), 1.0), batches, lr=1e-1, grad_clip=0.5, parts=2)
+    b = PartsStep(2)(two.model, torch.optim.SGD(two.model.parameters(), 1.0), batches, lr=1e-1, grad_clip=0.5)
     assert a.applied and b.applied and a.grad_norm > 0.5
     torch.testing.assert_close(b.loss, a.loss, rtol=1e-5, atol=0)
     torch.testing.assert_close(b.objective, a.objective, rtol=1e-5, atol=0)
@@ -88,8 +89,7 @@ def test_the_whole_step_runs_at_one_intra_op_thread_and_the_count_comes_back():
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        train_step(model, Recording(model.parameters(), 0.1), [{"x": torch.randn(4, 3)}], forward, grad_clip=1.0,
-                   parts=2)
+        PartsStep(2)(model, Recording(model.parameters(), 0.1), [{"x": torch.randn(4, 3)}], forward, grad_clip=1.0)
         assert seen == {"parts": {1}, "update": 1}
         assert torch.get_num_threads() == 2
         train_step(model, Recording(model.parameters(), 0.1), [{"x": torch.randn(4, 3)}], forward)

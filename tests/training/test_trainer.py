@@ -142,7 +142,7 @@ def test_runs_that_take_the_same_default_name_get_a_folder_each(corpus, tmp_path
     assert (a.run_dir, b.run_dir) == (first.run_dir, second.run_dir)
     for run, seed in ((a.run_dir, 1), (b.run_dir, 2)):
         assert [r["step"] for r in read_metrics(run) if "val_loss" not in r] == [5, 10, 15, 20]
-        assert runs.load_train_config(run / "config.yaml", []).seed == seed
+        assert runs.load_run_config(run).seed == seed
     assert not torch.equal(_weights(a.run_dir)["lm_head.weight"], _weights(b.run_dir)["lm_head.weight"])
 
 

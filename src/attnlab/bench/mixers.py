@@ -21,8 +21,8 @@ VARIANTS = {
     "moe-4x-top1-aux0.05": ["moe_experts=4", "moe_top_k=1", "moe_capacity_factor=1.25", "moe_aux_weight=0.05"],
     "ssm": ["mixer=ssm", "positions=none"],
     "hybrid": ["mixer=hybrid", "hybrid_attention_every=2", "positions=none"],
-    "ssm-fused": ["mixer=ssm", "positions=none", "ssm_scan=cpu-fused"],  # the same model, the C++ scan (CPU)
-    "hybrid-fused": ["mixer=hybrid", "hybrid_attention_every=2", "positions=none", "ssm_scan=cpu-fused"],
+    "ssm-fused": ["mixer=ssm", "positions=none", "kernels=scan"],  # the same model, the C++ scan (CPU)
+    "hybrid-fused": ["mixer=hybrid", "hybrid_attention_every=2", "positions=none", "kernels=scan"],
 }
 
 

@@ -87,6 +87,17 @@ def positive(text: str) -> float:
     return value
 
 
+def kernel_names(text: str) -> str:
+    """``--kernels``: none, all, or a comma-separated list of attnlab's C++ kernels (``attnlab.cpu``)."""
+    from attnlab.cpu import parse_kernels
+
+    try:
+        parse_kernels(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("kernels: ")) from None
+    return text
+
+
 def _writable(text: str, check: Callable[..., None], what: str) -> Path:
     if text == "":
         raise argparse.ArgumentTypeError("is empty (an unset shell variable?); give a file or folder")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnlab.cli.errors import at_least
+from attnlab.cli.errors import at_least, kernel_names
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "finite split evaluate all of it)")
     p.add_argument("--batch-size", type=at_least(1), default=32)
     p.add_argument("--splits", nargs="+", default=None, help="default: the task's, e.g. train val")
+    p.add_argument("--kernels", type=kernel_names, default="none",
+                   help="attnlab's C++ kernels on a CPU: all, or some of attention, gelu, linear, scan")
     p.set_defaults(func=_cmd_eval)
     p = sub.add_parser("predict", help="predict each input of a file or folder with a trained run (CSV or JSONL)")
     p.add_argument("run_dir")
@@ -36,14 +38,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from attnlab.models.registry import from_pretrained
     from attnlab.models.size import check_fits
     from attnlab.training.loop import evaluate_model
-    from attnlab.training.runs import load_run_config
+    from attnlab.training.runs import load_run_config, with_kernels
     from attnlab.training.tasks import build_task
 
     run_dir = Path(args.run_dir)
     cfg = load_run_config(run_dir)
     if args.data:
         cfg.data = args.data
-    model = from_pretrained(run_dir)
+    model = with_kernels(from_pretrained(run_dir), args.kernels, "cpu")  # evaluate_model runs on the CPU
     check_fits(model.config, "the model", args.batch_size, inference=True)  # before any batch is drawn
     task = build_task(cfg, assets=run_dir)  # the run's tokenizer / class names
     splits = tuple(args.splits or task.splits)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnlab.cli.errors import at_least, finite, seed
+from attnlab.cli.errors import at_least, finite, kernel_names, seed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (faster after a "
                    "one-off compilation of some seconds)")
     p.add_argument("--device", default="auto", help="auto (a GPU when one is visible), cpu, cuda, cuda:N or mps")
+    p.add_argument("--kernels", type=kernel_names, default="none",
+                   help="attnlab's C++ kernels on a CPU: all, or some of attention, gelu, linear, scan")
     p.set_defaults(func=_cmd_sample)
 
     p = sub.add_parser("translate", help="map text to text with a trained seq2seq run (greedy or beam search)")
@@ -49,7 +51,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from attnlab.generation import SamplingConfig, stream
     from attnlab.models.size import check_fits
     from attnlab.training.distributed import resolve_device
-    from attnlab.training.runs import load_model_and_tokenizer
+    from attnlab.training.runs import load_model_and_tokenizer, with_kernels
 
     device = resolve_device(args.device)
     model, tok = load_model_and_tokenizer(args.run_dir)
@@ -58,7 +60,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         other = {"seq2seq": "attnlab translate", "bert": "attnlab embed or attnlab explore (masked guesses)"}
         raise ConfigError(f"sample continues text with a gpt run; {args.run_dir} holds a {family} model"
                           + (f" (use {other[family]})" if family in other else ""))
-    model.to(device)
+    with_kernels(model, args.kernels, device.type).to(device)
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                          repetition_penalty=args.repetition_penalty, num_beams=args.num_beams,

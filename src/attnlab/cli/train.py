@@ -33,7 +33,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from attnlab.training.trainer import Trainer, TrainingInterrupted
 
     overrides = [*args.overrides, *(["profile_steps=10"] if getattr(args, "profile", False) else [])]
-    cfg = load_train_config(args.config, overrides)
+    cfg = load_train_config(args.config, overrides, dump=getattr(args, "dump", False))  # dump: a run's own file
     trainer = Trainer(cfg, preset=args.config)
     say = trainer.log  # rank 0 only under torchrun
     n_params = trainer.model.num_parameters()
@@ -97,6 +97,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     # quoted as YAML strings: a folder named null, true, 1.50 or #x is that folder, not None, True, 1.5 or ""
     name, out_dir = ("'" + v.replace("'", "''") + "'" for v in (run_dir.name, str(run_dir.parent)))
     args.overrides = [*args.overrides, "resume=true", f"name={name}", f"out_dir={out_dir}"]
+    args.dump = True
     return _cmd_train(args)
 
 def _cmd_finetune(args: argparse.Namespace) -> int:

@@ -6,9 +6,7 @@ Subnormal floats on the CPU: flushed to zero in every thread that computes.
 x86 CPUs handle subnormal numbers (0 < |x| < 1.2e-38 in fp32) in microcode, many times slower than
 normal ones. Training meets them when an attention layer turns peaky: probabilities underflow, the
 gradients through them become subnormal, and every matmul of the backward that reads them slows
-down. Measured on the large benchmark shape (6L/384d, T=256, fp32, 2 threads, random tokens): 0.60 s
-per step at first, 0.9-1.5 s after ~70 steps, when 4.7% of one layer's QKV gradient was subnormal;
-0.60 s throughout with the flush on. FTZ/DAZ (flush-to-zero, denormals-are-zero) in the MXCSR
+down, by half or more (docs/benchmarks.md). FTZ/DAZ (flush-to-zero, denormals-are-zero) in the MXCSR
 register treats them as 0, a change below 1.2e-38 that training does not see (bf16 has the same
 range).
 
@@ -65,8 +63,7 @@ def usable_cores() -> int:
 
 def intra_op_threads(asked: int | None) -> int:
     """The intra-op thread count a run asks for (``None``: torch's default). More threads than the cores this
-    process may use is refused (``ConfigError``): each extra OpenMP thread only waits for a core, and at
-    ``threads=1000`` on 2 cores a 0.2 s run took 4.6 s."""
+    process may use is refused (``ConfigError``): each extra OpenMP thread only waits for a core."""
     if asked is None:
         return torch.get_num_threads()
     if asked > (cores := usable_cores()):
@@ -173,8 +170,8 @@ def resolve_dtype(dtype: str, device_type: str) -> str:
 
 def slow_bfloat16_warning(device_type: str, dtype: str) -> str | None:
     """A one-line warning when ``dtype=bfloat16`` would run on a CPU without native bf16 arithmetic
-    (neither AVX512-BF16 nor AMX): there torch emulates bf16 matmuls, far slower than float32 (a 512 x 512
-    matmul took 214 ms in bf16 against 2.1 ms in fp32 on a 2-core AVX2 machine, measured). None otherwise."""
+    (neither AVX512-BF16 nor AMX): there torch emulates bf16 matmuls, far slower than float32
+    (docs/benchmarks.md). None otherwise."""
     if device_type != "cpu" or dtype != "bfloat16" or native_bfloat16("cpu"):
         return None
     return ("warning: this CPU has no native bfloat16 (no AVX512-BF16 or AMX), so dtype=bfloat16 runs emulated "

@@ -6,7 +6,7 @@ Part 1, cost (measured). One forward + backward of a 1-layer GPT (d_model 64, 4 
 probabilities), with SDPA (the fused CPU kernel), attnlab's exact tiled attention, and the selective SSM (Mamba)
 with each of its two scans: the chunked scan whose intra-chunk decays are rebuilt in the backward instead of stored
 (nn/selective_scan.py), and attnlab's C++ loop with a backward that recomputes 64-step segments from checkpoints
-("ssm-fused", nn/scan_cpu.py; CPU only). Per length the mixers run interleaved in a shuffled order, ``reps`` times;
+("ssm-fused", attnlab/cpu/scan.py; CPU only). Per length the mixers run interleaved in a shuffled order, ``reps`` times;
 a mixer stops at the first length where a step takes longer than ``max_step_s``, where eager's probabilities alone
 would pass ``eager_max_mib``, or where its step time or peak memory, extrapolated from the two lengths before, would
 pass ``max_step_s`` or ``max_mib``. Peak memory: the resident memory one step adds at its peak, read from the
@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from attnlab.bench.memory import peak_mib_on
+from attnlab.cpu import accelerate
 from attnlab.experiments.base import (
     interleaved_seconds,
     label_axes,
@@ -78,8 +79,9 @@ CLAIM = ("A selective SSM's time and memory per training step grow linearly in t
          "on a long context the SSM's loss is within 2% of attention's.")
 MIXERS = {"eager": dict(mixer="attention", attn_backend="eager"), "sdpa": dict(mixer="attention", attn_backend="sdpa"),
           "tiled": dict(mixer="attention", attn_backend="tiled"), "ssm": dict(mixer="ssm"),
-          "ssm-fused": dict(mixer="ssm", ssm_scan="cpu-fused")}
+          "ssm-fused": dict(mixer="ssm")}
 CPU_ONLY = {"ssm-fused"}  # on a GPU this mixer would run the chunked scan: not measured there
+KERNELS = {"ssm-fused": ("scan",)}  # attnlab's C++ scan (attnlab.cpu) in the SSM
 FULL = dict(lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536), reps=3, max_step_s=30.0, eager_max_mib=2048,
             max_mib=8192,
             context=256, batch=8, steps=3000, n_layer=2, d_model=64, lrs=[1e-3, 3e-3, 1e-2])
@@ -90,8 +92,10 @@ SLOPE_FROM = {"full": 2048, "quick": 512}  # lengths below are overhead-bound
 
 def probe_model(mixer: str, T: int) -> GPT:
     """The 1-layer GPT whose training step is timed."""
-    return GPT(GPTConfig(vocab_size=65, block_size=T, n_layer=1, n_head=4, d_model=64, positions="none",
-                         **MIXERS[mixer]))
+    model = GPT(GPTConfig(vocab_size=65, block_size=T, n_layer=1, n_head=4, d_model=64, positions="none",
+                          **MIXERS[mixer]))
+    accelerate(model, KERNELS.get(mixer, ()))
+    return model
 
 
 def cost(s: dict[str, Any], device: str = "cpu") -> dict[str, dict[str, dict[str, Any]]]:
@@ -170,10 +174,9 @@ def matched_ssm_width(s: dict[str, Any]) -> int:
 
 def lm_config(mixer: str, s: dict[str, Any], d_model: int) -> GPTConfig:
     """The trained GPT: attention (SDPA, learned positions) or SSM (no positions)."""
-    ssm = {"ssm_scan": "cpu-fused"} if mixer == "ssm" else {}  # the chunked form's numbers, faster on a CPU
     return GPTConfig(vocab_size=65, block_size=s["context"], n_layer=s["n_layer"], n_head=4, d_model=d_model,
                      d_ff=4 * s["d_model"], mixer=mixer, positions="learned" if mixer == "attention" else "none",
-                     dropout=0.0, **ssm)
+                     dropout=0.0)
 
 
 def train_lm(mixer: str, s: dict[str, Any], d_model: int, data: dict[str, torch.Tensor], seed: int,
@@ -182,6 +185,8 @@ def train_lm(mixer: str, s: dict[str, Any], d_model: int, data: dict[str, torch.
     two thirds of the way through (how much the last third still gained)."""
     torch.manual_seed(seed)
     model = GPT(lm_config(mixer, s, d_model))
+    if mixer == "ssm":  # the SSM trains with the C++ scan: the chunked form's numbers, faster on a CPU
+        accelerate(model, ("scan",))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed + 1)
     T, B, steps, train = s["context"], s["batch"], s["steps"], data["train"]

@@ -99,8 +99,8 @@ def compiled_decode_step() -> Callable:
     """``_decode_step`` through torch.compile, built once per process (graphs are cached per model)."""
     global _compiled_decode_step
     if _compiled_decode_step is None:
-        # cpp_wrapper: the compiled graph is called from generated C++ rather than Python, which
-        # takes ~8% off a batch-1 step of a 6-layer model (1.81 vs 1.97 ms, 2 threads, measured)
+        # cpp_wrapper: the compiled graph is called from generated C++ rather than Python, one call per
+        # graph instead of one per kernel (faster for small models; docs/benchmarks.md)
         _compiled_decode_step = torch.compile(_decode_step, dynamic=True, options={"cpp_wrapper": True})
     return _compiled_decode_step
 

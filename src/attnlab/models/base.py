@@ -7,9 +7,8 @@ class fails loudly on a run folder ("no file named model.safetensors"), and ``at
 the folder ``transformers`` does read. Folders written before the rename (``model.safetensors``) still
 load.
 
-A model saved with one of attnlab's C++ CPU kernels (``attn_backend``, ``act_backend``, ``linear_backend`` or
-``ssm_scan`` set to cpu-fused) loads where that kernel cannot be built (no compiler) with torch's implementation of
-the same function in its place, and one line on stderr saying so: the kernels are how a function is computed, not what.
+A saved config names no kernel: attnlab's C++ CPU kernels (``attnlab.cpu``) are how a run computes, not what
+the model is. A config.json written while they were model options (version 2) loads without them.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
-import sys
 from pathlib import Path
 from typing import Any, Self
 
@@ -25,14 +23,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from attnlab.core import legacy
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_path, atomic_write_text
 from attnlab.core.manifest import verify_manifest, write_manifest
 from attnlab.core.version import __version__
 from attnlab.models.config import CONFIG_VERSION, ModelConfig
 from attnlab.models.size import check_fits
-from attnlab.nn.cpp_build import KernelUnavailable
-from attnlab.nn.cpu_kernels import without_kernels
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "attnlab_model.safetensors"
 LEGACY_WEIGHTS_NAME = "model.safetensors"  # before 0.2: the name transformers reads, so it misread runs
@@ -85,9 +82,11 @@ def read_config(path: str | Path) -> ModelConfig:
             f"{file} has config_version {version!r}, newer than this attnlab understands "
             f"({CONFIG_VERSION}); upgrade attnlab"
         )
+    if version < CONFIG_VERSION:  # versions 1 and 2 could name kernels: those are a run's setting now
+        data, _ = legacy.split_kernel_options(data)
     try:
-        # version 1: the flat schema, which wrote every family's options; what this family ignored is dropped
-        return ModelConfig.from_mapping(data, prefix="model.", legacy=version < CONFIG_VERSION)
+        # a dump of every option (version 1: of every family's); what this family ignores is dropped
+        return ModelConfig.from_mapping(data, prefix="model.", dump=True)
     except ConfigError as e:
         raise CheckpointError(f"{file}: {e}") from None
 
@@ -142,11 +141,7 @@ class PretrainedModel(nn.Module):
         if not weights.is_file():
             raise CheckpointError(f"no {WEIGHTS_NAME} in {directory}")
         try:
-            try:
-                model = cls(config)
-            except KernelUnavailable as e:  # no compiler here: the same function through torch
-                print(f"{e}; loading {directory} with torch's implementation instead", file=sys.stderr)
-                model = cls(without_kernels(config))
+            model = cls(config)
         except ValueError as e:  # e.g. a config.json without vocab_size
             raise CheckpointError(f"{directory / CONFIG_NAME}: {e}") from None
         try:

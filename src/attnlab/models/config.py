@@ -1,10 +1,10 @@
 """Model configs: one class per family, composed from the shared option groups below.
 
     ModelConfig            the base: ``family``, the discriminator; every family config subclasses it
-    TransformerOptions     n_layer, d_model, dropout, bias, init_std, linear_backend
-      AttentionOptions     n_head, n_kv_head, attn_backend
+    TransformerOptions     n_layer, d_model, dropout, bias, init_std
+      AttentionOptions     n_head, n_kv_head, attn_backend (a route of nn/attention/kernels.py), qk_norm
       NormOptions          norm, norm_position, norm_eps
-      FFNOptions           d_ff, activation, act_backend
+      FFNOptions           d_ff, activation
     SequenceOptions        block_size (the longest sequence)
     PositionOptions        positions, rope_theta
     VocabularyOptions      vocab_size, tie_embeddings
@@ -15,11 +15,12 @@
     ResidualOptions        residual scheme (hyper-connections, mHC, attention residuals)    (GPT only)
 
 Each family (``models/<family>/config.py``) takes the groups it uses and nothing else, and its
-``validate`` is the one place its options are checked. An option of another family is refused in one
-line naming it; so is an option of this family that the chosen blocks do not use (``unused_options``:
-``model.d_latent`` with ``mixer=attention``). Files written before the per-family configs (version 1:
-one flat schema carrying every family's options at their defaults) still load: ``from_mapping``
-with ``legacy=True`` drops what the family never read.
+``validate`` is the one place its options are checked; a group's checks take what they need of the rest as
+arguments. An option of another family is refused in one line naming it and the family; so is an option of this
+family that the chosen blocks do not use (``unused_options``: ``model.d_latent`` with ``mixer=attention``),
+whatever its value, when a new file or the command line gives it. Files that attnlab wrote (a saved config.json,
+a run's config.yaml: dumps of every option) are read with ``dump=True``, where an unused option at its default is
+what the dump lists, not a choice; those of earlier versions still load (``core/legacy.py``).
 """
 
 from __future__ import annotations
@@ -31,26 +32,10 @@ from typing import Any, ClassVar, Literal
 
 from attnlab.core.errors import ConfigError
 from attnlab.core.schema import did_you_mean, from_dict
+from attnlab.nn.attention.kernels import check_route
 
-CONFIG_VERSION = 2  # 1: the flat schema (every family's options in one class); 2: one class per family
-
-# the defaults of the flat version-1 schema: an option of another family found at this value in a file is
-# a leftover of that schema (it was written for every family), not a choice, and is dropped
-LEGACY_DEFAULTS: dict[str, Any] = {
-    "family": "gpt", "vocab_size": None, "block_size": 256, "n_layer": 4, "n_head": 4, "n_kv_head": None,
-    "d_model": 128, "d_ff": None, "activation": "gelu", "norm": "layernorm", "norm_position": "pre",
-    "norm_eps": 1e-5, "positions": "learned", "rope_theta": 10000.0, "dropout": 0.0, "bias": True,
-    "attn_backend": "sdpa", "mixer": "attention", "hybrid_attention_every": 2, "d_latent": None, "d_rope": None,
-    "q_latent": None, "ssm_d_state": 16, "ssm_d_conv": 4, "ssm_expand": 2, "residual": "standard",
-    "residual_streams": 4, "moe_experts": 0, "moe_top_k": 2, "moe_capacity_factor": 1.25, "moe_every": 1,
-    "moe_aux_weight": 0.01, "moe_z_weight": 0.001, "tie_embeddings": True, "init_std": 0.02, "n_classes": None,
-    "pooling": "cls", "n_segments": 2, "n_decoder_layer": None, "share_embeddings": True, "image_size": 28,
-    "patch_size": 4, "in_channels": 1, "cnn_width": 32, "cnn_stages": 3, "cnn_blocks": 2, "cnn_norm": "batch",
-    "inputs": "features", "n_features": None, "n_elements": None, "head": "regression", "n_outputs": 1,
-}
-
-
-CAUSAL_FAMILIES = ("gpt", "seq2seq", "captioner")  # the families with causal self-attention (a decoder)
+# 1: the flat schema (every family's options in one class); 2: one class per family; 3: no kernel options
+CONFIG_VERSION = 3
 
 
 @dataclass
@@ -84,11 +69,12 @@ class ModelConfig:
         return {f.name for cls in ModelConfig.families.values() for f in dataclasses.fields(cls)}
 
     @staticmethod
-    def from_mapping(data: Mapping[str, Any], prefix: str = "model.", legacy: bool = False) -> ModelConfig:
-        """The family's config from a mapping (a YAML section, a config.json); see the module docstring.
+    def from_mapping(data: Mapping[str, Any], prefix: str = "model.", dump: bool = False) -> ModelConfig:
+        """The family's config from a mapping (a YAML section, the command line's ``model.*``); see the module
+        docstring. An option of another family, or one the chosen blocks never read, is a one-line ConfigError.
 
-        ``legacy``: the mapping was written by the flat schema (config.json version 1), so options the
-        family or its blocks did not use are dropped whatever their value, as that schema ignored them.
+        ``dump``: a mapping attnlab wrote (config.json, a run's config.yaml), of any version: another family's
+        options (version 1 wrote them all) are dropped, and unused options are reset to their defaults.
         """
         if not isinstance(data, Mapping):
             raise ConfigError(f"'{prefix.rstrip('.')}' must be a mapping of model options, got {data!r}")
@@ -100,38 +86,60 @@ class ModelConfig:
         for key, value in data.items():
             if key in own or key not in every:  # an unknown key is reported by from_dict, with a hint
                 kept[key] = value
-            elif not (legacy or (key in LEGACY_DEFAULTS and value == LEGACY_DEFAULTS[key])):
+            elif not dump:
                 raise ConfigError(f"{prefix}{key} is not an option of family {family}")
         config = from_dict(cls, kept, prefix=prefix, check=False)
-        if legacy:
+        if dump:
             config = config.without_unused()
         config.validate()
+        if not dump:
+            config.refuse_unused(kept, prefix)
         return config
 
     # -- checking --------------------------------------------------------------------------------
 
     def validate(self) -> None:
-        """Range checks and the family's rules, then no unused option; raises ConfigError (one line)."""
-        unused = self.unused_options()
-        if unused:
-            key, why = unused[0]
-            raise ConfigError(f"model.{key}={getattr(self, key)!r} is not used: {why}")
+        """Range checks and the family's rules, then no unused option away from its default; raises ConfigError
+        (one line)."""
+        defaults = self.defaults()
+        for key, why in self.unused_options():
+            if getattr(self, key) != defaults[key]:
+                raise ConfigError(f"model.{key}={getattr(self, key)!r} is not used: {why}")
+
+    def refuse_unused(self, given: Mapping[str, Any], prefix: str = "model.") -> None:
+        """ConfigError where ``given`` (the options a file or command line set) holds one the chosen blocks never
+        read, whatever its value: ``model.d_latent=null`` with ``mixer=attention`` is a mistake, not a default."""
+        for key, why in self.unused_options():
+            if key in given:
+                raise ConfigError(f"{prefix}{key} is not used: {why}")
 
     def unused_options(self) -> list[tuple[str, str]]:
-        """(option, why) for options set away from their default that the chosen blocks never read."""
+        """(option, why) for this family's options that the chosen blocks never read."""
         return []
+
+    def attention_needs(self) -> dict[str, str]:
+        """What this model asks of an attention route besides causal self-attention (``nn.attention.kernels``'
+        FEATURES), each with the option that asks it; families with attention say."""
+        return {}
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:  # {option: its default}
+        return {f.name: f.default for f in dataclasses.fields(cls)}
 
     def without_unused(self) -> ModelConfig:
         """This config with every unused option back at its default."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        defaults = self.defaults()
         return dataclasses.replace(self, **{key: defaults[key] for key, _ in self.unused_options()})
 
-    def _unless(self, used: bool, why: str, *keys: str) -> list[tuple[str, str]]:
-        """The ``keys`` that differ from their defaults, if ``used`` is False."""
-        if used:
-            return []
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        return [(key, why) for key in keys if getattr(self, key) != defaults[key]]
+    def changed(self) -> dict[str, Any]:
+        """The options set away from their defaults, and the family: what a new file needs to say of this config."""
+        defaults = self.defaults()
+        return {k: v for k, v in dataclasses.asdict(self).items() if k == "family" or v != defaults[k]}
+
+    @staticmethod
+    def _unless(used: bool, why: str, *keys: str) -> list[tuple[str, str]]:
+        """``(key, why)`` for each of ``keys``, if ``used`` is False."""
+        return [] if used else [(key, why) for key in keys]
 
 
 def at_least(config: Any, minimum: int, *keys: str) -> None:
@@ -147,11 +155,12 @@ def at_least(config: Any, minimum: int, *keys: str) -> None:
 
 @dataclass
 class AttentionOptions:
-    """Heads: n_head, n_kv_head (grouped-query attention when fewer), the attention backend, and QK-norm
-    (each head's queries and keys RMS-normalised, with a learned gain, before positions and scores)."""
+    """Heads: n_head, n_kv_head (grouped-query attention when fewer), the route that computes attention
+    (``nn/attention/kernels.py``), and QK-norm (each head's queries and keys RMS-normalised, with a learned gain,
+    before positions and scores)."""
     n_head: int = 4
     n_kv_head: int | None = None  # None = n_head (MHA); 1 = MQA; in between = GQA
-    attn_backend: Literal["eager", "sdpa", "tiled", "cpu-fused"] = "sdpa"
+    attn_backend: Literal["eager", "sdpa", "tiled"] = "sdpa"  # the same function; tiled: O(T) memory
     qk_norm: bool = False  # Dehghani et al. 2023 / OLMo 2: RMSNorm(q), RMSNorm(k) per head
 
 
@@ -165,10 +174,9 @@ class NormOptions:
 
 @dataclass
 class FFNOptions:
-    """The feed-forward width (d_ff), its activation, and how the exact GELU is computed."""
+    """The feed-forward width (d_ff) and its activation."""
     d_ff: int | None = None  # None = 4 d_model (gelu/relu) or 8/3 d_model (swiglu)
     activation: Literal["gelu", "gelu_tanh", "relu", "relu2", "swiglu"] = "gelu"  # gelu_tanh: GPT-2's; relu2: ReLU^2
-    act_backend: Literal["torch", "cpu-fused"] = "torch"  # cpu-fused: the exact GELU in C++ (nn/gelu_cpu.py)
 
 
 @dataclass
@@ -180,15 +188,15 @@ class TransformerOptions(AttentionOptions, NormOptions, FFNOptions):
     dropout: float = 0.0
     bias: bool = True
     init_std: float = 0.02
-    linear_backend: Literal["torch", "cpu-fused"] = "torch"  # cpu-fused: the blocks' products in C++ (nn/linear_cpu.py)
 
     @property
     def head_dim(self) -> int:
         """d_model / n_head."""
         return self.d_model // self.n_head
 
-    def check_transformer(self) -> None:
-        """Range checks of the transformer options; ConfigError naming the option."""
+    def check_transformer(self, needs: Mapping[str, str]) -> None:
+        """Range checks of the transformer options, and that ``attn_backend`` computes what the model's attention
+        ``needs`` (``ModelConfig.attention_needs``); ConfigError naming the option."""
         at_least(self, 1, "n_layer", "n_head", "d_model", "d_ff")
         if self.d_model % self.n_head != 0:
             raise ConfigError(f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}")
@@ -197,23 +205,24 @@ class TransformerOptions(AttentionOptions, NormOptions, FFNOptions):
             raise ConfigError(f"model.n_kv_head={kv} must be >= 1 and divide model.n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
-        if self.attn_backend == "cpu-fused":
-            self.check_cpu_fused(kv)
-        if self.linear_backend == "cpu-fused" and self.d_model % 16:
-            raise ConfigError(f"model.linear_backend=cpu-fused needs d_model a multiple of 16, got {self.d_model}; "
-                              "use linear_backend=torch")
-        if self.act_backend == "cpu-fused" and self.activation != "gelu":
-            raise ConfigError(f"model.act_backend=cpu-fused computes the exact GELU; model.activation="
-                              f"{self.activation}: use act_backend=torch")
         if self.norm_eps <= 0 or self.init_std <= 0:
             raise ConfigError("model.norm_eps and model.init_std must be > 0")
+        check_route(self.attn_backend, needs, self.head_dim, f"model.attn_backend={self.attn_backend}")
 
-    def check_cpu_fused(self, kv: int) -> None:
-        """ConfigError where attn_backend=cpu-fused would never run its kernel (nn/attention/cpu_fused.py)."""
-        from attnlab.nn.attention.cpu_fused import check_config
-
-        check_config(self.family in CAUSAL_FAMILIES, self.family, self.dropout, kv, self.n_head, self.head_dim,
-                     getattr(self, "positions", "none"), getattr(self, "mixer", "attention"))
+    def needs_of(self, causal: bool, positions: str, mixer: str = "attention") -> dict[str, str]:
+        """``attention_needs`` of a transformer whose self-attention is ``causal`` (or attends both ways), with
+        ``positions`` and, in a GPT, ``mixer``."""
+        kv = self.n_head if self.n_kv_head is None else self.n_kv_head
+        needs = {"bidirectional": f"family={self.family}"} if not causal else {}
+        if self.dropout > 0:
+            needs["dropout"] = f"model.dropout={self.dropout}"
+        if kv != self.n_head:
+            needs["gqa"] = f"model.n_kv_head={kv}"
+        if positions in ("alibi", "relative"):
+            needs["bias"] = f"positions={positions}"
+        if mixer == "latent":
+            needs["latent"] = "mixer=latent"
+        return needs
 
 
 @dataclass
@@ -228,11 +237,10 @@ class PositionOptions:
     positions: Literal["learned", "sinusoidal", "rope", "alibi", "relative", "none"] = "learned"
     rope_theta: float = 10000.0
 
-    def check_positions(self) -> None:
-        """Range checks of the position options (RoPE needs an even head dimension)."""
+    def check_positions(self, head_dim: int) -> None:
+        """Range checks of the position options (RoPE needs an even ``head_dim``)."""
         if self.rope_theta <= 0:
             raise ConfigError(f"model.rope_theta must be > 0, got {self.rope_theta}")
-        head_dim = getattr(self, "head_dim", 0)
         if self.positions == "rope" and head_dim % 2 != 0:
             raise ConfigError(f"RoPE needs an even head dimension, got d_model/n_head={head_dim}")
 
@@ -257,10 +265,9 @@ class ImageOptions:
     image_size: int = 28  # side of the square input image, in pixels
     in_channels: int = 1  # 1 grey-scale, 3 RGB
 
-    def check_image(self) -> None:
-        """Range checks of the image options."""
+    def check_image(self, n_classes: int | None = None) -> None:
+        """Range checks of the image options (and of ``n_classes``, for a classifier)."""
         at_least(self, 1, "image_size", "in_channels")
-        n_classes = getattr(self, "n_classes", None)
         if n_classes is not None and n_classes < 2:
             raise ConfigError(f"model.n_classes must be >= 2 for classification, got {n_classes}")
 
@@ -269,7 +276,7 @@ class ImageOptions:
 class MixerOptions:
     """The token mixer: multi-head attention, multi-head latent attention (DeepSeek-V2), a selective SSM
     (Mamba), or a hybrid stack where every hybrid_attention_every-th layer is attention, the rest SSM. The
-    SSM's scan: the chunked form in PyTorch ops, or attnlab's C++ loop for CPUs (built on first use)."""
+    SSM's sizes."""
 
     mixer: Literal["attention", "latent", "ssm", "hybrid"] = "attention"
     hybrid_attention_every: int = 2
@@ -279,7 +286,6 @@ class MixerOptions:
     ssm_d_state: int = 16
     ssm_d_conv: int = 4
     ssm_expand: int = 2
-    ssm_scan: Literal["chunked", "cpu-fused"] = "chunked"  # cpu-fused: one C++ loop per pass (nn/scan_cpu.py)
 
     def layer_mixer(self, index: int) -> str:
         """The token mixer of layer ``index``: "attention", "latent" or "ssm"."""
@@ -287,18 +293,16 @@ class MixerOptions:
             return "attention" if (index + 1) % self.hybrid_attention_every == 0 else "ssm"
         return self.mixer
 
-    def check_mixer(self) -> None:
-        """Range checks of the mixer options (latent and SSM sizes, the hybrid's period)."""
+    def check_mixer(self, positions: str, head_dim: int) -> None:
+        """Range checks of the mixer options (latent and SSM sizes, the hybrid's period), with the model's
+        ``positions`` and ``head_dim``."""
         at_least(self, 1, "hybrid_attention_every", "ssm_d_state", "ssm_d_conv", "ssm_expand",
                   "d_latent", "d_rope", "q_latent")
-        positions, backend = getattr(self, "positions", "none"), getattr(self, "attn_backend", "sdpa")
         if self.mixer == "latent":
             if positions in ("rope", "relative"):
                 raise ConfigError(f"mixer=latent applies its own decoupled RoPE and takes no positions={positions}; "
                                   "set positions to none, learned, sinusoidal or alibi")
-            if backend == "tiled":
-                raise ConfigError("mixer=latent has no tiled kernel; set model.attn_backend to eager or sdpa")
-            d_rope = self.d_rope or getattr(self, "head_dim", 0) // 2
+            d_rope = self.d_rope or head_dim // 2
             if d_rope % 2 != 0:
                 raise ConfigError(f"model.d_rope must be even, got {d_rope}")
         if self.mixer == "ssm" and positions in ("rope", "alibi", "relative"):
@@ -311,8 +315,7 @@ class MixerOptions:
         return [
             *self._unless(self.mixer == "latent", f"latent-attention sizes, and mixer={self.mixer}",
                           "d_latent", "d_rope", "q_latent"),
-            *self._unless(has_ssm, f"SSM options, and mixer={self.mixer}", "ssm_d_state", "ssm_d_conv", "ssm_expand",
-                          "ssm_scan"),
+            *self._unless(has_ssm, f"SSM options, and mixer={self.mixer}", "ssm_d_state", "ssm_d_conv", "ssm_expand"),
             *self._unless(self.mixer == "hybrid", f"for mixer=hybrid, and mixer={self.mixer}",
                           "hybrid_attention_every"),
             *self._unless(self.mixer != "ssm", "mixer=ssm has no attention", "attn_backend", "n_kv_head"),
@@ -361,9 +364,9 @@ class ResidualOptions:
     residual: Literal["standard", "hyper", "mhc", "attnres"] = "standard"
     residual_streams: int = 4  # parallel streams for hyper / mhc
 
-    def check_residual(self) -> None:
-        """Range checks of the residual-scheme options."""
-        if self.residual != "standard" and getattr(self, "norm_position", "pre") != "pre":
+    def check_residual(self, norm_position: str) -> None:
+        """Range checks of the residual-scheme options, with the blocks' ``norm_position``."""
+        if self.residual != "standard" and norm_position != "pre":
             raise ConfigError(f"residual={self.residual} needs norm_position=pre (it mixes pre-norm sub-layers)")
         if self.residual_streams < 1 or (self.residual == "mhc" and self.residual_streams < 2):
             raise ConfigError(f"model.residual_streams must be >= 1 (>= 2 for mhc), got {self.residual_streams}")
@@ -374,10 +377,10 @@ class ResidualOptions:
                             "residual_streams")
 
 
-def unused_rope_theta(config: Any) -> list[tuple[str, str]]:
+def unused_rope_theta(positions: str, mixer: str = "attention") -> list[tuple[str, str]]:
     """rope_theta is read by RoPE positions (and by latent attention's decoupled RoPE) only."""
-    used = config.positions == "rope" or getattr(config, "mixer", None) in ("latent",)
-    return config._unless(used, f"RoPE's base, and positions={config.positions}", "rope_theta")
+    used = positions == "rope" or mixer == "latent"
+    return ModelConfig._unless(used, f"RoPE's base, and positions={positions}", "rope_theta")
 
 
 def check_head(config: Any) -> None:

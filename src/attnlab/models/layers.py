@@ -28,7 +28,7 @@ def build_mixer(c: ModelConfig, kind: str = "attention") -> nn.Module:
     """The token mixer ``kind`` with the config's sizes (the config has refused what a kind cannot do)."""
     if kind == "attention":
         return MultiHeadAttention(c.d_model, c.n_head, n_kv_heads=c.n_kv_head, bias=c.bias, dropout=c.dropout,
-                                  backend=c.attn_backend, qk_norm=c.qk_norm, linear_backend=c.linear_backend)
+                                  backend=c.attn_backend, qk_norm=c.qk_norm)
     if kind == "latent":
         return MultiHeadLatentAttention(
             c.d_model, c.n_head, bias=c.bias, dropout=c.dropout, backend=c.attn_backend,
@@ -36,8 +36,7 @@ def build_mixer(c: ModelConfig, kind: str = "attention") -> nn.Module:
             rope_theta=c.rope_theta, max_len=c.block_size,
         )
     if kind == "ssm":
-        return SelectiveSSM(c.d_model, bias=c.bias, d_state=c.ssm_d_state, d_conv=c.ssm_d_conv, expand=c.ssm_expand,
-                            scan=c.ssm_scan)
+        return SelectiveSSM(c.d_model, bias=c.bias, d_state=c.ssm_d_state, d_conv=c.ssm_d_conv, expand=c.ssm_expand)
     raise ValueError(f"unknown mixer {kind!r}; choose attention, latent or ssm")
 
 
@@ -49,9 +48,8 @@ def build_ffn(c: ModelConfig, moe: bool = False) -> nn.Module:
     if moe:
         return MoEFeedForward(c.d_model, d_ff, n_experts=c.moe_experts, top_k=c.moe_top_k,
                               capacity_factor=c.moe_capacity_factor, activation=c.activation, bias=c.bias,
-                              dropout=c.dropout, normalize_top_k=c.moe_top_k > 1, act_backend=c.act_backend)
-    return FeedForward(c.d_model, d_ff, c.activation, bias=c.bias, dropout=c.dropout, act_backend=c.act_backend,
-                       linear_backend=c.linear_backend)
+                              dropout=c.dropout, normalize_top_k=c.moe_top_k > 1)
+    return FeedForward(c.d_model, d_ff, c.activation, bias=c.bias, dropout=c.dropout)
 
 
 def build_block(c: ModelConfig, mixer: str = "attention", moe: bool = False, cross_attention: bool = False) -> Block:
@@ -59,7 +57,7 @@ def build_block(c: ModelConfig, mixer: str = "attention", moe: bool = False, cro
     pre- or post-norm as ``c.norm_position`` says. Layers are built in that order."""
     token_mixer = build_mixer(c, mixer)
     cross = (MultiHeadAttention(c.d_model, c.n_head, n_kv_heads=c.n_kv_head, bias=c.bias, dropout=c.dropout,
-                                backend=c.attn_backend, cross=True, qk_norm=c.qk_norm, linear_backend=c.linear_backend)
+                                backend=c.attn_backend, cross=True, qk_norm=c.qk_norm)
              if cross_attention else None)
     ffn = build_ffn(c, moe)
     norm = partial(build_norm, c.norm, c.d_model, c.norm_eps, c.bias)

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn import roles
-from attnlab.nn.activations import activate, check_activation, gelu_ops
+from attnlab.nn.activations import Activation
 
 
 @dataclass
@@ -97,7 +97,6 @@ class MoEFeedForward(nn.Module):
         dropout: float = 0.0,
         router_jitter: float = 0.0,
         normalize_top_k: bool = True,
-        act_backend: str = "torch",
     ) -> None:
         super().__init__()
         if n_experts < 1:
@@ -106,7 +105,7 @@ class MoEFeedForward(nn.Module):
             raise ValueError(f"top_k must be between 1 and n_experts={n_experts}, got {top_k}")
         if capacity_factor is not None and not capacity_factor > 0:
             raise ValueError(f"capacity_factor must be > 0 or None, got {capacity_factor}")
-        check_activation(activation)
+        self.act = Activation(activation)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if not 0.0 <= router_jitter < 1.0:
@@ -117,7 +116,6 @@ class MoEFeedForward(nn.Module):
         self.top_k = top_k
         self.capacity_factor = capacity_factor
         self.activation = activation
-        self.gelu_ops = gelu_ops(activation, act_backend)
         self.dropout = dropout
         self.router_jitter = router_jitter
         self.normalize_top_k = normalize_top_k
@@ -181,7 +179,7 @@ class MoEFeedForward(nn.Module):
             h = torch.bmm(buffer, self.w_in)  # (E, S, n_in)
         else:
             h = torch.baddbmm(self.b_in.unsqueeze(1), buffer, self.w_in)  # (E, S, n_in)
-        h = activate(h, self.activation, self.gelu_ops)  # (E, S, d_ff)
+        h = self.act(h)  # (E, S, d_ff)
         if self.b_out is None:
             return torch.bmm(h, self.w_out)  # (E, S, C)
         return torch.baddbmm(self.b_out.unsqueeze(1), h, self.w_out)  # (E, S, C)

@@ -98,8 +98,8 @@ def _blocks(rows: int, l: int, cols: int) -> list[tuple[slice, slice]]:
 
     Under ``torch.compile`` one block covers everything, and a loop of blocks would only be unrolled
     into a graph that takes minutes to compile. Inductor fuses the decay matrix's pointwise ops into
-    the reductions that consume it: at chunk 64 the compiled forward + backward peaked at 69-626 MiB
-    where the matrices stored whole would take 0.9-8 GiB (``benchmarks/ssm_scan.py --compiled``).
+    the reductions that consume it, so the compiled pass keeps a fraction of the memory the matrices
+    stored whole would take (``benchmarks/ssm_scan.py --compiled``; docs/benchmarks.md).
     """
     if torch.compiler.is_compiling():
         return [(slice(None), slice(None))]
@@ -248,10 +248,9 @@ def selective_scan(
 
     Eagerly, a Python loop runs over groups of chunks, each group one decay block in size, the
     state carried from group to group: on a CPU the scan is bound by memory traffic, and a group
-    that stays in cache runs ~1.3-1.8x faster than all chunks at once (4-layer Mamba GPT, batch 12,
-    T = 64 and 256). Under ``torch.compile`` one group holds every chunk and inductor fuses the
-    passes instead: the graph has a fixed size whatever T (unrolling a loop over chunks and blocks
-    took 428 s to compile at T = 64).
+    that stays in cache runs faster than all chunks at once. Under ``torch.compile`` one group holds
+    every chunk and inductor fuses the passes instead: the graph has a fixed size whatever T (a loop
+    over chunks and blocks, unrolled, takes minutes to compile). Figures: docs/benchmarks.md.
 
     Cost and memory. A is diagonal per (channel, state), not one scalar per head as in Mamba-2,
     so the decay matrix cannot be shared across the state dimension: a chunk needs

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn import roles, scan_cpu
+from attnlab.nn import roles
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.selective_scan import compute_dtype, selective_scan
 
@@ -90,16 +90,8 @@ class SelectiveSSM(nn.Module):
     ``_no_reinit`` (A_log and D have the NO_WEIGHT_DECAY role, as in the reference code).
 
     ``chunk_size`` defaults to 4: the chunked scan does chunk-times the arithmetic of the sequential
-    loop, and on a 2-core CPU (the scan alone, B 8, T 256, d_inner 120, forward + backward) it measured
-    85 ms at chunk 4, 135 ms at 8 and 681 ms at 64 (``benchmarks/ssm_scan.py``). Compiled, chunk 8 ran
-    the scan alone fastest, but not a 4-layer model (docs/benchmarks.md); larger chunks pay off where
-    per-step overhead dominates (GPUs).
-
-    ``scan="cpu-fused"`` runs the scan as one C++ loop per pass instead (``nn/scan_cpu.py``, built on first
-    use; a ``KernelUnavailable`` error without a compiler): the same numbers, forward + backward 13-17x
-    faster at B 8, T 256, d_inner 120 and at T 4k-16k on a 2-core CPU, keeping 1/35 of the memory for the
-    backward (a recomputing backward; ``benchmarks/ssm_scan.py``, ``docs/ssm_scan_cpu_20261129.json``).
-    Calls it cannot serve (a GPU) take the chunked form.
+    loop, which on a CPU costs more than the fewer, larger steps save; larger chunks pay off where
+    per-step overhead dominates (GPUs). Measured in ``benchmarks/ssm_scan.py``; figures in docs/benchmarks.md.
     """
 
     def __init__(
@@ -114,11 +106,8 @@ class SelectiveSSM(nn.Module):
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
         chunk_size: int = 4,
-        scan: Literal["chunked", "cpu-fused"] = "chunked",
     ) -> None:
         super().__init__()
-        if scan not in ("chunked", "cpu-fused"):
-            raise ValueError(f"scan must be 'chunked' or 'cpu-fused', got {scan!r}")
         if d_conv < 1:
             raise ValueError(f"d_conv must be >= 1, got {d_conv}")
         if not 0 < dt_min <= dt_max:
@@ -126,8 +115,7 @@ class SelectiveSSM(nn.Module):
         self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
         self.d_inner = expand * d_model
         self.dt_rank = math.ceil(d_model / 16) if dt_rank in (None, "auto") else int(dt_rank)
-        self.dt_min, self.dt_max, self.chunk_size, self.scan = dt_min, dt_max, chunk_size, scan
-        self.scan_ops = scan_cpu.load() if scan == "cpu-fused" else None  # built before torch.compile traces
+        self.dt_min, self.dt_max, self.chunk_size = dt_min, dt_max, chunk_size
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias)  # x and the gate z
         self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, groups=self.d_inner, padding=d_conv - 1,
                                 bias=conv_bias)
@@ -221,18 +209,10 @@ class SelectiveSSM(nn.Module):
         return self.out_proj(y * F.silu(z))  # (B, T, C)
 
     def _scan(self, u: Tensor, delta: Tensor, B: Tensor, C: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
-        """y = selective_scan(u, Δ, A, B, C, D) (B, T, d_inner) and the final state (B, d_inner, N), through the
-        C++ loop where it was asked for and serves the call, else the chunked form."""
-        dt = compute_dtype(u.dtype)
-        if self.scan_ops is None or not scan_cpu.supports(u):
-            return selective_scan(u, delta, self.A, B, C, self.D, chunk_size=self.chunk_size, initial_state=h0,
-                                  return_final_state=True)
-        with torch.autocast(u.device.type, enabled=False):
-            x = u.to(dt)
-            y, h = scan_cpu.fused_scan(x, delta.to(dt), self.A.to(dt), B.to(dt), C.to(dt),
-                                       None if h0 is None else h0.to(dt), self.scan_ops)
-            y = y + x * self.D.to(dt)
-        return y.to(u.dtype), h
+        """y = selective_scan(u, Δ, A, B, C, D) (B, T, d_inner) and the final state (B, d_inner, N), in the
+        chunked form."""
+        return selective_scan(u, delta, self.A, B, C, self.D, chunk_size=self.chunk_size, initial_state=h0,
+                              return_final_state=True)
 
     def step(self, x_t: Tensor, state: SSMState) -> Tensor:
         """One token x_t (B, C) -> (B, C), advancing ``state`` in place: O(1) time and memory."""

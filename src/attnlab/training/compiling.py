@@ -3,11 +3,9 @@
 On a CPU the graphs are built with inductor's C++ wrapper (``cpp_wrapper``): the generated kernels are
 called from generated C++ rather than from a generated Python function, one call per graph instead of one
 Python call per kernel. A small model's step is dozens of short kernels, so the Python calls are a visible
-share of it: nanoGPT's CPU model (4 layers, 128 dims, batch 12 x 64, fp32, 2 threads) steps at 1.12x nanoGPT's
-rate compiled with the Python wrapper and 1.18x with the C++ one (medians of 16 alternating rounds of
-``benchmarks/fp32_step.py``, contenders ``attnlab-compiled-python-wrapper`` and ``attnlab-compiled``;
-docs/fp32_step.json), at the same compile time (~25 s cold, ~4 s from inductor's cache). On a GPU inductor's
-default wrapper is kept: the C++ one has not been measured there.
+share of it, and the C++ wrapper takes the same compile time (``benchmarks/fp32_step.py``, contenders
+``attnlab-compiled-python-wrapper`` and ``attnlab-compiled``; figures in docs/benchmarks.md). On a GPU
+inductor's default wrapper is kept: the C++ one has not been measured there.
 """
 
 from __future__ import annotations

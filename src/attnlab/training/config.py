@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from attnlab.core.errors import ConfigError
+from attnlab.cpu import parse_kernels
 from attnlab.data.pairs import Seq2SeqOptions
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt.config import GPTConfig
+from attnlab.nn.attention.kernels import check_route
 from attnlab.training.tasks.names import SECTIONS, TASK_SECTIONS, TOKENIZED, check_family, task_name
 
 
@@ -180,6 +182,9 @@ class TrainConfig:
     # CPU: split each batch into this many parts whose passes run at once, one thread each, gradients summed
     # in a fixed order (training/threaded.py); for small models whose kernels are too short to share out
     batch_threads: int = 1
+    # attnlab's C++ kernels for float32 CPU training (attnlab/cpu/): a comma-separated subset of attention, gelu,
+    # linear and scan, or all; each computes the same function as the layer it stands in for, faster; none = torch's
+    kernels: str = "none"
     # "auto" = this process's GPU (cuda:LOCAL_RANK) when CUDA is visible, else the CPU; or cpu, cuda, cuda:N, mps
     device: str = "auto"
     # deterministic kernels (torch.use_deterministic_algorithms, for the whole process): on a GPU the
@@ -268,6 +273,7 @@ class TrainConfig:
         if not DEVICE_SPEC.fullmatch(self.device):
             raise ConfigError(f"'device' must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         self.check_sections(task_name(self.task, self.model.family))  # an unknown task fails in task_name
+        check_kernels(parse_kernels(self.kernels), self.model)
         if self.logger == "tensorboard":
             from attnlab.core.extras import require
 
@@ -297,3 +303,29 @@ class TrainConfig:
                     readers = sorted(t for t, s in TASK_SECTIONS.items() if section in s)
                     raise ConfigError(f"'{section}.{f.name}' is not used: task {task} reads no {section} options "
                                       f"(task {' or '.join(readers)} does)")
+
+
+def check_kernels(kernels: tuple[str, ...], model: ModelConfig) -> None:
+    """ConfigError, before any data is read, where one of ``kernels`` has no layer of ``model`` to compute: each
+    computes one function of the specification (the attention kernel, causal self-attention in place of the sdpa
+    route; gelu, the exact GELU; linear, the blocks' products on widths of multiples of 16; scan, the SSM's)."""
+    options = model.defaults()
+    for kernel in kernels:
+        key = f"kernels={kernel}"
+        if kernel in ("attention", "gelu", "linear") and "d_model" not in options:
+            raise ConfigError(f"{key}: family {model.family} has no attention or feed-forward layers; leave it out")
+        if kernel == "attention":
+            if getattr(model, "mixer", "attention") == "ssm":
+                raise ConfigError(f"{key}: mixer=ssm has no attention; leave attention out of kernels")
+            if model.attn_backend != "sdpa":
+                raise ConfigError(f"{key} stands in for attn_backend=sdpa, and model.attn_backend="
+                                  f"{model.attn_backend}; leave attention out of kernels or use attn_backend=sdpa")
+            check_route("cpu-fused", model.attention_needs(), model.head_dim, key)
+        if kernel == "gelu" and model.activation != "gelu":
+            raise ConfigError(f"{key} computes the exact GELU, and model.activation={model.activation}; leave it out")
+        if kernel == "linear" and model.d_model % 16:
+            raise ConfigError(f"{key} computes widths that are multiples of 16, and model.d_model={model.d_model}; "
+                              "leave it out")
+        if kernel == "scan" and getattr(model, "mixer", "attention") not in ("ssm", "hybrid"):
+            raise ConfigError(f"{key} computes the selective scan of an SSM, and this model has none (model.mixer="
+                              f"{getattr(model, 'mixer', 'attention')}); leave it out")

@@ -128,7 +128,7 @@ def any_true(flag: bool, device: torch.device, info: DistInfo) -> bool:
 
 def agreement(device: torch.device, info: DistInfo) -> Callable[[bool], bool] | None:
     """``train_step``'s ``agree``: any_true across the processes, or None for one process (nothing to agree on,
-    which lets a step end inside its parts' threads, ``cpu_step.PartsEnd``)."""
+    which lets a step end inside its parts' threads, ``attnlab.cpu.step.PartsEnd``)."""
     return (lambda flag: any_true(flag, device, info)) if info.enabled else None
 
 

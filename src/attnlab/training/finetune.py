@@ -54,7 +54,7 @@ def finetune_trainer(pretrained: str | Path, overrides: list[str]) -> Trainer:
         raise ConfigError(f"{pretrained} holds a {model_cfg.family} model; finetune needs a bert, vit, cnn, mae or "
                           "dino run")
     base = [f"{k}={v}" for k, v in FINETUNE_DEFAULTS.items()]
-    model_keys = [f"model.{k}={json.dumps(v) if v is None else v}" for k, v in dataclasses.asdict(model_cfg).items()
+    model_keys = [f"model.{k}={json.dumps(v) if v is None else v}" for k, v in model_cfg.changed().items()
                   if k != "n_classes" and v is not None]
     cfg = load_train_config(None, [*base, *model_keys, f"classify.init_from={pretrained}", *overrides])
     if cfg.task != "classify":

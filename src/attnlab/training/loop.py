@@ -5,14 +5,13 @@ One optimisation step over A micro-batches (``train_step``):
     g = (1/A) sum_{a=1..A} grad L(batch_a)          gradient accumulation
     n = ||g||_2;  g = g * min(1, clip / n)           global-norm clipping (n is measured without clip too)
     theta = Opt(theta, g, lr)                        only if L and n are finite; else the step is skipped
-                                                     (with parts and AdamW in float32: n, the clipping and
-                                                     the update in C++, inside the parts' threads where
-                                                     there is one micro-batch; training/cpu_step.py)
     grads = None
 
 ``fit`` repeats it for a number of steps with a learning-rate schedule; ``evaluate_model`` averages a
 task's loss and metrics over fixed batches. The ``Trainer`` (run folder, checkpoints, logging,
 resume, distribution) and every experiment call these; none keeps an optimisation loop of its own.
+Another way to take the same step (``parts_step.PartsStep``: each batch's parts on CPU threads) is an
+object with ``train_step``'s signature, which the Trainer chooses.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.training import cpu_step, distributed, threaded
+from attnlab.training import distributed
 from attnlab.training.tasks.base import Task
 
 
@@ -56,7 +55,6 @@ def train_step(
     reported_loss: Callable[[Any], Tensor] | None = None,
     micro_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
     agree: Callable[[bool], bool] | None = None,
-    parts: int = 1,
 ) -> StepResult:
     """One optimisation step (see the module docstring) over the micro-batches ``batches``.
 
@@ -67,74 +65,74 @@ def train_step(
     ``reported_loss(out)`` is the loss to report when it differs from the objective (e.g. without
     the MoE auxiliary terms). ``micro_sync(last)`` gives the context of a micro-batch's forward and
     backward (DDP's no_sync before the last); ``agree(bad)`` lets every process decide alike
-    whether to skip a non-finite step. ``parts`` > 1 splits each micro-batch (a dict) into that many parts
-    whose passes run concurrently on CPU threads (``training/threaded.py``; ``accum * parts`` terms in g).
+    whether to skip a non-finite step.
     """
-    # with parts, the whole step (the parts' passes, the sum, clipping and the update) runs at one intra-op thread
-    # per thread: no OpenMP team of the caller's is left spinning while the parts run (threaded.step_threads)
-    with threaded.step_threads(parts):
-        if accum is None:
-            batches = list(batches)
-            accum = len(batches)
-        forward = forward or (lambda batch: model(**batch))
-        if lr is not None:
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+    batches, accum = micro_batches(batches, accum)
+    forward = forward or (lambda batch: model(**batch))
+    set_lr(optimizer, lr)
+    totals = Totals(model, reported_loss)
+    for a, batch in zip(range(accum), batches):
+        with micro_sync(a == accum - 1) if micro_sync is not None else contextlib.nullcontext():
+            with autocast():
+                out = forward(batch)
+            (_objective(out) / accum).backward()
+        totals.add([out], accum)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = nn.utils.clip_grad_norm_(params, grad_clip or math.inf)
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+        grad_norm = grad_norm.full_tensor()
+    bad = not totals.finite(grad_norm)
+    if agree is not None:
+        bad = agree(bad)
+    if not bad:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return totals.result(grad_norm, not bad)
+
+
+def micro_batches(batches: Iterable[Any], accum: int | None) -> tuple[Iterable[Any], int]:
+    """``batches`` and how many to take: ``accum``, or (without) all of them, read into a list."""
+    if accum is None:
+        batches = list(batches)
+        accum = len(batches)
+    return batches, accum
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float | None) -> None:
+    """Every parameter group's learning rate to ``lr`` (None: leave them)."""
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+
+class Totals:
+    """A step's running means of the reported loss and the objective over its micro-batches (and their parts),
+    and the outputs' MoE statistics."""
+
+    def __init__(self, model: nn.Module, reported_loss: Callable[[Any], Tensor] | None) -> None:
         device = next(model.parameters()).device
-        loss_sum = torch.zeros((), device=device)
-        objective_sum = torch.zeros((), device=device)
-        moe_stats: list[Any] = []
-        params = [p for p in model.parameters() if p.requires_grad]
-        fused = None  # parts, one micro-batch, one process: the step's end in C++ inside the parts' threads
-        if parts > 1 and accum == 1 and agree is None:
-            fused = cpu_step.plan_parts(optimizer, params, parts, grad_clip)  # None where it does not apply
-        for a, batch in zip(range(accum), batches):
-            if parts > 1:
-                try:
-                    outs = threaded.part_gradients(forward, batch, params, parts, 1 / (accum * parts), autocast,
-                                                   fused)
-                except BaseException:
-                    if fused is not None and not fused.applied:
-                        fused.undo()  # a part failed: no state made for a step that was not taken
-                    raise
-            else:
-                with micro_sync(a == accum - 1) if micro_sync is not None else contextlib.nullcontext():
-                    with autocast():
-                        outs = [forward(batch)]
-                    (_objective(outs[0]) / accum).backward()
-            for out in outs:
-                objective = _objective(out)
-                reported = reported_loss(out) if reported_loss is not None else objective
-                loss_sum += reported.detach() / (accum * len(outs))
-                objective_sum += objective.detach() / (accum * len(outs))
-                if getattr(out, "moe_stats", None):
-                    moe_stats.append(out.moe_stats)
-        if fused is not None and fused.applied:  # updated already, unless not finite (the same test as below)
-            grad_norm = fused.grad_norm()
-            bad = not (math.isfinite(float(objective_sum)) and math.isfinite(float(grad_norm)))
-            if bad:
-                fused.undo()
-            return StepResult(loss_sum, objective_sum, grad_norm, not bad, moe_stats)
-        if fused is not None:
-            fused.undo()  # the state it made for a first step: the path below makes its own
-        # parts: the step's end in C++ on this one thread where it applies (AdamW, float32; training/cpu_step.py)
-        end = cpu_step.plan(optimizer, params) if parts > 1 else None
-        grad_norm = end.grad_norm() if end is not None else nn.utils.clip_grad_norm_(params, grad_clip or math.inf)
-        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
-            grad_norm = grad_norm.full_tensor()
-        bad = not (math.isfinite(float(objective_sum)) and math.isfinite(float(grad_norm)))
-        if agree is not None:
-            bad = agree(bad)
-        if not bad:
-            if end is not None:  # the clipping is the update's factor on the gradients
-                end.step(cpu_step.clip_factor(float(grad_norm), grad_clip))
-            else:
-                optimizer.step()
-        if end is not None:
-            end.zero_grad()
-        else:
-            optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss_sum, objective_sum, grad_norm, not bad, moe_stats)
+        self.loss = torch.zeros((), device=device)
+        self.objective = torch.zeros((), device=device)
+        self.moe_stats: list[Any] = []
+        self.reported_loss = reported_loss
+
+    def add(self, outs: list[Any], accum: int) -> None:
+        """The outputs of one micro-batch (one per part), each weighing 1 / (accum * len(outs))."""
+        for out in outs:
+            objective = _objective(out)
+            reported = self.reported_loss(out) if self.reported_loss is not None else objective
+            self.loss += reported.detach() / (accum * len(outs))
+            self.objective += objective.detach() / (accum * len(outs))
+            if getattr(out, "moe_stats", None):
+                self.moe_stats.append(out.moe_stats)
+
+    def finite(self, grad_norm: Tensor) -> bool:
+        """Whether the mean objective and the gradient norm are finite (a host sync)."""
+        return math.isfinite(float(self.objective)) and math.isfinite(float(grad_norm))
+
+    def result(self, grad_norm: Tensor, applied: bool) -> StepResult:
+        """The step's ``StepResult``."""
+        return StepResult(self.loss, self.objective, grad_norm, applied, self.moe_stats)
 
 
 def _objective(out: Any) -> Tensor:

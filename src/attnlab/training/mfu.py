@@ -23,9 +23,9 @@ MFU = tokens/s x F / peak, against the peak of the dtype the run computes in. Th
   measurements: ``peak_flops(..., refresh=True)`` (called by the trainer when it sees MFU above 100%,
   and by the throughput benchmark) measures again and keeps the larger value.
 
-A measured peak alone was taken while the test suite loaded the machine (39 GFLOP/s for one thread
-where an idle core gives about 70) and made a 0.8M-parameter model log 86-91% MFU; with the hardware
-bound no run can exceed 100% unless the clock runs above what the kernel reports.
+A measured peak alone can be taken while other work loads the machine, and then reads low enough for a
+small model to log MFU near 100%; with the hardware bound no run can exceed 100% unless the clock runs above
+what the kernel reports.
 """
 
 from __future__ import annotations

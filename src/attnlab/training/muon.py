@@ -11,12 +11,9 @@ For a weight W (rows x cols) with gradient G, momentum mu and learning rate lr:
 NS5 is five steps of the quintic Newton-Schulz iteration X <- a X + (b A + c A^2) X with A = X X^T and
 (a, b, c) = (3.4445, -4.7750, 2.0315): singular values above ~1/300 of ||U||_F end in about [0.6, 1.2]
 (smaller ones are multiplied by at most a^5 ~ 484). Computed in the run's compute dtype: bfloat16 where the
-run computes in it (as modded-nanoGPT does; 4.8 vs 8.2 ms per step for the 16 matrices of the earlier
-4-layer speed-run preset on a 2-core AVX512-BF16 CPU), else float32 (on a CPU without native bf16, bf16
-matmuls are emulated, ~100x slower).
-Each step's sums ride in its products (``baddbmm``: b A + c A A, then a X + B X): on a 2-core AVX-512 Xeon in
-float32 those 16 matrices went from 11.7 to 8.2 ms per step with it (the bf16 / fp32 pair above was
-measured before it, on the AVX512-BF16 machine).
+run computes in it (as modded-nanoGPT does), else float32 (on a CPU without native bf16, bf16 matmuls are
+emulated, far slower). Each step's sums ride in its products (``baddbmm``: b A + c A A, then a X + B X), one
+pass fewer over each matrix (figures: docs/benchmarks.md).
 
 ``MuonWithAdamW`` holds both kinds of parameter group in one optimiser, so the trainer's schedule,
 clipping, checkpoints and resume treat it like AdamW: every group's ``lr`` is set by the schedule, and a

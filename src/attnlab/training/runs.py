@@ -21,14 +21,54 @@ RUN_CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 
 
-def load_train_config(path: str | Path | None, overrides: list[str] = ()):
-    """Read a YAML preset (or defaults when ``path`` is None), apply ``key=value`` overrides, validate."""
+# keys every run's config.yaml has held since the first version, and a preset written by hand does not need
+DUMP_KEYS = frozenset({"name", "out_dir", "resume", "progress", "mfu", "model"})
+
+
+def load_train_config(path: str | Path | None, overrides: list[str] = (), dump: bool = False):
+    """Read a YAML preset (or defaults when ``path`` is None), apply ``key=value`` overrides, validate.
+    ``dump``: the file is a run's config.yaml, which attnlab wrote (``dumped_run_config``); a file holding every
+    one of ``DUMP_KEYS`` is taken for one (``attnlab train runs/NAME/config.yaml`` trains that run's config again)."""
     from attnlab import presets
     from attnlab.training.config import TrainConfig
 
     data = load_yaml(presets.resolve(path)) if path is not None else {}
+    if dump or set(data) >= DUMP_KEYS:
+        data = dumped_run_config(data)
+    refuse_kernel_options(data.get("model"), list(overrides))
     data = apply_overrides(TrainConfig, data, list(overrides))
     return from_dict(TrainConfig, data)
+
+
+def refuse_kernel_options(section: Any, overrides: list[str]) -> None:
+    """ConfigError naming ``kernels=`` where a new file's model section or an override still chooses a kernel the
+    way earlier versions did (``linear_backend=cpu-fused``): kernels are a run setting, not a model option."""
+    from attnlab.core import legacy
+    from attnlab.core.schema import parse_override
+
+    given = [(key, value) for key, value in (section or {}).items()] if isinstance(section, dict) else []
+    given += [(key.split(".")[-1], value) for key, value in map(parse_override, overrides) if "=" in key + "="]
+    for key, value in given:
+        if key in legacy.KERNEL_OPTIONS and (key != "attn_backend" or value == legacy.KERNEL_VALUE):
+            raise ConfigError(f"{key}={value}: attnlab's C++ kernels are a run setting, not a model option; use "
+                              f"kernels={legacy.KERNEL_OPTIONS[key]} (or kernels=all)")
+
+
+def dumped_run_config(data: dict[str, Any]) -> dict[str, Any]:
+    """A run's config.yaml as a new file would say it. It lists every model option (those of earlier versions, of
+    every family); the model section keeps the options away from their defaults, and the kernel options of
+    earlier versions become the run's ``kernels`` (``core/legacy.py``)."""
+    from attnlab.core import legacy
+    from attnlab.models.config import ModelConfig
+
+    section = data.get("model")
+    if not isinstance(section, dict):
+        return data  # the schema reports it
+    section, kernels = legacy.split_kernel_options(section)
+    data = {**data, "model": ModelConfig.from_mapping(section, dump=True).changed()}
+    if kernels:
+        data["kernels"] = ",".join(kernels)
+    return data
 
 
 def save_train_config(run_dir: Path, cfg: Any) -> None:
@@ -41,7 +81,7 @@ def load_run_config(run_dir: str | Path):
     run_dir = Path(run_dir)
     if not (run_dir / RUN_CONFIG).is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no {RUN_CONFIG})")
-    return load_train_config(run_dir / RUN_CONFIG)
+    return load_train_config(run_dir / RUN_CONFIG, dump=True)
 
 
 def load_model_and_tokenizer(path: str | Path):
@@ -53,6 +93,19 @@ def load_model_and_tokenizer(path: str | Path):
     if not path.is_dir():
         raise CheckpointError(f"run folder not found: {path}")
     return from_pretrained(path), load_tokenizer(path)
+
+
+def with_kernels(model: Any, kernels: str, device_type: str) -> Any:
+    """``model`` with attnlab's C++ kernels ``kernels`` (none, all, or some of attention, gelu, linear, scan) swapped
+    in for float32 passes on ``device_type`` (``sample --kernels``, ``eval --kernels``), after the checks a run's
+    ``kernels`` setting gets: one line each where a kernel has nothing to compute or never runs here."""
+    from attnlab.cpu import accelerate, parse_kernels
+    from attnlab.training.config import check_kernels
+
+    names = parse_kernels(kernels)
+    check_kernels(names, model.config)
+    accelerate(model, names, device_type, "float32")
+    return model
 
 
 def load_run_with_text(path: str | Path, data: str):

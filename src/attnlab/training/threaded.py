@@ -13,11 +13,9 @@ the whole batch's mean loss; otherwise (padding, masked positions) it is the mea
 as with gradient accumulation. Each part's gradients come from ``torch.autograd.grad``, so no thread
 writes a shared ``.grad``, and the fixed order of the sum makes a run repeat bit for bit whichever
 thread finishes first (for float32 gradients the sum is ``cpu_step.add_into``'s C++ loop, the same sums as
-torch's). Clipping and the optimiser step follow on the caller's thread alone (for AdamW in float32 in C++,
-``training/cpu_step.py``; with one micro-batch the sum, clipping and AdamW run inside the parts' threads instead,
-each on its share of the tensors, ``cpu_step.PartsEnd``), and the whole step runs at one intra-op thread
-(``step_threads``: a caller's OpenMP team left between kernels spins on the core a part needs); evaluation runs
-with every thread, as before.
+torch's). The step around these passes, with its clipping and update, is ``parts_step.PartsStep``; it runs at one
+intra-op thread (``step_threads``: a caller's OpenMP team left between kernels spins on the core a part needs);
+evaluation runs with every thread, as before.
 
 The parts' forward passes must change nothing but their outputs: no random draws (dropout, random
 masking: the threads would share torch's one CPU generator in whatever order they reach it) and no
@@ -38,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError
-from attnlab.training import cpu_step
+from attnlab.cpu import step as cpu_step
 
 
 def split_batch(batch: dict[str, Any], parts: int) -> list[dict[str, Any]]:
@@ -76,10 +74,7 @@ def step_threads(parts: int) -> contextlib.AbstractContextManager:
     passes to the update, the caller's count back afterwards (for evaluation). Leaving the caller at several
     threads for the sum, clipping and the update, as part_gradients alone would, costs more than they gain:
     after each parallel kernel a worker of the caller's OpenMP team spins, waiting for the next one, on a core
-    that part 1 needs. nanoGPT's model, fp32, batch 12 in 2 parts, with ``attn_backend=cpu-fused``, on a 2-core
-    AMD EPYC (``benchmarks/fp32_step.py``, 12 rounds, before and after alternating as separate runs): 37.6 and
-    36.0 ms per step with the caller at 2 threads outside the parts, 30.3 and 31.2 ms with the whole step at
-    one, the sum, clipping and AdamW on one thread included (docs/fp32_step_epyc_step_threads.json)."""
+    that part 1 needs (measured by ``benchmarks/fp32_step.py``; docs/benchmarks.md)."""
     return _one_intra_op_thread() if parts > 1 else contextlib.nullcontext()
 
 
@@ -91,12 +86,14 @@ def part_gradients(
     scale: float,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     end: cpu_step.PartsEnd | None = None,
+    kernel_sum: bool = True,
 ) -> list[Any]:
     """Run ``forward`` on the batch's ``parts`` concurrently and add grad(objective_p * scale) into each
     parameter's ``.grad``, part 0 first; returns the parts' outputs (each with ``.loss``, or the loss tensor).
     A parameter no part reached (an MoE expert that got no rows) keeps ``.grad = None``, as after a plain
     backward pass, so the optimiser skips it. With ``end`` (``cpu_step.plan_parts``) each part's thread hands its
-    gradients to ``end.finish`` instead, and where ``end.applied`` the update is done and no ``.grad`` is set."""
+    gradients to ``end.finish`` instead, and where ``end.applied`` the update is done and no ``.grad`` is set.
+    ``kernel_sum``: the parts' gradients are summed in C++ where it applies (``cpu_step.add_into``), else by torch."""
 
     def run(p: int, part: dict[str, Any]) -> tuple[Any, tuple[Tensor | None, ...]]:
         try:
@@ -124,7 +121,7 @@ def part_gradients(
         return [out for out, _ in results]
     for _, grads in results:  # p = 0, 1, ..: the same sum whatever order the threads finished in
         old = [(p.grad, g) for p, g in zip(params, grads) if g is not None and p.grad is not None]
-        if old and not cpu_step.add_into([a for a, _ in old], [g for _, g in old]):  # one pass, else torch's
+        if old and not (kernel_sum and cpu_step.add_into([a for a, _ in old], [g for _, g in old])):  # or torch's
             torch._foreach_add_([a for a, _ in old], [g for _, g in old])
         for p, g in zip(params, grads):
             if g is not None and p.grad is None:

@@ -1,8 +1,9 @@
 """The run around the training loop: folder, checkpoints, logging, resume, distribution, MFU.
 
-Each step is ``training.loop.train_step`` (accumulation, clipping, the skipped non-finite step) with
-AdamW (weight decay on 2-D weights only, ``training/optim.py``) at the warmup + cosine rate lr(t)
-(``training/schedule.py``); evaluation is ``training.loop.evaluate_model``.
+Each step is ``training.loop.train_step`` (accumulation, clipping, the skipped non-finite step), or with
+``batch_threads`` its batch-parts form (``parts_step.PartsStep``), with AdamW (weight decay on 2-D weights only,
+``training/optim.py``) at the warmup + cosine rate lr(t) (``training/schedule.py``); evaluation is
+``training.loop.evaluate_model``. ``kernels`` swaps attnlab's C++ kernels into the built model (``cpu.accelerate``).
 
 Everything random (batch windows, dropout) is drawn from generators whose states are saved in
 each checkpoint, so a run resumed from step k logs exactly what the uninterrupted run logged.
@@ -33,6 +34,7 @@ from attnlab.training.loop import evaluate_model, train_step
 from attnlab.training.mfu import MFUMeter
 from attnlab.training.moe_log import MoELog
 from attnlab.training.optim import make_optimizer, state_is_finite
+from attnlab.training.parts_step import PartsStep
 from attnlab.training.profiling import StepProfiler
 from attnlab.training.runs import RUN_CONFIG, save_train_config, truncate_metrics
 from attnlab.training.schedule import lr_at
@@ -67,9 +69,9 @@ class Trainer:
     """Builds the task (data, tokenizer) and model from a TrainConfig, then trains, evaluates and saves."""
 
     def __init__(self, cfg: TrainConfig, preset: str | None = None, log=print) -> None:
+        from attnlab.cpu import accelerate, describe, parse_kernels
         from attnlab.models.registry import build_model
         from attnlab.models.size import check_fits
-        from attnlab.nn import cpu_kernels
         from attnlab.training.tasks import build_task
 
         self.device = distributed.resolve_device(cfg.device)
@@ -102,13 +104,15 @@ class Trainer:
         self.tokenizer = getattr(self.task, "tokenizer", None)
         cfg.model.validate()
         check_fits(cfg.model, "the model", batch_size=cfg.batch_size)  # sizes before allocation, now with the vocab
-        cpu_kernels.check_run(cfg.model, self.device.type, self.dtype)  # before the model builds a kernel
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model).to(self.device)
+        if took := accelerate(self.model, parse_kernels(cfg.kernels), self.device.type, self.dtype):  # attnlab.cpu
+            self.log(describe(took))
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process (global batches)
         torch.manual_seed(cfg.seed + self.dist.rank)  # dropout differs between replicas
         threaded.check(cfg.batch_threads, self.device, self.dist.world_size, self.model, lambda: self.task.batch(
             "train", cfg.batch_size // cfg.batch_threads, torch.Generator().manual_seed(0)))
+        self.train_step = train_step if cfg.batch_threads == 1 else PartsStep(cfg.batch_threads)
         self.step = 0
         self.best_val: float | None = None  # the lowest validation loss so far
         state = self._restore_weights(checkpoint) if checkpoint is not None else None
@@ -118,7 +122,6 @@ class Trainer:
         self.sharded = self.dist.enabled and cfg.parallel == "fsdp"
         if self.sharded:  # each process keeps 1/N of the weights, gradients and moments
             from attnlab.nn.blocks import Block
-
             distributed.shard_model(self.model, (Block,), self.device)
         elif self.dist.enabled:  # full replicas; gradients are all-reduced during backward
             from torch.nn.parallel import DistributedDataParallel
@@ -149,8 +152,8 @@ class Trainer:
     # -- state -------------------------------------------------------------------------------
 
     def _trainer_state(self) -> dict[str, Any]:
-        """Everything but the weights; RNG states of every process, so an N-process run resumes
-        exactly with N processes (and approximately, with fresh data order, with any other N)."""
+        """Everything but the weights; RNG states of every process, so an N-process run resumes exactly with N
+        processes (and approximately, with fresh data order, with any other N)."""
         cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None  # GPU dropout
         rngs = distributed.gather_objects((self.batch_gen.get_state(), torch.get_rng_state(), cuda_rng), self.dist)
         return {
@@ -206,8 +209,8 @@ class Trainer:
         return path
 
     def plain_model(self) -> torch.nn.Module | None:
-        """The model with full (unsharded) weights: itself, or under FSDP a gathered copy on rank 0
-        (None on the other ranks). Collective under FSDP: every rank must call it."""
+        """The model with full (unsharded) weights: itself, or under FSDP a gathered copy on rank 0 (None on the
+        other ranks). Collective under FSDP: every rank must call it."""
         if not self.sharded:
             return self.model
         from attnlab.models.registry import build_model
@@ -233,14 +236,12 @@ class Trainer:
         batch = self.task.batch(split, self.cfg.batch_size, generator, shard)
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    def _train_batches(self, drawn: list):
-        """Training batches drawn one at a time as the step asks for them (each kept in ``drawn``)."""
+    def _train_batches(self, drawn: list):  # drawn one at a time as the step asks for them, each kept in ``drawn``
         while True:
             drawn.append(self.batch("train", self.batch_gen))
             yield drawn[-1]
 
-    def _micro_sync(self, last: bool):
-        """All-reduce gradients only on the last micro-batch of a step (DDP's no_sync; FSDP's flag)."""
+    def _micro_sync(self, last: bool):  # all-reduce gradients on the last micro-batch only (DDP's no_sync; FSDP's)
         if self.sharded:
             self.model.set_requires_gradient_sync(last)
         return self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
@@ -287,11 +288,11 @@ class Trainer:
                 lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, decay_iters, cfg.lr_schedule,
                            cfg.cooldown_fraction)
                 drawn: list[dict[str, torch.Tensor]] = []
-                result = train_step(
+                result = self.train_step(
                     self.model, self.optimizer, self._train_batches(drawn), lambda batch: self.forward(**batch),
                     accum=cfg.grad_accum, lr=lr, grad_clip=cfg.grad_clip, autocast=self.autocast,
                     reported_loss=self.task.reported_loss, micro_sync=self._micro_sync,
-                    agree=distributed.agreement(self.device, self.dist), parts=cfg.batch_threads)
+                    agree=distributed.agreement(self.device, self.dist))
                 units_since_log += sum(self.task.count(b) for b in drawn) * self.dist.world_size
                 for stats in result.moe_stats:
                     moe_log.add(stats)

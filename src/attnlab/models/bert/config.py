@@ -29,11 +29,14 @@ class BertConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOptio
     def validate(self) -> None:
         at_least(self, 1, "block_size", "vocab_size", "n_classes", "n_targets")
         at_least(self, 0, "n_segments")
-        self.check_transformer()
-        self.check_positions()
+        self.check_transformer(self.attention_needs())
+        self.check_positions(self.head_dim)
         if self.activation == "swiglu":
             raise ConfigError("family bert's MLM transform uses gelu/relu; set model.activation to gelu or relu")
         super().validate()
 
+    def attention_needs(self) -> dict[str, str]:
+        return self.needs_of(False, self.positions)
+
     def unused_options(self) -> list[tuple[str, str]]:
-        return unused_rope_theta(self)
+        return unused_rope_theta(self.positions)

@@ -30,10 +30,13 @@ class CaptionerConfig(ModelConfig, TransformerOptions, ImageOptions, SequenceOpt
 
     def validate(self) -> None:
         at_least(self, 1, "block_size", "vocab_size", "n_decoder_layer")
-        self.check_transformer()
+        self.check_transformer(self.attention_needs())
         self.check_image()
         if self.patch_size < 1 or self.image_size % self.patch_size:
             raise ConfigError(f"model.patch_size={self.patch_size} does not divide model.image_size={self.image_size}")
         if self.positions not in ("learned", "sinusoidal"):
             raise ConfigError(f"model.positions must be learned or sinusoidal for a captioner, got {self.positions!r}")
         super().validate()
+
+    def attention_needs(self) -> dict[str, str]:
+        return self.needs_of(True, self.positions)

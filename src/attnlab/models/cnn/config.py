@@ -21,5 +21,5 @@ class CNNConfig(ModelConfig, ImageOptions, family="cnn"):
 
     def validate(self) -> None:
         at_least(self, 1, "cnn_width", "cnn_stages", "cnn_blocks")
-        self.check_image()
+        self.check_image(self.n_classes)
         super().validate()

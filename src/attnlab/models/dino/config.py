@@ -28,7 +28,7 @@ class DINOConfig(ModelConfig, TransformerOptions, ImageOptions, family="dino"):
     local_size: int = 12  # side of the local crops (the global crops are image_size; 12/28 ~ DINO's 96/224)
 
     def validate(self) -> None:
-        self.check_transformer()
+        self.check_transformer(self.attention_needs())
         self.check_image()
         at_least(self, 2, "out_dim")
         at_least(self, 1, "head_hidden", "head_bottleneck", "local_size")
@@ -44,3 +44,6 @@ class DINOConfig(ModelConfig, TransformerOptions, ImageOptions, family="dino"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"model.{key} must be in [0, 1), got {getattr(self, key)}")
         super().validate()
+
+    def attention_needs(self) -> dict[str, str]:
+        return self.needs_of(False, self.positions)

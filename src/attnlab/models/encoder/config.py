@@ -33,16 +33,19 @@ class EncoderConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOp
 
     def validate(self) -> None:
         at_least(self, 1, "block_size", "n_features", "n_elements", "n_outputs")
-        self.check_transformer()
-        self.check_positions()
+        self.check_transformer(self.attention_needs())
+        self.check_positions(self.head_dim)
         if self.inputs == "set" and self.positions != "none":
             raise ConfigError(f"a set has no order: inputs=set needs positions=none, got positions={self.positions}")
         check_head(self)
         super().validate()
 
+    def attention_needs(self) -> dict[str, str]:
+        return self.needs_of(False, self.positions)
+
     def unused_options(self) -> list[tuple[str, str]]:
         return [
-            *unused_rope_theta(self),
+            *unused_rope_theta(self.positions),
             *self._unless(self.inputs == "features", f"features only, and inputs={self.inputs}", "n_features"),
             *self._unless(self.inputs == "set", f"sets only, and inputs={self.inputs}", "n_elements"),
             *unused_head_options(self),

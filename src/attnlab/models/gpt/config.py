@@ -31,13 +31,16 @@ class GPTConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOption
         at_least(self, 1, "block_size", "vocab_size")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ConfigError(f"model.logit_softcap must be > 0 (or null), got {self.logit_softcap}")
-        self.check_transformer()
-        self.check_positions()
-        self.check_mixer()
+        self.check_transformer(self.attention_needs())
+        self.check_positions(self.head_dim)
+        self.check_mixer(self.positions, self.head_dim)
         self.check_moe()
-        self.check_residual()
+        self.check_residual(self.norm_position)
         super().validate()
+
+    def attention_needs(self) -> dict[str, str]:
+        return self.needs_of(True, self.positions, self.mixer)
 
     def unused_options(self) -> list[tuple[str, str]]:
         return [*self.unused_mixer_options(), *self.unused_moe_options(), *self.unused_residual_options(),
-                *unused_rope_theta(self)]
+                *unused_rope_theta(self.positions, self.mixer)]

@@ -25,7 +25,7 @@ class MAEConfig(ModelConfig, TransformerOptions, ImageOptions, family="mae"):
     norm_pix_loss: bool = True  # targets: each patch's pixels standardised by their own mean and std
 
     def validate(self) -> None:
-        self.check_transformer()
+        self.check_transformer(self.attention_needs())
         self.check_image()
         at_least(self, 1, "decoder_layers", "decoder_d_model", "decoder_n_head")
         if self.patch_size < 1 or self.image_size % self.patch_size:
@@ -36,3 +36,6 @@ class MAEConfig(ModelConfig, TransformerOptions, ImageOptions, family="mae"):
             raise ConfigError(f"model.decoder_d_model={self.decoder_d_model} is not divisible by "
                               f"model.decoder_n_head={self.decoder_n_head}")
         super().validate()
+
+    def attention_needs(self) -> dict[str, str]:
+        return self.needs_of(False, self.positions)

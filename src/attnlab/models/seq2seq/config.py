@@ -29,9 +29,12 @@ class Seq2SeqConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOp
 
     def validate(self) -> None:
         at_least(self, 1, "block_size", "vocab_size", "n_decoder_layer")
-        self.check_transformer()
-        self.check_positions()
+        self.check_transformer(self.attention_needs())
+        self.check_positions(self.head_dim)
         super().validate()
 
+    def attention_needs(self) -> dict[str, str]:
+        return self.needs_of(True, self.positions)
+
     def unused_options(self) -> list[tuple[str, str]]:
-        return unused_rope_theta(self)
+        return unused_rope_theta(self.positions)

@@ -18,8 +18,11 @@ class ViTConfig(ModelConfig, TransformerOptions, ImageOptions, ClassifierOptions
     positions: Literal["learned", "none"] = "learned"  # learned patch-grid positions (interpolated on resize)
 
     def validate(self) -> None:
-        self.check_transformer()
-        self.check_image()
+        self.check_transformer(self.attention_needs())
+        self.check_image(self.n_classes)
         if self.patch_size < 1 or self.image_size % self.patch_size:
             raise ConfigError(f"model.patch_size={self.patch_size} does not divide model.image_size={self.image_size}")
         super().validate()
+
+    def attention_needs(self) -> dict[str, str]:
+        return self.needs_of(False, self.positions)

@@ -1,155 +1,204 @@
-"""The fast routes to the attention that the eager reference (``reference.py``) specifies.
+"""The routes to the attention that the eager reference (``reference.py``) specifies: one table.
 
-    sdpa   PyTorch's fused kernel (flash / memory-efficient), with attnlab's rules for empty rows,
-           grouped key/value heads and CPU half precision (``sdpa_attention``)
-    bmm    batched matmuls that keep the probabilities, which ``sdpa_attention`` takes for short
-           sequences in bf16 training on CPU (``bmm_attention``, below)
-    tiled  attnlab's own exact block-tiled kernel with an online softmax (``tiled.py``)
-    cpu-fused  attnlab's C++ kernel for causal float32 attention on CPUs, the rest through sdpa
-           (``cpu_fused.py``)
+    ROUTES[name] = Route(function, serves, supports, instead)
 
-Each is tested against ``reference.scaled_dot_product_attention`` to 1e-5 in float32.
+    eager       the reference itself, probabilities formed (grouped key/value heads repeated)
+    sdpa        PyTorch's fused kernel (flash / memory-efficient), with attnlab's rules for empty rows
+    tiled       attnlab's exact block-tiled kernel with an online softmax (``tiled.py``)
+    bmm         batched matmuls that keep the probabilities (``bmm.py``)             stands in for sdpa
+    sdpa-fp32   sdpa on float32 copies, for CPU half precision and narrow heads      stands in for sdpa
+    gqa-decode  one decoding query per head: a group's query heads as rows           stands in for sdpa
 
-bmm_attention:
+Every route computes softmax(Q K^T * scale + bias, masked) V for q (B, H, T, D), k (B, H_kv, S, D),
+v (B, H_kv, S, Dv) -> (B, H, T, Dv), and is tested against ``reference.scaled_dot_product_attention`` to 1e-5 in
+float32, forward and backward, with and without masks.
 
-Attention by batched matmuls that keeps its probabilities for the backward pass.
-
-    S = Q K^T * scale + bias        (BH, T, S)    one baddbmm: the bias (causal -inf, ALiBi) rides along
-    P = softmax(S)                  (BH, T, S)    kept for the backward
-    P' = dropout(P)                 (BH, T, S)    kept too when dropout_p > 0
-    O = P' V                        (BH, T, Dv)
-
-and the backward, with dO the gradient of O:
-
-    dV = P'^T dO,   dP' = dO V^T,   dP = dP' * [P' != 0] / (1 - p)
-    dS = P * (dP - rowsum(dP * P))                  (softmax backward)
-    dQ = dS K * scale,   dK = dS^T Q * scale
-
-This is the textbook algorithm, with no approximation. It exists for speed: for short sequences
-on a CPU in bf16, six small matmuls and one softmax beat PyTorch's CPU flash-attention kernel,
-whose reduced-precision backward re-computes the scores tile by tile (``python
-benchmarks/attention_bf16.py``, B=8, H=6, D=64, forward + backward per layer: T=128 3.0 vs 9.4 ms,
-T=256 7.2 vs 14.8 ms; at T=512 the flash kernel is faster, 38.5 vs 48.1 ms).
-
-The price is memory: P (and P') is kept, B*H*T*S bf16 elements per layer (6 MiB at B=8, H=6,
-T=256; 96 MiB at B=64, H=12), which is why ``sdpa_attention`` only routes short sequences here
-(``use_bmm_attention``); ``attnlab.nn.attention.kernels.MAX_SCORES = 0`` turns the route off.
-
-Rounding: in bf16 the scores are rounded to bf16 before the softmax, as in PyTorch's bf16 kernels.
-Against float64 the error is within 2x of the bf16 flash kernel's (tested) and 1.3-1.7x that of
-the fp32 route that heads narrower than 64 took before (measured at D=32). A row whose bias is -inf
-at every key gives NaN, as in the eager reference.
+A model names the route it asks for (``attn_backend``: ``CHOICES``). Which route computes a call is decided by
+one rule, ``route_for``: the first route that stands in for the one asked for (``STANDS_IN``) and serves the
+call; else the one asked for, if it serves the call; else, by the same rule, the route it names as ``instead``.
+Routes outside ``nn`` (attnlab's C++ kernel, ``attnlab.cpu``) join the table with ``register``; adding a route
+touches the table and its test only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.nn.attention.reference import causal_mask, combine_masks
+from attnlab.core.errors import ConfigError
+from attnlab.nn.attention.bmm import bmm_attention, use_bmm_attention
+from attnlab.nn.attention.reference import causal_mask, combine_masks, scaled_dot_product_attention
 
-Backend = Literal["eager", "sdpa", "tiled", "cpu-fused"]
-BACKENDS: tuple[str, ...] = ("eager", "sdpa", "tiled")  # the attention algorithms, each exact for every call
-CPU_FUSED = "cpu-fused"  # causal float32 CPU calls through cpu_fused.py, every other call through sdpa
+# what a route may be asked to compute besides causal self-attention with one key/value head per head
+FEATURES: dict[str, str] = {
+    "bidirectional": "attention both ways (an encoder)",
+    "mask": "padding masks",
+    "bias": "additive score terms (ALiBi, relative positions)",
+    "dropout": "dropout on the probabilities",
+    "gqa": "fewer key/value heads than heads",
+    "latent": "multi-head latent attention",
+}
+ALL = frozenset(FEATURES)
 
-# the largest T*S routed here (at 512 x 512 the flash kernel is faster, and P grows with T*S)
-MAX_SCORES = 256 * 256
-
-
-def use_bmm_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, enable_gqa: bool
-) -> bool:
-    """True where ``bmm_attention`` is the faster exact path: CPU training in bf16,
-    short sequences, no boolean mask (an additive bias is fine), as many key heads as query heads."""
-    return (
-        q.device.type == "cpu"
-        and q.dtype == torch.bfloat16  # fp16: no clear gain (slower at T=64, measured); it stays on fp32 SDPA
-        and k.dtype == v.dtype == q.dtype
-        and q.dim() == k.dim() == v.dim() == 4
-        and q.shape[:2] == k.shape[:2] == v.shape[:2]  # (B, H) alike: no broadcast key heads
-        and torch.is_grad_enabled()
-        and any(t is not None and t.requires_grad for t in (q, k, v, bias))
-        and mask is None
-        and not enable_gqa
-        and q.size(-2) * k.size(-2) <= MAX_SCORES
-    )
+# fn(q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa) -> out; serves(...) -> whether it computes it
+AttentionFn = Callable[..., Tensor]
 
 
-def _formula(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, keep: Tensor | None) -> Tensor:
-    """The forward as differentiable torch ops; ``keep`` = the dropout mask already divided by 1 - p."""
-    probs = torch.softmax(torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale), dim=-1)
-    return torch.bmm(probs if keep is None else probs * keep, v)
+@dataclass(frozen=True)
+class Route:
+    """One way to compute attention: ``function`` for the calls ``serves`` accepts (both take the arguments of
+    ``attend`` but ``name``), ``supports`` the FEATURES a model may use with it, ``head_dim_multiple`` the head
+    sizes it computes, and ``instead`` the route that computes the calls it does not serve."""
+
+    function: AttentionFn
+    serves: Callable[..., bool]
+    supports: frozenset[str] = ALL
+    head_dim_multiple: int = 1
+    instead: str | None = None
+    doc: str = ""
 
 
-class _BmmAttention(torch.autograd.Function):
-    """q (N, T, D), k (N, S, D), v (N, S, Dv), bias broadcastable to (N, T, S) -> out (N, T, Dv)."""
-
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, dropout_p: float) -> Tensor:
-        scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)  # (N, T, S)
-        probs = torch.softmax(scores, dim=-1)  # (N, T, S)
-        dropped = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
-        ctx.save_for_backward(q, k, v, bias, probs, dropped)
-        ctx.scale, ctx.dropout_p = scale, dropout_p
-        return torch.bmm(dropped, v)  # (N, T, Dv)
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):
-        q, k, v, bias, probs, dropped = ctx.saved_tensors
-        if ctx.dropout_p > 0:  # only the kept entries pass, scaled as in the forward
-            keep = (dropped != 0).to(probs.dtype) / (1 - ctx.dropout_p)
-        if torch.is_grad_enabled():  # create_graph=True: differentiate the formula so higher derivatives hold
-            inputs = (q, k, v, bias)
-            with torch.enable_grad():
-                out = _formula(q, k, v, bias, ctx.scale, keep if ctx.dropout_p > 0 else None)
-            wanted = [t for t, need in zip(inputs, ctx.needs_input_grad) if need]
-            grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=True))
-            return (*(next(grads) if need else None for need in ctx.needs_input_grad[:4]), None, None)
-        grad_out = grad_out.contiguous()
-        grad_v = torch.bmm(dropped.transpose(1, 2), grad_out)  # (N, S, Dv)
-        grad_probs = torch.bmm(grad_out, v.transpose(1, 2))  # (N, T, S)
-        if ctx.dropout_p > 0:
-            grad_probs = grad_probs * keep
-        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (N, T, S)
-        grad_q = torch.bmm(grad_scores, k).mul_(ctx.scale)  # (N, T, D)
-        grad_k = torch.bmm(grad_scores.transpose(1, 2), q).mul_(ctx.scale)  # (N, S, D)
-        grad_bias = grad_scores.sum_to_size(bias.shape) if ctx.needs_input_grad[3] else None
-        return grad_q, grad_k, grad_v, grad_bias, None, None
+def _everything(*args: object) -> bool:
+    return True
 
 
-def bmm_attention(
+def _eager(q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa) -> Tensor:
+    """The reference; grouped key/value heads repeated out to every query head."""
+    if enable_gqa:  # each group of H/H_kv query heads reads one key/value head
+        k = k.repeat_interleave(q.size(-3) // k.size(-3), dim=-3)  # (B, H, S, D)
+        v = v.repeat_interleave(q.size(-3) // v.size(-3), dim=-3)
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
+    return scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p)[0]
+
+
+def _sdpa(q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa) -> Tensor:
+    """PyTorch's fused kernel. ``is_causal`` lets it skip the masked half when there is no other mask or bias;
+    a fully masked row is given a dummy key and zeroed afterwards, matching the eager reference. With
+    ``enable_gqa`` each group of query heads reads its shared key/value head without copying it out."""
+    T, S = q.size(-2), k.size(-2)
+    if is_causal and T == 1:
+        is_causal = False  # one query at the end of the sequence sees every key
+    if is_causal and mask is None and bias is None and T == S:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
+                                              enable_gqa=enable_gqa)
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(T, S, device=q.device))
+    has_key = None
+    if mask is not None:
+        has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1)
+        mask = mask | ~has_key  # a dummy "attend everything" for empty rows, zeroed below
+    attn_mask: Tensor | None = mask
+    if bias is not None:
+        attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale,
+                                         enable_gqa=enable_gqa)
+    return out if has_key is None else out * has_key
+
+
+def _tiled(q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa) -> Tensor:
+    from attnlab.nn.attention.tiled import tiled_attention  # O(T) memory; groups handled inside, no repeat
+
+    return tiled_attention(q, k, v, mask=mask, bias=bias, scale=scale, is_causal=is_causal, dropout_p=dropout_p)[0]
+
+
+def _bmm(q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa) -> Tensor:
+    return bmm_attention(q, k, v, bias=bias, scale=scale, dropout_p=dropout_p, is_causal=is_causal)
+
+
+def _serves_bmm(q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa) -> bool:
+    """CPU training in bf16 on short sequences (``bmm.py``: there it beats the flash kernel's backward)."""
+    return use_bmm_attention(q, k, v, mask, bias, enable_gqa)
+
+
+def _sdpa_fp32(q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa) -> Tensor:
+    """sdpa on float32 copies, autocast off so that it does not cast them straight back; the result in q's dtype."""
+    with torch.autocast("cpu", enabled=False):
+        out = attend("sdpa", q.float(), k.float(), v.float(), mask, None if bias is None else bias.float(), scale,
+                     dropout_p, is_causal, enable_gqa)
+    return out.to(q.dtype)
+
+
+def _serves_sdpa_fp32(q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa) -> bool:
+    """CPU half precision where PyTorch's CPU flash kernel is slow: float16 always, bfloat16 for heads under 64
+    (figures: docs/benchmarks.md)."""
+    return q.device.type == "cpu" and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and q.size(-1) < 64))
+
+
+def _gqa_decode(q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa) -> Tensor:
+    """A group's query heads become rows against its shared key/value head: one (G x S) problem per group, no
+    copy of the cache."""
+    B, H, _, D = q.shape
+    Hkv = k.size(-3)
+    out = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k, v, dropout_p=dropout_p, scale=scale)
+    return out.reshape(B, H, 1, v.size(-1))  # (B, Hkv, G, Dv) -> (B, H, 1, Dv)
+
+
+def _serves_gqa_decode(q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa) -> bool:
+    """One decoding query per head, grouped key/value heads, no mask or bias."""
+    return mask is None and bias is None and enable_gqa and q.size(-2) == 1
+
+
+ROUTES: dict[str, Route] = {
+    "eager": Route(_eager, _everything, doc="the reference, probabilities formed"),
+    "sdpa": Route(_sdpa, _everything, doc="PyTorch's fused kernel"),
+    "tiled": Route(_tiled, _everything, supports=ALL - {"latent"}, doc="exact block-tiled attention, O(T) memory"),
+    "bmm": Route(_bmm, _serves_bmm, doc="batched matmuls keeping the probabilities (bf16 CPU training)"),
+    "sdpa-fp32": Route(_sdpa_fp32, _serves_sdpa_fp32, doc="sdpa on float32 copies (CPU half precision)"),
+    "gqa-decode": Route(_gqa_decode, _serves_gqa_decode, doc="grouped heads decoding one token"),
+}
+# the routes a model may ask for by name (attn_backend); the others stand in for one of them
+CHOICES: tuple[str, ...] = ("eager", "sdpa", "tiled")
+Backend = Literal["eager", "sdpa", "tiled"]
+BACKENDS = CHOICES
+# the routes that stand in for a route where they serve the call, tried in this order
+STANDS_IN: dict[str, tuple[str, ...]] = {"sdpa": ("bmm", "sdpa-fp32", "gqa-decode")}
+
+
+def register(name: str, route: Route, stands_in_for: str | None = None) -> None:
+    """Add a route to the table (attnlab.cpu adds its C++ kernel); ``stands_in_for``: a route it stands in for.
+    Registering the same name again replaces the route."""
+    ROUTES[name] = route
+    if stands_in_for is not None and name not in STANDS_IN.get(stands_in_for, ()):
+        STANDS_IN[stands_in_for] = (name, *STANDS_IN.get(stands_in_for, ()))
+
+
+def route_for(name: str, *call: object) -> Route:
+    """The rule: the route that computes ``call`` (``attend``'s arguments) for a layer that asks for ``name``."""
+    for stand_in in STANDS_IN.get(name, ()):
+        if ROUTES[stand_in].serves(*call):
+            return ROUTES[stand_in]
+    route = ROUTES[name]
+    if route.serves(*call) or route.instead is None:
+        return route
+    return route_for(route.instead, *call)
+
+
+def attend(
+    name: str,
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    mask: Tensor | None = None,
     bias: Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
+    enable_gqa: bool = False,
 ) -> Tensor:
-    """softmax(Q K^T * scale + bias, causal) V for q (B, H, T, D), k (B, H, S, D), v (B, H, S, Dv).
+    """softmax(Q K^T * scale + bias, masked) V through the route ``route_for`` picks for a layer asking for ``name``.
 
-    ``bias`` broadcasts to (B, H, T, S) and may require grad. ``is_causal`` aligns the diagonal to
-    the end of the keys (query i sees key j iff j <= i + S - T), as ``causal_mask`` does. Returns
-    (B, H, T, Dv), computed in q's dtype (under autocast the inputs already carry its choice).
-    """
-    B, H, T, D = q.shape
-    S, Dv = k.size(-2), v.size(-1)
-    if not k.dtype == v.dtype == q.dtype:
-        raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    scale = D**-0.5 if scale is None else scale
-    additive = torch.zeros(T, S, dtype=q.dtype, device=q.device)  # (T, S): broadcasts over B*H
-    if is_causal:
-        additive = additive.masked_fill(~causal_mask(T, S, device=q.device), float("-inf"))
-    if bias is not None:  # (.., T, S) -> (B*H, T, S)
-        additive = (bias.to(q.dtype) + additive).expand(B, H, T, S).reshape(B * H, T, S)
-    with torch.autocast(q.device.type, enabled=False):
-        out = _BmmAttention.apply(
-            q.reshape(B * H, T, D), k.reshape(B * H, S, D), v.reshape(B * H, S, Dv), additive, scale, dropout_p
-        )
-    return out.view(B, H, T, Dv)
+    q (B, H, T, D), k (B, H_kv, S, D), v (B, H_kv, S, Dv) -> (B, H, T, Dv). ``mask`` (bool, True = attend) and
+    ``bias`` broadcast to (B, H, T, S); ``is_causal`` adds the causal mask aligned to the end of the keys (query
+    i sees key j iff j <= i + S - T); ``enable_gqa``: k and v have fewer heads than q (a divisor); ``scale``
+    None = 1/sqrt(D)."""
+    call = (q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa)
+    return route_for(name, *call).function(*call)
 
 
 def sdpa_attention(
@@ -163,51 +212,23 @@ def sdpa_attention(
     is_causal: bool = False,
     enable_gqa: bool = False,
 ) -> Tensor:
-    """The same function through PyTorch's fused kernel (no probabilities are formed for you).
+    """``attend("sdpa", ...)``: PyTorch's fused kernel, or the route that stands in for it on this call."""
+    return attend("sdpa", q, k, v, mask, bias, scale, dropout_p, is_causal, enable_gqa)
 
-    ``is_causal`` lets the kernel skip the masked half when there is no other mask or bias.
-    Fully masked rows are given a dummy key and zeroed afterwards, matching the eager reference.
-    ``enable_gqa``: k and v have fewer heads than q (a divisor); each group of query heads reads
-    its shared key/value head without copying the cache out to every head.
-    """
-    if use_bmm_attention(q, k, v, mask, bias, enable_gqa):
-        # CPU training in bf16 on short sequences: plain batched matmuls that keep the
-        # probabilities beat the flash kernel's re-computing backward (see bmm_attention above)
-        return bmm_attention(q, k, v, bias=bias, scale=scale, dropout_p=dropout_p, is_causal=is_causal)
-    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and (
-        q.dtype == torch.float16 or q.size(-1) < 64
-    ):
-        # PyTorch's CPU flash kernel is slow in reduced precision for small heads (bf16 backward
-        # 3-4x slower than fp32 at head_dim 32, measured; fp16 far worse): compute in fp32,
-        # with autocast off so it does not cast the inputs straight back
-        with torch.autocast("cpu", enabled=False):
-            out = sdpa_attention(q.float(), k.float(), v.float(), mask,
-                                 None if bias is None else bias.float(), scale, dropout_p, is_causal, enable_gqa)
-        return out.to(q.dtype)
-    T, S = q.size(-2), k.size(-2)
-    if is_causal and T == 1:
-        is_causal = False  # one query at the end of the sequence sees every key
-    if is_causal and mask is None and bias is None and T == S:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
-                                              enable_gqa=enable_gqa)
-    if mask is None and bias is None and enable_gqa and T == 1:
-        # one decoding query per head: a group's query heads become rows against its shared key/value
-        # head, one (G x S) problem per group with no copy of the cache (fastest on CPU, measured)
-        B, H, _, D = q.shape
-        Hkv = k.size(-3)
-        out = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k, v, dropout_p=dropout_p, scale=scale)
-        return out.reshape(B, H, 1, v.size(-1))  # (B, Hkv, G, Dv) -> (B, H, 1, Dv)
-    if is_causal:
-        mask = combine_masks(mask, causal_mask(T, S, device=q.device))
-    has_key = None
-    if mask is not None:
-        has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1)
-        mask = mask | ~has_key  # a dummy "attend everything" for empty rows, zeroed below
-    attn_mask: Tensor | None = mask
-    if bias is not None:
-        attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale,
-                                         enable_gqa=enable_gqa)
-    if has_key is not None:
-        out = out * has_key
-    return out
+
+def check_route(name: str, needs: Mapping[str, str], head_dim: int, key: str) -> None:
+    """ConfigError, before any model is built, where route ``name`` cannot compute what a model asks of it:
+    ``needs`` maps each FEATURE the model uses to the option that makes it use it (``{"latent": "mixer=latent"}``),
+    ``head_dim`` is d_model / n_head, ``key`` the option that asked for the route. The line lists the routes that
+    can."""
+    route = ROUTES[name]
+    missing = [feature for feature in needs if feature not in route.supports]
+    if not missing and head_dim % route.head_dim_multiple == 0:
+        return
+    if missing:
+        why = "; ".join(f"{FEATURES[f]} ({needs[f]})" for f in missing)
+        able = [n for n in CHOICES if set(needs) <= ROUTES[n].supports and head_dim % ROUTES[n].head_dim_multiple == 0]
+    else:
+        why = f"a head dimension of {head_dim}: it computes multiples of {route.head_dim_multiple}"
+        able = [n for n in CHOICES if head_dim % ROUTES[n].head_dim_multiple == 0]
+    raise ConfigError(f"{key}: the {name} route does not compute {why}; routes that do: {', '.join(able)}")

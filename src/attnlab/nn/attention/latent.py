@@ -40,14 +40,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn import roles
-from attnlab.nn.attention.kernels import Backend, sdpa_attention
+from attnlab.nn.attention.kernels import CHOICES, ROUTES, Backend, attend
 from attnlab.nn.attention.mha import ScoresHooks
 from attnlab.nn.attention.reference import attention_probs, causal_mask, combine_masks
 from attnlab.nn.hooks import HookPoint, ScoresPoint
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.positions import RotaryPositions, apply_rotary
 
-MLA_BACKENDS: tuple[str, ...] = ("eager", "sdpa")
+# the routes that compute latent attention (kernels.py's table says which)
+MLA_BACKENDS: tuple[str, ...] = tuple(name for name in CHOICES if "latent" in ROUTES[name].supports)
 
 
 # ------------------------------------------------------------------------------------- the cache
@@ -219,7 +220,8 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
         is_causal: bool,
         pattern_shape: tuple[int, ...],
     ) -> tuple[Tensor, Tensor | None]:
-        """Eager reference or fused kernel, scaled by 1/sqrt(head_dim + d_rope) whatever q's width.
+        """Eager reference or the route the layer asks for (``kernels.py``), scaled by 1/sqrt(head_dim + d_rope)
+        whatever q's width.
         The probabilities pass ``hook_pattern`` as ``pattern_shape`` (B, H, T, S)."""
         scale = 1.0 / math.sqrt(self.head_dim + self.d_rope)
         p = self.dropout if self.training else 0.0
@@ -229,7 +231,7 @@ class MultiHeadLatentAttention(ScoresHooks, nn.Module):
             probs = attention_probs(q, k, mask, bias, scale)  # (B, H, T, S), or (B, 1, H*T, S) absorbed
             probs = self.hook_pattern(probs.view(pattern_shape)).reshape(probs.shape)
             return (F.dropout(probs, p) if p > 0 else probs) @ v, probs.view(pattern_shape)
-        return sdpa_attention(q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=p, is_causal=is_causal), None
+        return attend(self.backend, q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=p, is_causal=is_causal), None
 
     # ---------------------------------------------------------------------------------- forward
 

@@ -2,7 +2,8 @@
 
     head_h = Attention(x W_q^h, m W_k^g(h), m W_v^g(h)),   MHA(x, m) = concat_h(head_h) W_o
 
-Attention itself is ``reference.scaled_dot_product_attention`` (eager) or a route of ``kernels.py``.
+Attention itself is the eager reference (``reference.py``), or the route of ``kernels.py``'s table that the layer
+asks for (``backend``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from attnlab.nn import roles
-from attnlab.nn.attention import cpu_fused
-from attnlab.nn.attention.kernels import BACKENDS, CPU_FUSED, Backend, sdpa_attention
+from attnlab.nn.attention.kernels import CHOICES, Backend, attend
 from attnlab.nn.attention.reference import attention_probs, causal_mask, combine_masks
 from attnlab.nn.hooks import HookPoint, ScoresPoint
-from attnlab.nn.linear_cpu import linear_layer
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.norms import RMSNorm
 
@@ -121,7 +120,6 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         cross: bool = False,
         d_memory: int | None = None,
         qk_norm: bool = False,
-        linear_backend: str = "torch",
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -129,27 +127,24 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
-        if backend not in (*BACKENDS, CPU_FUSED):
-            raise ValueError(f"unknown attention backend {backend!r}; choose one of {(*BACKENDS, CPU_FUSED)}")
+        if backend not in CHOICES:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {CHOICES}")
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.dropout, self.backend, self.cross = dropout, backend, cross
         q_dim, kv_dim = n_heads * self.head_dim, n_kv_heads * self.head_dim
-        linear = linear_layer(linear_backend)  # nn.Linear, or its C++ products on CPUs (nn/linear_cpu.py)
         if cross:
-            self.q_proj = linear(d_model, q_dim, bias=bias)
-            self.kv_proj = linear(d_memory or d_model, 2 * kv_dim, bias=bias)
+            self.q_proj = nn.Linear(d_model, q_dim, bias=bias)
+            self.kv_proj = nn.Linear(d_memory or d_model, 2 * kv_dim, bias=bias)
         else:
-            self.qkv_proj = linear(d_model, q_dim + 2 * kv_dim, bias=bias)  # fused Q, K, V
-        self.out_proj = linear(q_dim, d_model, bias=bias)
+            self.qkv_proj = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)  # fused Q, K, V
+        self.out_proj = nn.Linear(q_dim, d_model, bias=bias)
         roles.declare(self, "out_proj.weight", roles.RESIDUAL_OUT)
         self.q_norm = RMSNorm(self.head_dim) if qk_norm else None  # over D, one gain shared by the heads
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
         self.hook_pattern = HookPoint()  # (B, H, T, S) attention probabilities
         self.hook_z = HookPoint()  # (B, H, T, D) head outputs, before out_proj
         self.hook_scores = ScoresPoint()  # (q, k, mask, bias, is_causal, scale), read-only
-        # the fused CPU kernel's op namespace, built and loaded now: torch.compile cannot run a build
-        self.fused_ops = cpu_fused.load(self.head_dim) if backend == CPU_FUSED and not cross else None
 
     def new_cache(
         self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device | str | None = None
@@ -224,13 +219,8 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
                 mask = combine_masks(mask, causal_mask(T, k.size(2), device=x.device))
             probs = self.hook_pattern(attention_probs(q, k, mask, bias))  # (B, H, T, S)
             y = (F.dropout(probs, p) if p > 0 else probs) @ v  # (B, H, T, D)
-        elif self.backend == "tiled":  # O(T) memory; groups handled inside, no repeat
-            from attnlab.nn.attention.tiled import tiled_attention
-
-            y, _ = tiled_attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, dropout_p=p)
-        elif self.fused_ops is not None and cpu_fused.supports(q, k, v, mask, bias, is_causal, p):
-            y = cpu_fused.cpu_fused_attention(q, k, v, 1.0 / math.sqrt(D), self.fused_ops)
-        else:
-            y = sdpa_attention(q, k, v, mask=mask, bias=bias, dropout_p=p, is_causal=is_causal, enable_gqa=Hkv != H)
+        else:  # the route the layer asks for, or one that stands in for it on this call (kernels.route_for)
+            y = attend(self.backend, q, k, v, mask=mask, bias=bias, dropout_p=p, is_causal=is_causal,
+                       enable_gqa=Hkv != H)
         y = self.hook_z(y).transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, C)
         return self.out_proj(y), probs

@@ -1,4 +1,4 @@
-// Fused causal self-attention for CPUs in float32, forward and backward (attn_backend=cpu-fused).
+// Fused causal self-attention for CPUs in float32, forward and backward (kernels=attention).
 //
 // Per (batch, head), with Q, K, V, O, dO rows of CK_HD floats (the head dimension, a compile-time constant,
 // a multiple of 16) and s = scale:
@@ -13,11 +13,11 @@
 //
 // TP is T rounded up to VW = 16, the vector width in floats. The scores of 8 query rows are computed at
 // once against 16 keys (the keys transposed once per head), and the weighted sums of rows (o, dq, dk, dv)
-// 8 output rows at a time, so that each row read is used 8 times. e^x is nn/cpu_vec.h's (a degree-6
+// 8 output rows at a time, so that each row read is used 8 times. e^x is cpu/vec.h's (a degree-6
 // polynomial after Cody-Waite range reduction, relative error ~1e-7, like the float32 exp). Inputs may be
 // strided views (the heads of a fused QKV projection) as long as the last dimension is contiguous.
 //
-// Built by attnlab/nn/attention/cpu_fused.py with -O3 -march=native, -DCK_HD=<head dim> and
+// Built by attnlab/cpu/attention.py with -O3 -march=native, -DCK_HD=<head dim> and
 // -DCK_NS=<op namespace>; GCC's vector extensions give AVX-512 code where the CPU has it, narrower
 // vectors elsewhere.
 
@@ -31,7 +31,7 @@
 #include <cstring>
 #include <memory>
 
-#include "../cpu_vec.h"  // vf (16 floats), splat, load, store, exp_nonpositive, transpose_rows
+#include "vec.h"  // vf (16 floats), splat, load, store, exp_nonpositive, transpose_rows
 
 #ifndef CK_HD
 #error "CK_HD (the head dimension) must be defined"

@@ -1,5 +1,5 @@
 """The end of a float32 training step on the CPU, in C++: the parts' gradient sum, its norm, clipping and AdamW
-in three passes over memory (``cpu_step.cpp``), used by ``train_step`` with ``batch_threads`` > 1.
+in three passes over memory (``step.cpp``), used by the batch-parts step (``training/parts_step.py``).
 
     g = g_0 + g_1 + .. + g_{P-1}           add_into: the same sums, in the same order, as torch._foreach_add_
     n = ||g||_2,  c = min(1, clip / (n + 1e-6))                          AdamWEnd.grad_norm, clip_factor
@@ -7,31 +7,26 @@ in three passes over memory (``cpu_step.cpp``), used by ``train_step`` with ``ba
 
 ``PartsEnd`` does all three inside the parts' own threads, each on its share of the tensors, as soon as every
 part's gradients exist (the threads meet on a barrier in C++, twice: for the gradients, then for the norm), with
-the same numbers bit for bit. On one thread after the parts (``AdamWEnd``) the end took ~1.3 ms of a ~27.5-ms
-step of nanoGPT's model on a 2-core AMD EPYC while the other core waited (``docs/speedrun.md``).
+the same numbers bit for bit; ``AdamWEnd`` does them on one thread after the parts, while the other cores wait.
 
 With ``batch_threads`` the whole step runs at one intra-op thread (``threaded.step_threads``), where torch's
 foreach sum, ``clip_grad_norm_`` (a norm per tensor, then a multiplication) and fused AdamW make four passes
 over the gradients, weights and moments. Here they are three, and the clipping coefficient is folded into the
-update. nanoGPT's model (0.8M parameters, 27 tensors) on one thread of a 2-core AMD EPYC, apart from a step:
-0.42 ms for the three against 1.56 ms for torch's path; inside the step (``batch_threads=2``, compiled, steps of
-each end alternating, 2 x 400) 0.67 ms less per ~31 ms step, median of the paired differences.
+update (what that saves: ``benchmarks/fp32_step.py``, docs/benchmarks.md).
 
 The update is torch.optim.AdamW's (decoupled weight decay; no amsgrad, maximize or capturable), on the optimiser's
 own state (``step``, ``exp_avg``, ``exp_avg_sq``), so checkpoints, resumption and schedules see an ordinary AdamW;
 it agrees with torch's fused kernel to float32 rounding, not bit for bit. Anything else (another optimiser,
 a gradient missing, other dtypes or devices, step hooks) keeps torch's path, as does a machine with no C++
-compiler (``ops`` says why once). The kernel is built by ``nn/cpp_build.py`` when a run with ``batch_threads`` is
-set up (``threaded.check``; ~10 s the first time on a machine, then cached).
+compiler (``ops`` says why once). The kernel is built by ``cpu/build.py`` when a run with ``batch_threads`` is
+set up (``threaded.check``; once per machine, then cached).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,44 +34,17 @@ import torch
 from torch import Tensor, nn
 from torch.optim import optimizer as optim_module
 
-from attnlab.nn.cpp_build import KernelUnavailable, build_and_load
+from attnlab.cpu.build import KernelUnavailable, build_and_load
 
-SOURCE = Path(__file__).with_name("cpu_step.cpp")
+SOURCE = Path(__file__).with_name("step.cpp")
 WHAT = "the float32 step's end on one thread (gradient sum, norm, AdamW)"
 _LOCK = threading.Lock()
 _LOADED: dict[str, Any] = {}  # "ops": the op namespace, or None where it cannot be built
-_TORCH_PATH: list[bool] = []  # non-empty inside torch_path()
-_SERIAL: list[bool] = []  # non-empty inside serial_end()
-
-
-@contextlib.contextmanager
-def torch_path() -> Iterator[None]:
-    """Steps inside run their end through torch (foreach sum, clip_grad_norm_, optimizer.step()): for comparisons
-    such as ``benchmarks/fp32_step.py``'s."""
-    _TORCH_PATH.append(True)
-    try:
-        yield
-    finally:
-        _TORCH_PATH.pop()
-
-
-@contextlib.contextmanager
-def serial_end() -> Iterator[None]:
-    """Steps inside run their end in C++ on the caller's thread after the parts (``AdamWEnd``), not inside the
-    parts' threads (``PartsEnd``): for comparisons."""
-    _SERIAL.append(True)
-    try:
-        yield
-    finally:
-        _SERIAL.pop()
 
 
 def ops() -> Any | None:
     """The kernel's ops (built once per machine and torch, kept in the cache), or None where they cannot be
-    built here (the first such call says why on stderr) or inside ``torch_path()``: the step's end then runs
-    through torch."""
-    if _TORCH_PATH:
-        return None
+    built here (the first such call says why on stderr): the step's end then runs through torch."""
     with _LOCK:
         if "ops" not in _LOADED:
             try:
@@ -189,14 +157,14 @@ def _first_state(p: nn.Parameter) -> dict[str, Tensor]:
 
 
 class PartsEnd:
-    """The step's end inside the parts' threads (``end_part_`` in ``cpu_step.cpp``), made by ``plan_parts`` before
+    """The step's end inside the parts' threads (``end_part_`` in ``step.cpp``), made by ``plan_parts`` before
     the parts run. Each part's thread calls ``finish(p, grads, loss)`` once its gradients exist, or ``abort()``
     when it fails first, so that no thread waits for it. Afterwards ``applied`` says whether the end ran; if not
     (a gradient missing or of another layout), nothing was changed, and ``undo()`` must come before the caller
     sums the gradients and takes ``AdamWEnd``'s or torch's path. ``grad_norm()`` is ||g||, and a step whose norm
     or mean loss is not finite changed nothing either (``undo()`` then removes the state made for a first step)."""
 
-    _HEADER = 5  # cpu_step.cpp's SYNC: ARRIVED, SUMMED, ABORTED, UNFIT, NORM; then P losses, n norms, P x n addresses
+    _HEADER = 5  # step.cpp's SYNC: ARRIVED, SUMMED, ABORTED, UNFIT, NORM; then P losses, n norms, P x n addresses
 
     def __init__(self, kernel: Any, optimizer: torch.optim.AdamW, params: list[nn.Parameter], parts: int,
                  max_norm: float | None):
@@ -248,9 +216,8 @@ class PartsEnd:
 def plan_parts(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], parts: int,
                max_norm: float | None) -> PartsEnd | None:
     """The step's end inside the parts' threads, or None where it does not apply: it needs what ``plan`` needs
-    of the optimiser, the parameters and their state, no gradients yet (the sum is the parts' alone), and neither
-    ``serial_end()`` nor ``torch_path()``."""
-    if _SERIAL or not _plain_adamw(optimizer, params) or any(p.grad is not None for p in params):
+    of the optimiser, the parameters and their state, and no gradients yet (the sum is the parts' alone)."""
+    if not _plain_adamw(optimizer, params) or any(p.grad is not None for p in params):
         return None
     kernel = _kernel_for(optimizer, params, list(params))
     return PartsEnd(kernel, optimizer, params, parts, max_norm) if kernel is not None else None

@@ -1,4 +1,4 @@
-// The exact GELU and its derivative in one pass, float32 on CPUs (act_backend=cpu-fused).
+// The exact GELU and its derivative in one pass, float32 on CPUs (kernels=gelu).
 //
 //   u = x / sqrt(2),  erf(u) = sign(u) (1 - t r(t) e^{-u^2}),  t = 1 / (1 + p |u|)   (Abramowitz & Stegun 7.1.26,
 //                                                                                       |error| <= 1.5e-7)
@@ -11,7 +11,7 @@
 // in the forward pass. Each element's result depends on its value only (the last, partial vector is computed
 // in a padded copy), so results do not depend on the tensor's size, alignment or threads.
 //
-// Built by attnlab/nn/gelu_cpu.py through attnlab/nn/cpp_build.py (-O3 -march=native, -DCK_NS=<op namespace>).
+// Built by attnlab/cpu/gelu.py through attnlab/cpu/build.py (-O3 -march=native, -DCK_NS=<op namespace>).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -22,7 +22,7 @@
 #include <cstring>
 #include <tuple>
 
-#include "cpu_vec.h"  // vf (16 floats), splat, load, store, gelu_and_slope (the formulas above)
+#include "vec.h"  // vf (16 floats), splat, load, store, gelu_and_slope (the formulas above)
 
 #ifndef CK_NS
 #error "CK_NS (the op namespace) must be defined"

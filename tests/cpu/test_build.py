@@ -1,4 +1,4 @@
-"""nn/cpp_build.py: processes (here threads, each with its own lock file handle) that need the same library at
+"""attnlab/cpu/build.py: processes (here threads, each with its own lock file handle) that need the same library at
 once build it once; the others wait for that build and load it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from attnlab.nn.cpp_build import build_and_load
+from attnlab.cpu.build import build_and_load
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the libraries are built with g++")
 

@@ -1,7 +1,8 @@
-"""ssm_scan=cpu-fused (nn/scan_cpu.py): the selective scan as one C++ loop per pass with a recomputing backward.
-Against the Python loop of the specification in float64 (outputs, final state and every gradient, over several
-checkpoint segments); gradcheck; torch's own op checks (the fake tensors torch.compile uses); the Mamba layer
-and a GPT with it equal to the chunked form; a GPU run with it refused before training."""
+"""kernels=scan (attnlab/cpu/scan.py): the selective scan as one C++ loop per pass with a recomputing backward,
+``CPUSelectiveSSM`` in place of ``SelectiveSSM``. Against the Python loop of the specification in float64 (outputs,
+final state and every gradient, over several checkpoint segments); gradcheck; torch's own op checks (the fake
+tensors torch.compile uses); the Mamba layer and a GPT with it equal to the chunked form; a GPU run with it, or a
+model without an SSM, refused before training."""
 
 import shutil
 
@@ -10,10 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.core.errors import ConfigError
+from attnlab.cpu import accelerate, check_device
+from attnlab.cpu import scan as scan_cpu
+from attnlab.cpu.scan import CPUSelectiveSSM
 from attnlab.models import GPTConfig, build_model
-from attnlab.nn import cpu_kernels, scan_cpu
 from attnlab.nn.selective_scan import selective_scan_reference
 from attnlab.nn.ssm import SelectiveSSM
+from attnlab.training.config import check_kernels
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the kernel is built with g++")
 
@@ -95,8 +99,10 @@ def test_float32_close_to_float64_and_torch_op_checks(N):
 def test_the_mamba_layer_equals_its_chunked_form_with_and_without_state():
     torch.manual_seed(0)
     chunked = SelectiveSSM(24, d_state=8)
-    fused = SelectiveSSM(24, d_state=8, scan="cpu-fused")
+    fused = SelectiveSSM(24, d_state=8)
     fused.load_state_dict(chunked.state_dict())
+    fused = CPUSelectiveSSM.adopt(fused)
+    assert fused.state_dict().keys() == chunked.state_dict().keys()
     x = torch.randn(3, 80, 24, requires_grad=True)
     y_c = chunked(x)
     (gx_c,) = torch.autograd.grad(y_c.sum(), x)
@@ -115,8 +121,10 @@ def test_a_gpt_trains_the_same_with_either_scan_and_compiles():
     cfg = dict(vocab_size=11, block_size=32, n_layer=2, n_head=2, d_model=16, mixer="ssm", positions="none")
     torch.manual_seed(0)
     a = build_model(GPTConfig(**cfg))
-    b = build_model(GPTConfig(**cfg, ssm_scan="cpu-fused"))
+    b = build_model(GPTConfig(**cfg))
     b.load_state_dict(a.state_dict())
+    assert accelerate(b, ("scan",)) == {"scan": 2}
+    assert all(isinstance(block.mixer, CPUSelectiveSSM) for block in b.blocks)
     idx = torch.randint(0, 11, (4, 32), generator=torch.Generator().manual_seed(0))
     losses = []
     for model in (a, b, torch.compile(b)):
@@ -127,10 +135,13 @@ def test_a_gpt_trains_the_same_with_either_scan_and_compiles():
 
 
 def test_misuse_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match="ssm_scan=cpu-fused is a CPU kernel; this run is on cuda"):
-        cpu_kernels.check_run(GPTConfig(mixer="ssm", positions="none", ssm_scan="cpu-fused"), "cuda", "float32")
-    cpu_kernels.check_run(GPTConfig(mixer="ssm", positions="none", ssm_scan="cpu-fused"), "cpu", "bfloat16")  # fine
-    cfg = GPTConfig(ssm_scan="cpu-fused")  # an attention model never reads it
-    assert any(option == "ssm_scan" for option, _ in cfg.unused_mixer_options())
-    with pytest.raises(ValueError, match="scan must be 'chunked' or 'cpu-fused'"):
-        SelectiveSSM(8, scan="fused")
+    with pytest.raises(ConfigError, match="kernels=scan: the kernel computes on the CPU, and this run is float32 on "
+                                          "cuda; leave scan out of kernels"):
+        check_device(("scan",), "cuda", "float32")
+    check_device(("scan",), "cpu", "bfloat16")  # fine: the scan runs in float32 anyway
+    check_device(("scan",), "cpu", "float32")
+    check_kernels(("scan",), GPTConfig(mixer="ssm", positions="none"))
+    check_kernels(("scan",), GPTConfig(mixer="hybrid"))
+    with pytest.raises(ConfigError, match=r"kernels=scan computes the selective scan of an SSM, and this model has "
+                                          r"none \(model\.mixer=attention\); leave it out"):
+        check_kernels(("scan",), GPTConfig())  # an attention model has no scan to compute

@@ -1,4 +1,4 @@
-// The three float32 products of a linear layer without bias on CPUs (linear_backend=cpu-fused):
+// The three float32 products of a linear layer without bias on CPUs (kernels=linear):
 //
 //   forward       y  (M, N) = x (M, K) W^T         W (N, K): out_features x in_features
 //   grad input    dx (M, K) = dy (M, N) W
@@ -20,7 +20,7 @@
 // bits only. linear_gelu applies the exact GELU (and its slope, for the backward pass) to each tile as it leaves
 // the registers, so an FFN's first layer and its activation make one pass over the hidden activations, not three.
 //
-// Built by attnlab/nn/linear_cpu.py with -O3 -march=native and -DCK_NS=<op namespace>; GCC's vector
+// Built by attnlab/cpu/linear.py with -O3 -march=native and -DCK_NS=<op namespace>; GCC's vector
 // extensions give AVX-512 code where the CPU has it, narrower vectors elsewhere.
 
 #include <ATen/ATen.h>
@@ -31,7 +31,7 @@
 #include <tuple>
 #include <utility>
 
-#include "cpu_vec.h"  // vf (16 floats), splat, load, store, transpose_rows, gelu_and_slope
+#include "vec.h"  // vf (16 floats), splat, load, store, transpose_rows, gelu_and_slope
 
 #ifndef CK_NS
 #error "CK_NS (the op namespace) must be defined"

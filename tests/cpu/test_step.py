@@ -1,12 +1,13 @@
-"""The step's end in C++ (training/cpu_step.py): the parts' gradient sum, its norm and AdamW with the clipping
-folded in, against torch's foreach sum, clip_grad_norm_ and torch.optim.AdamW."""
+"""The step's end in C++ (attnlab/cpu/step.py): the parts' gradient sum, its norm and AdamW with the clipping
+folded in, against torch's foreach sum, clip_grad_norm_ and torch.optim.AdamW; the batch-parts step
+(training/parts_step.py) taking it, and torch's end where it does not apply."""
 
 import pytest
 import torch
 from torch import nn
 
-from attnlab.training import cpu_step
-from attnlab.training.loop import train_step
+from attnlab.cpu import step as cpu_step
+from attnlab.training.parts_step import PartsStep
 
 SHAPES = [(65, 24), (24,), (40, 24), (7,), (3, 5, 2)]  # sizes that are and are not multiples of 16
 
@@ -138,14 +139,11 @@ def test_what_keeps_torchs_path(change):
     assert _refused(change)
 
 
-def test_float64_and_torch_path_keep_torchs_path():
+def test_float64_keeps_torchs_path():
     params = _params(dtype=torch.float64)
     for p in params:
         p.grad = torch.ones_like(p)
     assert cpu_step.plan(_adamw(params), params) is None
-    assert not _refused(lambda ps, opt: None)
-    with cpu_step.torch_path():
-        assert _refused(lambda ps, opt: None)
     assert not _refused(lambda ps, opt: None)
 
 
@@ -163,20 +161,22 @@ def _forward(model):
     return lambda b: nn.functional.cross_entropy(model(b["x"]), b["y"])
 
 
-def test_train_step_with_parts_ends_in_cpp_as_torch_does(monkeypatch):
-    """train_step(parts=2) with micro-batches: the C++ end is used, and lands where torch's end lands."""
+def test_the_parts_step_ends_in_cpp_as_torch_does(monkeypatch):
+    """PartsStep(2) with micro-batches: the C++ end is used, and lands where torch's end (end="torch", which never
+    plans one) lands."""
     used = []
     plan = cpu_step.plan
     monkeypatch.setattr(cpu_step, "plan", lambda *a: used.append(plan(*a)) or used[-1])
     models = [_tiny_model(), _tiny_model()]
     opts = [_adamw_plain(m) for m in models]
-    for _ in range(4):
-        a = train_step(models[0], opts[0], _batches(), _forward(models[0]), lr=1e-2, grad_clip=0.5, parts=2)
-        with cpu_step.torch_path():
-            b = train_step(models[1], opts[1], _batches(), _forward(models[1]), lr=1e-2, grad_clip=0.5, parts=2)
+    for step in range(4):
+        a = PartsStep(2)(models[0], opts[0], _batches(), _forward(models[0]), lr=1e-2, grad_clip=0.5)
+        assert len(used) == step + 1
+        b = PartsStep(2, end="torch")(models[1], opts[1], _batches(), _forward(models[1]), lr=1e-2, grad_clip=0.5)
+        assert len(used) == step + 1
         assert a.applied and b.applied
         torch.testing.assert_close(a.grad_norm, b.grad_norm, rtol=1e-5, atol=0)
-    assert len(used) == 8 and all(e is not None for e in used[::2]) and all(e is None for e in used[1::2])
+    assert len(used) == 4 and all(e is not None for e in used)
     for p, q in zip(models[0].parameters(), models[1].parameters()):
         assert p.grad is None and q.grad is None
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
@@ -190,8 +190,7 @@ def test_a_non_finite_step_is_skipped_and_leaves_no_state():
     model = _tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
     opt = _adamw_plain(model)
-    out = train_step(model, opt, _batches()[:1], lambda b: _forward(model)(b) * float("inf"), grad_clip=1.0,
-                     parts=2)
+    out = PartsStep(2)(model, opt, _batches()[:1], lambda b: _forward(model)(b) * float("inf"), grad_clip=1.0)
     assert not out.applied and not torch.isfinite(out.grad_norm)
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters()) and not opt.state
@@ -199,7 +198,7 @@ def test_a_non_finite_step_is_skipped_and_leaves_no_state():
 
 def test_no_compiler_keeps_torchs_path(monkeypatch, capsys):
     """Where the kernel cannot be built, one line on stderr, once, and the steps go on through torch."""
-    from attnlab.nn.cpp_build import KernelUnavailable
+    from attnlab.cpu import KernelUnavailable
 
     def unavailable(*a, **k):
         raise KernelUnavailable("no compiler here")
@@ -209,7 +208,7 @@ def test_no_compiler_keeps_torchs_path(monkeypatch, capsys):
     model = _tiny_model()
     opt = _adamw_plain(model)
     for _ in range(2):
-        assert train_step(model, opt, _batches(), _forward(model), grad_clip=1.0, parts=2).applied
+        assert PartsStep(2)(model, opt, _batches(), _forward(model), grad_clip=1.0).applied
     assert capsys.readouterr().err.count("no compiler here; the step's end runs through torch instead") == 1
     assert len(opt.state) == 4
 
@@ -226,14 +225,23 @@ def test_a_cache_that_cannot_be_written_keeps_torchs_path(monkeypatch, capsys):
 
 
 def test_the_trainer_builds_the_kernel_before_training(tmp_path, monkeypatch):
-    """With batch_threads the first build (~10 s) happens while the run is set up, not inside its first step."""
+    """With batch_threads the first build (~10 s) happens while the run is set up, not inside its first step; the
+    run's step is then the batch-parts step."""
+    from attnlab.training.loop import train_step
     from attnlab.training.trainer import Trainer
     from tests.helpers import tiny_config, write_corpus
 
     calls = []
     monkeypatch.setattr(cpu_step, "ops", lambda: calls.append(1))
     corpus = write_corpus(tmp_path / "corpus.txt")
-    Trainer(tiny_config(corpus, tmp_path / "runs", name="one", device="cpu"))
-    assert calls == []
-    Trainer(tiny_config(corpus, tmp_path / "runs", name="two", device="cpu", batch_threads=2, threads=2))
+    one = Trainer(tiny_config(corpus, tmp_path / "runs", name="one", device="cpu"))
+    assert calls == [] and one.train_step is train_step
+    two = Trainer(tiny_config(corpus, tmp_path / "runs", name="two", device="cpu", batch_threads=2, threads=2))
     assert calls == [1]
+    assert isinstance(two.train_step, PartsStep) and (two.train_step.parts, two.train_step.end) == (2, "parts")
+
+
+@pytest.mark.parametrize("parts, end", [(1, "parts"), (2, "cpp")])
+def test_a_parts_step_needs_parts_and_a_known_end(parts, end):
+    with pytest.raises(ValueError, match="PartsStep needs parts >= 2 and end in"):
+        PartsStep(parts, end)

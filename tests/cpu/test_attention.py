@@ -1,7 +1,8 @@
-"""attn_backend=cpu-fused (nn/attention/cpu_fused.py): attnlab's C++ kernel for causal float32 attention on CPUs,
-built on first use. Against float64 attention, as close as PyTorch's own float32 kernel; in a GPT, eager and
-compiled, the same losses and gradients as sdpa; every call it does not cover goes through sdpa; what it can
-never serve is refused before training."""
+"""kernels=attention (attnlab/cpu/attention.py): attnlab's C++ kernel for causal float32 attention on CPUs, the
+route ``cpu-fused`` that ``accelerate`` gives self-attention layers asking for sdpa, built on first use. Against
+float64 attention, as close as PyTorch's own float32 kernel; in a GPT, eager and compiled, the same losses and
+gradients as sdpa; every call it does not cover goes through sdpa; what it can never serve is refused before
+training."""
 
 import shutil
 
@@ -11,8 +12,10 @@ import torch.nn.functional as F
 
 from attnlab.core.errors import ConfigError
 from attnlab.core.fileio import default_cache_dir
+from attnlab.cpu import KernelUnavailable, accelerate
+from attnlab.cpu import attention as cpu_fused
 from attnlab.models import GPTConfig, build_model
-from attnlab.nn.attention import cpu_fused
+from attnlab.training.config import check_kernels
 from attnlab.training.trainer import Trainer
 from tests.helpers import tiny_config, write_corpus
 
@@ -81,18 +84,23 @@ def test_second_derivatives_are_refused():
     """P is kept as a constant, so a gradient of a gradient would be wrong: it is an error instead."""
     qkv, _ = _heads(1, 8, 2)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-    with pytest.raises(RuntimeError, match="first derivatives only; use attn_backend=sdpa"):
+    with pytest.raises(RuntimeError, match="first derivatives only; leave attention out of kernels"):
         torch.autograd.grad(cpu_fused.cpu_fused_attention(q, k, v, 0.5).sum(), qkv, create_graph=True)
     (first,) = torch.autograd.grad(cpu_fused.cpu_fused_attention(q, k, v, 0.5).sum(), qkv)
     assert first.shape == qkv.shape
 
 
 def _pair(**extra):
-    cfg = dict(vocab_size=50, block_size=32, n_layer=2, n_head=2, d_model=2 * D, dropout=0.0, bias=False, **extra)
+    """A GPT on sdpa and the same GPT (its state dict loaded) with the attention kernel put on."""
+    cfg = GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=2, d_model=2 * D, dropout=0.0, bias=False,
+                    **extra)
     torch.manual_seed(0)
-    sdpa = build_model(GPTConfig(**cfg, attn_backend="sdpa"))
-    fused = build_model(GPTConfig(**cfg, attn_backend="cpu-fused"))
+    sdpa = build_model(cfg)
+    fused = build_model(cfg)
     fused.load_state_dict(sdpa.state_dict())
+    assert accelerate(fused, ("attention",)) == {"attention": 2}
+    assert [b.mixer.backend for b in fused.blocks] == ["cpu-fused"] * 2
+    assert [b.mixer.backend for b in sdpa.blocks] == ["sdpa"] * 2
     return sdpa, fused
 
 
@@ -129,39 +137,50 @@ def test_calls_it_does_not_cover_go_through_sdpa():
 
 
 @pytest.mark.parametrize("extra,said", [
-    (dict(dropout=0.1), "with no dropout"),
-    (dict(n_kv_head=1), "as many key/value heads as heads"),
-    (dict(positions="alibi"), r"no bias in the scores \(positions=alibi\)"),
-    (dict(d_model=48), "a head dimension that is a multiple of 16, got 24"),
+    (dict(dropout=0.1), r"does not compute dropout on the probabilities \(model.dropout=0.1\)"),
+    (dict(n_kv_head=1), r"does not compute fewer key/value heads than heads \(model.n_kv_head=1\)"),
+    (dict(positions="alibi"), r"does not compute additive score terms .* \(positions=alibi\)"),
+    (dict(d_model=48), "does not compute a head dimension of 24: it computes multiples of 16"),
+    (dict(attn_backend="eager"), "kernels=attention stands in for attn_backend=sdpa, and model.attn_backend=eager"),
+    (dict(mixer="ssm", positions="none"), "kernels=attention: mixer=ssm has no attention"),
 ])
 def test_configs_it_could_never_serve_are_refused(extra, said):
-    cfg = dict(vocab_size=50, block_size=32, n_layer=1, n_head=2, d_model=2 * D, attn_backend="cpu-fused") | extra
+    cfg = GPTConfig(**(dict(vocab_size=50, block_size=32, n_layer=1, n_head=2, d_model=2 * D) | extra))
+    cfg.validate()  # a model of its own: only the kernel is refused
     with pytest.raises(ConfigError, match=said):
-        GPTConfig(**cfg).validate()
+        check_kernels(("attention",), cfg)
+    check_kernels(("attention",), GPTConfig(vocab_size=50, block_size=32, n_layer=1, n_head=2, d_model=2 * D))
 
 
 def test_a_bidirectional_family_is_refused():
     from attnlab.models.config import ModelConfig
 
-    with pytest.raises(ConfigError, match="a causal decoder, and family=bert attends both ways"):
-        ModelConfig.from_mapping(dict(family="bert", vocab_size=50, n_head=2, d_model=2 * D,
-                                      attn_backend="cpu-fused")).validate()
+    cfg = ModelConfig.from_mapping(dict(family="bert", vocab_size=50, n_head=2, d_model=2 * D))
+    with pytest.raises(ConfigError, match=r"kernels=attention: .* attention both ways \(an encoder\) \(family=bert\)"):
+        check_kernels(("attention",), cfg)
 
 
-@pytest.mark.parametrize("option", ["attn_backend", "act_backend", "linear_backend"])  # attention, GELU, linear layers
-def test_a_bfloat16_run_is_refused_before_training(tmp_path, option):
+def test_a_run_config_is_refused_before_any_data_is_read(tmp_path):
+    """TrainConfig.validate makes the same check (``kernels=attention`` with a model it cannot serve)."""
+    with pytest.raises(ConfigError, match="kernels=attention stands in for attn_backend=sdpa"):
+        tiny_config(tmp_path / "absent.txt", tmp_path / "runs", kernels="attention", attn_backend="tiled")
+
+
+@pytest.mark.parametrize("kernel", ["attention", "gelu", "linear"])
+def test_a_bfloat16_run_is_refused_before_training(tmp_path, kernel):
     corpus = write_corpus(tmp_path / "corpus.txt")
-    with pytest.raises(ConfigError, match=f"{option}=cpu-fused is a float32 CPU kernel; this run is bfloat16 on cpu"):
-        Trainer(tiny_config(corpus, tmp_path / "runs", name="x", device="cpu", dtype="bfloat16",
-                            **{option: "cpu-fused"}))
+    with pytest.raises(ConfigError, match=f"kernels={kernel}: the kernel computes float32 on the CPU, and this run "
+                                          f"is bfloat16 on cpu; leave {kernel} out of kernels"):
+        Trainer(tiny_config(corpus, tmp_path / "runs", name="x", device="cpu", dtype="bfloat16", kernels=kernel))
     assert not (tmp_path / "runs" / "x" / "checkpoints").exists()
 
 
 def test_no_compiler_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("CXX", "/nonexistent/g++")
-    with pytest.raises(cpu_fused.KernelUnavailable, match="needs a C\\+\\+ compiler: '/nonexistent/g\\+\\+'"):
+    with pytest.raises(KernelUnavailable, match=r"needs a C\+\+ compiler: '/nonexistent/g\+\+'.*or use "
+                                                r"kernels without attention"):
         cpu_fused.load(48)  # a size not built in this process
-    assert issubclass(cpu_fused.KernelUnavailable, ConfigError)  # the CLI says it in one line, exit 2
+    assert issubclass(KernelUnavailable, ConfigError)  # the CLI says it in one line, exit 2
 
 
 def test_the_build_is_kept_and_reused(monkeypatch):

@@ -1,6 +1,6 @@
-"""The step's end inside the parts' threads (cpu_step.PartsEnd, end_part_ in cpu_step.cpp): the same numbers as
-the end on one thread after the parts, bit for bit; nothing changed where it declines; no thread left waiting
-when a part fails."""
+"""The step's end inside the parts' threads (attnlab/cpu/step.py's PartsEnd, end_part_ in cpu/step.cpp), as
+``PartsStep(parts)`` takes it: the same numbers as the end on one thread after the parts (``end="serial"``), bit for
+bit; nothing changed where it declines; no thread left waiting when a part fails."""
 
 import copy
 import threading
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.training import cpu_step
-from attnlab.training.loop import train_step
+from attnlab.cpu import step as cpu_step
+from attnlab.training.parts_step import PartsStep
 
 
 def _model(extra=False):
@@ -71,16 +71,15 @@ def _same(models, opts):
 @pytest.mark.parametrize("parts", [2, 4])
 def test_the_end_inside_the_parts_is_the_serial_end_bit_for_bit(spy, parts):
     """Steps with clipping on and off and the learning rate changing: weights, moments, step counters and norms as
-    the end on one thread after the parts (cpu_step.AdamWEnd) leaves them, to the bit."""
+    the end on one thread after the parts (end="serial": cpu_step.AdamWEnd) leaves them, to the bit."""
     models = [_model(), _model()]
     opts = [_optimizer(m) for m in models]
     for step in range(6):
         clip = 0.05 if step % 2 else 10.0
         lr = 1e-2 * (1 + step)
-        a = train_step(models[0], opts[0], [_batch(step)], _forward(models[0]), lr=lr, grad_clip=clip, parts=parts)
-        with cpu_step.serial_end():
-            b = train_step(models[1], opts[1], [_batch(step)], _forward(models[1]), lr=lr, grad_clip=clip,
-                           parts=parts)
+        a = PartsStep(parts)(models[0], opts[0], [_batch(step)], _forward(models[0]), lr=lr, grad_clip=clip)
+        b = PartsStep(parts, end="serial")(models[1], opts[1], [_batch(step)], _forward(models[1]), lr=lr,
+                                           grad_clip=clip)
         assert a.applied and b.applied
         assert torch.equal(a.grad_norm, b.grad_norm) and a.grad_norm.dtype == torch.float32
         assert torch.equal(a.loss, b.loss)
@@ -93,9 +92,8 @@ def test_without_clipping(spy):
     models = [_model(), _model()]
     opts = [_optimizer(m) for m in models]
     for step in range(3):
-        train_step(models[0], opts[0], [_batch(step)], _forward(models[0]), parts=2)
-        with cpu_step.serial_end():
-            train_step(models[1], opts[1], [_batch(step)], _forward(models[1]), parts=2)
+        PartsStep(2)(models[0], opts[0], [_batch(step)], _forward(models[0]))
+        PartsStep(2, end="serial")(models[1], opts[1], [_batch(step)], _forward(models[1]))
     assert spy["applied"] == 3
     _same(models, opts)
 
@@ -104,23 +102,22 @@ def test_a_non_finite_step_changes_nothing_and_leaves_no_state(spy):
     model = _model()
     before = copy.deepcopy(model.state_dict())
     opt = _optimizer(model)
-    out = train_step(model, opt, [_batch(0)], _forward(model, float("inf")), grad_clip=1.0, parts=2)
+    out = PartsStep(2)(model, opt, [_batch(0)], _forward(model, float("inf")), grad_clip=1.0)
     assert not out.applied and spy["applied"] == 1
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not opt.state and all(p.grad is None for p in model.parameters())
-    out = train_step(model, opt, [_batch(1)], _forward(model), grad_clip=1.0, parts=2)  # then a finite one
+    out = PartsStep(2)(model, opt, [_batch(1)], _forward(model), grad_clip=1.0)  # then a finite one
     assert out.applied and all(s["step"].item() == 1 for s in opt.state.values())
 
 
 def test_a_missing_gradient_declines_and_the_serial_path_runs(spy):
     """A parameter without a gradient: the end declines, changing nothing, and torch's path (which skips that
-    parameter and makes no state for it) runs instead, as with serial_end()."""
+    parameter and makes no state for it) runs instead, as with end="serial"."""
     models = [_model(extra=True), _model(extra=True)]
     opts = [_optimizer(m) for m in models]
     for step in range(2):
-        assert train_step(models[0], opts[0], [_batch(step)], _forward(models[0]), grad_clip=1.0, parts=2).applied
-        with cpu_step.serial_end():
-            train_step(models[1], opts[1], [_batch(step)], _forward(models[1]), grad_clip=1.0, parts=2)
+        assert PartsStep(2)(models[0], opts[0], [_batch(step)], _forward(models[0]), grad_clip=1.0).applied
+        PartsStep(2, end="serial")(models[1], opts[1], [_batch(step)], _forward(models[1]), grad_clip=1.0)
     assert spy == {"applied": 0, "declined": 2}
     assert models[0].unused not in opts[0].state
     _same(models, opts)
@@ -129,7 +126,7 @@ def test_a_missing_gradient_declines_and_the_serial_path_runs(spy):
 def test_micro_batches_and_gradients_already_there_take_the_serial_end(spy):
     model = _model()
     opt = _optimizer(model)
-    train_step(model, opt, [_batch(0), _batch(1)], _forward(model), parts=2)  # accumulation: two micro-batches
+    PartsStep(2)(model, opt, [_batch(0), _batch(1)], _forward(model))  # accumulation: two micro-batches
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     assert cpu_step.plan_parts(opt, list(model.parameters()), 2, 1.0) is None
@@ -158,13 +155,13 @@ def test_a_part_that_fails_leaves_no_thread_waiting(failing):
     assert len(errors) == 1 and "this part failed" in str(errors[0])
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and not opt.state
     # and the next step runs normally
-    assert train_step(model, opt, [_batch(1)], _forward(model), grad_clip=1.0, parts=2).applied
+    assert PartsStep(2)(model, opt, [_batch(1)], _forward(model), grad_clip=1.0).applied
 
 
 def _step_catching(model, opt, forward, errors):
     torch.set_num_threads(2)
     try:
-        train_step(model, opt, [_batch(0)], forward, grad_clip=1.0, parts=2)
+        PartsStep(2)(model, opt, [_batch(0)], forward, grad_clip=1.0)
     except RuntimeError as e:
         errors.append(e)
 

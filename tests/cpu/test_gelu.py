@@ -1,7 +1,8 @@
-"""act_backend=cpu-fused (nn/gelu_cpu.py): the exact GELU and its derivative in one C++ pass for float32 CPU tensors.
-Against float64 GELU, as close as PyTorch's float32 kernel, forward and backward; in a GPT (dense and MoE FFN), eager
-and compiled, the losses and gradients of act_backend=torch; every call it does not cover goes through F.gelu; what
-it can never serve is refused before training (a bfloat16 run: tests/nn/test_cpu_fused.py, beside attention's)."""
+"""kernels=gelu (attnlab/cpu/gelu.py): the exact GELU and its derivative in one C++ pass for float32 CPU tensors,
+``CPUGELU`` in place of an FFN's ``Activation("gelu")``. Against float64 GELU, as close as PyTorch's float32 kernel,
+forward and backward; in a GPT (dense and MoE FFN), eager and compiled, the losses and gradients of torch's GELU;
+every call it does not cover goes through F.gelu; what it can never serve is refused before training (a bfloat16
+run: tests/cpu/test_attention.py, beside attention's); a model saved with it is the model saved without."""
 
 import shutil
 
@@ -10,9 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.core.errors import ConfigError
+from attnlab.cpu import accelerate
+from attnlab.cpu import build as cpp_build
+from attnlab.cpu import gelu as gelu_cpu
+from attnlab.cpu.gelu import CPUGELU
 from attnlab.models import GPTConfig, build_model
-from attnlab.nn import cpp_build, gelu_cpu
-from attnlab.nn.activations import activate, gelu_ops
+from attnlab.nn.activations import Activation
+from attnlab.training.config import check_kernels
 from tests.helpers import assert_trains_the_same
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the kernel is built with g++")
@@ -91,11 +96,13 @@ def test_second_derivatives_are_refused():
 
 
 def _pair(**extra):
-    cfg = dict(vocab_size=50, block_size=32, n_layer=2, n_head=2, d_model=32, dropout=0.0, bias=False, **extra)
+    """A GPT with torch's GELU and the same GPT (its state dict loaded) with the kernel's."""
+    cfg = GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=2, d_model=32, dropout=0.0, bias=False, **extra)
     torch.manual_seed(0)
-    stock = build_model(GPTConfig(**cfg, act_backend="torch"))
-    fused = build_model(GPTConfig(**cfg, act_backend="cpu-fused"))
+    stock = build_model(cfg)
+    fused = build_model(cfg)
     fused.load_state_dict(stock.state_dict())
+    assert accelerate(fused, ("gelu",)) == {"gelu": 2}
     return stock, fused
 
 
@@ -104,7 +111,7 @@ def test_gpt_trains_the_same_eager_and_compiled(extra):
     from attnlab.training.compiling import compile_forward
 
     stock, fused = _pair(**extra)
-    assert fused.blocks[0].ffn.gelu_ops is not None and stock.blocks[0].ffn.gelu_ops is None
+    assert isinstance(fused.blocks[0].ffn.act, CPUGELU) and type(stock.blocks[0].ffn.act) is Activation
     x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
     forwards = [(stock, stock), (fused, fused)] + ([(compile_forward(fused, "cpu"), fused)] if not extra else [])
     assert_trains_the_same(forwards, x, y, loss_tol=1e-6, grad_tol=1e-5)
@@ -112,11 +119,11 @@ def test_gpt_trains_the_same_eager_and_compiled(extra):
 
 def test_calls_it_does_not_cover_go_through_torch():
     """float64 and bfloat16 tensors (a model cast or under autocast): F.gelu's numbers exactly."""
-    ns = gelu_cpu.load()
+    layer = CPUGELU.adopt(Activation("gelu"))
     for dtype in (torch.float64, torch.bfloat16):
         h = torch.randn(4, 40).to(dtype)
         assert not gelu_cpu.supports(h)
-        assert torch.equal(activate(h, "gelu", ns), F.gelu(h))
+        assert torch.equal(layer(h), F.gelu(h))
     stock, fused = _pair()
     x = torch.randint(0, 50, (2, 32))
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -125,16 +132,18 @@ def test_calls_it_does_not_cover_go_through_torch():
 
 @pytest.mark.parametrize("activation", ["relu", "gelu_tanh", "swiglu"])
 def test_other_activations_are_refused(activation):
-    with pytest.raises(ConfigError, match=f"computes the exact GELU; model.activation={activation}"):
-        GPTConfig(vocab_size=50, activation=activation, act_backend="cpu-fused").validate()
-    with pytest.raises(ValueError, match="computes the exact GELU"):
-        gelu_ops(activation, "cpu-fused")
-    with pytest.raises(ValueError, match="unknown act_backend 'cuda'"):
-        gelu_ops("gelu", "cuda")
+    """Refused in a run's config; on a built model, ``accelerate`` leaves such layers as they are."""
+    cfg = GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=2, d_model=32, activation=activation)
+    with pytest.raises(ConfigError, match=f"kernels=gelu computes the exact GELU, and model.activation={activation}; "
+                                          "leave it out"):
+        check_kernels(("gelu",), cfg)
+    model = build_model(cfg)
+    assert accelerate(model, ("gelu",)) == {"gelu": 0}
+    assert not any(isinstance(m, CPUGELU) for m in model.modules())
 
 
 def test_a_changed_header_is_a_new_build(tmp_path):
-    """The build's key covers the headers a source includes by quotes (nn/cpu_vec.h), not the source alone."""
+    """The build's key covers the headers a source includes by quotes (cpu/vec.h), not the source alone."""
     header = tmp_path / "inc" / "part.h"
     header.parent.mkdir()
     header.write_text('#include "more.h"\n')
@@ -143,28 +152,36 @@ def test_a_changed_header_is_a_new_build(tmp_path):
     source.write_text('#include <vector>\n#include "inc/part.h"\n#include "absent.h"\n')
     assert cpp_build.local_headers(source) == [header.resolve(), (header.parent / "more.h").resolve()]
     here = cpp_build.local_headers(gelu_cpu.SOURCE)
-    assert [p.name for p in here] == ["cpu_vec.h"] and all(p.is_file() for p in here)
+    assert [p.name for p in here] == ["vec.h"] and all(p.is_file() for p in here)
 
 
-def test_a_saved_model_loads_without_a_compiler(tmp_path, monkeypatch, capsys):
-    """A model saved with the C++ kernels (GELU's and attention's) loads where they cannot be built, with torch's
-    implementation of the same functions in their place: the same outputs, and one line on stderr."""
+def test_a_model_saved_with_kernels_is_the_model_saved_without(tmp_path, monkeypatch):
+    """A model with the C++ kernels on (GELU's and attention's) saves the config.json and weights a model without
+    them saves, and loads (building nothing: here without a compiler) as the plain model, the same outputs."""
+    from attnlab.cpu import attention as cpu_fused
+    from attnlab.models.base import CONFIG_NAME, WEIGHTS_NAME
     from attnlab.models.registry import from_pretrained
-    from attnlab.nn.attention import cpu_fused
 
+    cfg = GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=2, d_model=32, bias=False)
     torch.manual_seed(0)
-    model = build_model(GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=2, d_model=32, bias=False,
-                                  act_backend="cpu-fused", attn_backend="cpu-fused")).eval()
-    model.save_pretrained(tmp_path)
+    plain = build_model(cfg).eval()
+    model = build_model(cfg).eval()
+    model.load_state_dict(plain.state_dict())
+    assert accelerate(model, ("attention", "gelu")) == {"attention": 2, "gelu": 2}
+    assert model.config == cfg
+    model.save_pretrained(tmp_path / "with")
+    plain.save_pretrained(tmp_path / "without")
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        assert (tmp_path / "with" / name).read_bytes() == (tmp_path / "without" / name).read_bytes(), name
     x = torch.randint(0, 50, (2, 32))
     with torch.no_grad():
         expected = model(idx=x).logits
     monkeypatch.setenv("CXX", "/nonexistent/g++")
     monkeypatch.setattr(gelu_cpu, "_LOADED", [])
     monkeypatch.setattr(cpu_fused, "_LOADED", {})
-    loaded = from_pretrained(tmp_path)
-    lines = [line for line in capsys.readouterr().err.splitlines() if "torch's implementation" in line]
-    assert len(lines) == 1 and "needs a C++ compiler" in lines[0]
-    assert (loaded.config.act_backend, loaded.config.attn_backend) == ("torch", "sdpa")
+    loaded = from_pretrained(tmp_path / "with")
+    assert loaded.config == cfg
+    assert not any(isinstance(m, CPUGELU) for m in loaded.modules())
+    assert [b.mixer.backend for b in loaded.blocks] == ["sdpa", "sdpa"]
     with torch.no_grad():
         assert (loaded(idx=x).logits - expected).abs().max().item() < 1e-5

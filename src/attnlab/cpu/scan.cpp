@@ -1,4 +1,4 @@
-// The selective scan on CPUs, forward and backward in one C++ loop each (ssm_scan=cpu-fused).
+// The selective scan on CPUs, forward and backward in one C++ loop each (kernels=scan).
 //
 // Per batch row b and channel c (independent), with a_t = exp(delta_t A_c) (N decays, 0 < a <= 1) and
 // x_t = delta_t u_t:
@@ -26,7 +26,7 @@
 // reduction (exp_vec: relative error <= 2.2e-7, like the float32 exp), because std::exp is one library call
 // per value and stops the vectorisation. Other sizes, and float64, use std::exp.
 //
-// Built by attnlab/nn/scan_cpu.py with -O3 -march=native and -DCK_NS=<op namespace>.
+// Built by attnlab/cpu/scan.py with -O3 -march=native and -DCK_NS=<op namespace>.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -1,9 +1,11 @@
-"""linear_backend=cpu-fused (nn/linear_cpu.py): a linear layer's three float32 products in attnlab's C++ kernel.
-Against float64 products, as close as torch's float32 products, for every tile shape the kernel has (rows not a
-multiple of its 6-row tiles, widths of 16-48 past its 64-column panels, one row, none); the same numbers on one
-thread and two; gradients of gradients right; every call it does not cover goes through F.linear; in a GPT, eager
-and compiled, the losses and gradients of linear_backend=torch, with the kernel's ops called from the compiled
-graphs; what it can never serve is refused before training."""
+"""kernels=linear (attnlab/cpu/linear.py): a linear layer's three float32 products in attnlab's C++ kernel, as
+``CPULinear`` in place of the attention and FFN layers' ``nn.Linear`` (and with gelu too, ``CPUFeedForward``: x W_1
+and its GELU in one pass). Against float64 products, as close as torch's float32 products, for every tile shape the
+kernel has (rows not a multiple of its 6-row tiles, widths of 16-48 past its 64-column panels, one row, none); the
+same numbers on one thread and two; gradients of gradients right; every call it does not cover goes through
+F.linear; in a GPT, eager and compiled, the losses and gradients of torch's products, with the kernel's ops called
+from the compiled graphs; what it can never serve is refused before training; a run trained with it saves the model
+a run without it saves."""
 
 import math
 
@@ -13,9 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.core.errors import ConfigError
+from attnlab.cpu import KernelUnavailable, accelerate, check_device
+from attnlab.cpu import gelu as gelu_cpu
+from attnlab.cpu import linear as linear_cpu
 from attnlab.models import GPTConfig, build_model
-from attnlab.nn import cpp_build, gelu_cpu, linear_cpu
-from attnlab.nn.cpu_kernels import check_run, without_kernels
+from attnlab.nn.ffn import FeedForward
+from attnlab.training.config import check_kernels
 from tests.helpers import assert_trains_the_same, tiny_config, write_corpus
 
 
@@ -85,7 +90,7 @@ def test_gradients_of_gradients_are_torchs():
 
 def test_only_the_gradients_asked_for():
     """A frozen weight gets no gradient, an input that needs none gets none (ctx.needs_input_grad)."""
-    layer = linear_cpu.CPULinear(32, 16, bias=False).requires_grad_(False)
+    layer = linear_cpu.CPULinear.adopt(nn.Linear(32, 16, bias=False)).requires_grad_(False)
     x = torch.randn(4, 32, requires_grad=True)
     layer(x).sum().backward()
     assert layer.weight.grad is None and torch.allclose(x.grad, layer.weight.sum(0).expand(4, 32), atol=1e-6)
@@ -97,12 +102,13 @@ def test_only_the_gradients_asked_for():
 def test_calls_it_does_not_cover_go_through_torch():
     """Widths not multiples of 16, float64, bfloat16 autocast: F.linear's numbers exactly."""
     torch.manual_seed(0)
-    for layer, x in [(linear_cpu.CPULinear(32, 65), torch.randn(3, 32)),
-                     (linear_cpu.CPULinear(40, 16), torch.randn(3, 40)),
-                     (linear_cpu.CPULinear(32, 16).double(), torch.randn(3, 32, dtype=torch.float64))]:
+    adopt = linear_cpu.CPULinear.adopt
+    for layer, x in [(adopt(nn.Linear(32, 65)), torch.randn(3, 32)),
+                     (adopt(nn.Linear(40, 16)), torch.randn(3, 40)),
+                     (adopt(nn.Linear(32, 16)).double(), torch.randn(3, 32, dtype=torch.float64))]:
         assert not linear_cpu.supports(x, layer.weight)
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
-    layer, x = linear_cpu.CPULinear(32, 16), torch.randn(3, 32)
+    layer, x = adopt(nn.Linear(32, 16)), torch.randn(3, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not linear_cpu.supports(x, layer.weight)
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
@@ -119,23 +125,27 @@ def test_the_ops_refuse_widths_they_cannot_compute_and_their_fakes_pass_torchs_c
         assert set(torch.library.opcheck(op.default, args).values()) <= {"SUCCESS", "SKIP"}
 
 
-def _pair(**extra):
-    cfg = {**dict(vocab_size=50, block_size=32, n_layer=2, n_head=2, d_model=64, dropout=0.0, bias=False), **extra}
+def _pair(kernels=("linear",), **extra):
+    """A GPT with torch's layers and the same GPT (its state dict loaded) with ``kernels`` put on."""
+    cfg = GPTConfig(**{**dict(vocab_size=50, block_size=32, n_layer=2, n_head=2, d_model=64, dropout=0.0,
+                              bias=False), **extra})
     torch.manual_seed(0)
-    stock = build_model(GPTConfig(**cfg, linear_backend="torch"))
-    fused = build_model(GPTConfig(**cfg, linear_backend="cpu-fused"))
+    stock = build_model(cfg)
+    fused = build_model(cfg)
     fused.load_state_dict(stock.state_dict())  # the same parameters under the same names
+    took = accelerate(fused, kernels)
+    assert took["linear"] == 8  # qkv_proj, out_proj, fc_in, fc_out in each of 2 blocks; lm_head stays
     return stock, fused
 
 
-@pytest.mark.parametrize("extra", [{}, {"bias": True, "attn_backend": "cpu-fused", "act_backend": "cpu-fused"}],
+@pytest.mark.parametrize("extra", [{}, {"bias": True, "kernels": ("attention", "gelu", "linear")}],
                          ids=["plain", "bias-and-the-other-kernels"])
 def test_gpt_trains_the_same_eager_and_compiled(extra):
     from attnlab.training.compiling import compile_forward
 
     stock, fused = _pair(**extra)
     assert isinstance(fused.blocks[0].mixer.qkv_proj, linear_cpu.CPULinear)
-    assert type(stock.blocks[0].mixer.qkv_proj) is nn.Linear
+    assert type(stock.blocks[0].mixer.qkv_proj) is nn.Linear and type(fused.lm_head) is nn.Linear
     assert stock.state_dict().keys() == fused.state_dict().keys()
     x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
     forwards = [(stock, stock), (fused, fused), (compile_forward(fused, "cpu"), fused)]
@@ -162,63 +172,50 @@ def test_a_compiled_step_calls_the_kernel_in_both_passes():
 
 
 def test_what_it_cannot_serve_is_refused_before_training():
-    with pytest.raises(ConfigError, match="linear_backend=cpu-fused needs d_model a multiple of 16, got 40"):
-        GPTConfig(vocab_size=50, d_model=40, n_head=2, linear_backend="cpu-fused").validate()
-    cfg = GPTConfig(vocab_size=50, linear_backend="cpu-fused")
-    with pytest.raises(ConfigError, match="linear_backend=cpu-fused is a float32 CPU kernel; this run is bfloat16"):
-        check_run(cfg, "cpu", "bfloat16")
-    check_run(cfg, "cpu", "float32")
-    assert without_kernels(cfg).linear_backend == "torch"
-    with pytest.raises(ValueError, match="unknown linear_backend 'mkl'"):
-        linear_cpu.linear_layer("mkl")
+    with pytest.raises(ConfigError, match=r"kernels=linear computes widths that are multiples of 16, and "
+                                          r"model\.d_model=40; leave it out"):
+        check_kernels(("linear",), GPTConfig(vocab_size=50, d_model=40, n_head=2))
+    check_kernels(("linear",), GPTConfig(vocab_size=50, d_model=64, n_head=2))
+    with pytest.raises(ConfigError, match="kernels=linear: the kernel computes float32 on the CPU, and this run is "
+                                          "bfloat16 on cpu; leave linear out of kernels"):
+        check_device(("linear",), "cpu", "bfloat16")
+    check_device(("linear",), "cpu", "float32")
 
 
-@pytest.mark.parametrize("module, option", [(linear_cpu, "linear_backend"), (gelu_cpu, "act_backend")],
-                         ids=["linear", "gelu"])
-def test_no_compiler_is_one_clear_error(monkeypatch, module, option):
-    """This kernel's, and GELU's: one line naming the compiler and the option that computes without it."""
+@pytest.mark.parametrize("module, kernel", [(linear_cpu, "linear"), (gelu_cpu, "gelu")], ids=["linear", "gelu"])
+def test_no_compiler_is_one_clear_error(monkeypatch, module, kernel):
+    """This kernel's, and GELU's: one line naming the compiler and the setting that computes without it."""
     monkeypatch.setenv("CXX", "/nonexistent/g++")
     monkeypatch.setattr(module, "_LOADED", [])
-    with pytest.raises(cpp_build.KernelUnavailable, match=r"needs a C\+\+ compiler: '/nonexistent/g\+\+'.*"
-                       f"{option}=torch"):
+    with pytest.raises(KernelUnavailable, match=r"needs a C\+\+ compiler: '/nonexistent/g\+\+'.*"
+                       f"or use kernels without {kernel}"):
         module.load()
 
 
-def test_a_saved_model_loads_without_a_compiler(tmp_path, monkeypatch, capsys):
-    from attnlab.models.registry import from_pretrained
-
-    _, model = _pair()
-    model.eval().save_pretrained(tmp_path)
-    x = torch.randint(0, 50, (2, 32))
-    with torch.no_grad():
-        expected = model(idx=x).logits
-    monkeypatch.setenv("CXX", "/nonexistent/g++")
-    monkeypatch.setattr(linear_cpu, "_LOADED", [])
-    loaded = from_pretrained(tmp_path)
-    lines = [line for line in capsys.readouterr().err.splitlines() if "torch's implementation" in line]
-    assert len(lines) == 1 and "needs a C++ compiler" in lines[0]
-    assert loaded.config.linear_backend == "torch"
-    with torch.no_grad():
-        assert (loaded(idx=x).logits - expected).abs().max().item() < 1e-5
-
-
-def test_a_run_trains_with_it_and_its_model_reloads(tmp_path):
-    """``attnlab train ... linear_backend=cpu-fused batch_threads=2``: the Trainer builds the kernel's layers, trains
-    on both threads, and the run's checkpoint reloads with the same layers and numbers."""
+def test_a_run_trains_with_it_and_saves_the_model_a_run_without_it_saves(tmp_path):
+    """``attnlab train ... kernels=linear batch_threads=2``: the Trainer puts the kernel's layers on, trains on both
+    threads, and the run's model (its config naming no kernel) reloads as the plain model, computing the same
+    numbers, and with the kernel put on again, the same numbers bit for bit."""
     from attnlab.models.registry import from_pretrained
     from attnlab.training.trainer import Trainer
 
     corpus = write_corpus(tmp_path / "corpus.txt")
-    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="lin", max_iters=6, eval_interval=6, batch_threads=2,
-                                  threads=2, linear_backend="cpu-fused"))
+    cfg = tiny_config(corpus, tmp_path / "runs", name="lin", max_iters=6, eval_interval=6, batch_threads=2,
+                      threads=2, kernels="linear")
+    trainer = Trainer(cfg)
     assert isinstance(trainer.model.blocks[0].ffn.fc_in, linear_cpu.CPULinear)
     result = trainer.train()
     assert result.step == 6 and result.val_loss is not None and math.isfinite(result.val_loss)
     loaded = from_pretrained(result.run_dir)
-    assert isinstance(loaded.blocks[0].mixer.qkv_proj, linear_cpu.CPULinear)
+    assert loaded.config == cfg.model == trainer.model.config
+    assert type(loaded.blocks[0].mixer.qkv_proj) is nn.Linear
     x = torch.randint(0, loaded.config.vocab_size, (2, 16))
     with torch.no_grad():
-        assert torch.equal(loaded.eval()(idx=x).logits, trainer.plain_model().eval()(idx=x).logits)
+        trained = trainer.plain_model().eval()(idx=x).logits
+        assert (loaded.eval()(idx=x).logits - trained).abs().max().item() < 1e-5
+        accelerate(loaded, ("linear",))
+        assert isinstance(loaded.blocks[0].mixer.qkv_proj, linear_cpu.CPULinear)
+        assert torch.equal(loaded(idx=x).logits, trained)
 
 
 @pytest.mark.parametrize("shape", [(384, 128, 512), (7, 32, 48), (13, 64, 80)], ids=str)
@@ -239,32 +236,34 @@ def test_linear_gelu_is_gelu_of_the_linear_layer(shape):
         torch.autograd.grad(linear_cpu.linear_gelu(xg, w.float()).sum(), xg, create_graph=True)
 
 
-def test_the_ffn_fuses_only_where_nothing_is_skipped():
-    """With both kernels an FFN computes x W_1 and GELU in one pass; with a bias, or a hook on fc_in (which the
-    fused pass would not call), it computes them one after the other: the same outputs every way."""
-    from attnlab.nn.ffn import FeedForward
-
+def test_the_ffn_fuses_only_where_nothing_is_skipped(monkeypatch):
+    """With both kernels an FFN computes x W_1 and GELU in one pass; with a bias, or a hook on fc_in or on the GELU
+    (which the fused pass would not call), it computes them one after the other: the same outputs every way."""
     torch.manual_seed(0)
     x = torch.randn(2, 5, 32)
-    fused = FeedForward(32, 64, bias=False, act_backend="cpu-fused", linear_backend="cpu-fused")
     stock = FeedForward(32, 64, bias=False)
-    stock.load_state_dict(fused.state_dict())
-    from attnlab.nn import ffn
-
+    fused = FeedForward(32, 64, bias=False)
+    fused.load_state_dict(stock.state_dict())
+    assert accelerate(fused, ("gelu", "linear")) == {"gelu": 1, "linear": 2}
+    assert isinstance(fused, linear_cpu.CPUFeedForward) and fused.fuses()
     calls = []
-    original = ffn.linear_gelu
-    try:
-        ffn.linear_gelu = lambda *a, **k: calls.append(1) or original(*a, **k)
-        assert torch.allclose(fused(x), stock(x), atol=1e-5) and len(calls) == 1
-        seen = []
-        handle = fused.fc_in.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    original = linear_cpu.linear_gelu
+    monkeypatch.setattr(linear_cpu, "linear_gelu", lambda *a, **k: calls.append(1) or original(*a, **k))
+    assert torch.allclose(fused(x), stock(x), atol=1e-5) and len(calls) == 1
+    seen = []
+    for layer in (fused.fc_in, fused.act):
+        seen.clear()
+        handle = layer.register_forward_hook(lambda m, i, o: seen.append(o.shape))
         assert torch.allclose(fused(x), stock(x), atol=1e-5) and len(calls) == 1 and seen == [(2, 5, 64)]
         handle.remove()
-        biased = FeedForward(32, 64, bias=True, act_backend="cpu-fused", linear_backend="cpu-fused")
-        biased(x)
-        assert len(calls) == 1
-    finally:
-        ffn.linear_gelu = original
+    biased = FeedForward(32, 64, bias=True)
+    accelerate(biased, ("gelu", "linear"))
+    assert isinstance(biased, linear_cpu.CPUFeedForward) and not biased.fuses()
+    biased(x)
+    assert len(calls) == 1
+    alone = FeedForward(32, 64, bias=False)  # one kernel alone: no fused pass to take
+    accelerate(alone, ("linear",))
+    assert type(alone) is FeedForward and isinstance(alone.fc_in, linear_cpu.CPULinear)
 
 
 def test_a_compiled_ffn_calls_the_fused_op():
@@ -272,7 +271,7 @@ def test_a_compiled_ffn_calls_the_fused_op():
 
     from attnlab.training.compiling import compile_forward
 
-    stock, fused = _pair(act_backend="cpu-fused")
+    stock, fused = _pair(kernels=("gelu", "linear"))
     forward = compile_forward(fused, "cpu")
     x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
     expected = stock(idx=x, targets=y).loss

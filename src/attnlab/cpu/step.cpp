@@ -31,7 +31,7 @@
 // thread, bit for bit. It returns false, having changed nothing, where a part's gradients do not fit (missing,
 // another shape, not contiguous float32), or where abort_ was called (a part raised before it got here).
 //
-// Built by attnlab/training/cpu_step.py through attnlab/nn/cpp_build.py (-O3 -march=native -fopenmp for the
+// Built by attnlab/cpu/step.py through attnlab/cpu/build.py (-O3 -march=native -fopenmp for the
 // simd pragmas, -DCK_NS=<op namespace>).
 
 #include <ATen/ATen.h>
@@ -44,7 +44,7 @@
 #include <thread>
 #include <vector>
 
-#include "../nn/cpu_vec.h"  // vf (16 floats), VW, load
+#include "vec.h"  // vf (16 floats), VW, load
 
 #ifndef CK_NS
 #error "CK_NS (the op namespace) must be defined"

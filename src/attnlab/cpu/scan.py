@@ -1,4 +1,5 @@
-"""The selective scan as one C++ loop per pass on CPUs (``ssm_scan=cpu-fused``), built on first use.
+"""The selective scan as one C++ loop per pass on CPUs, built on first use; ``CPUSelectiveSSM`` is the drop-in
+``nn.ssm.SelectiveSSM`` that calls it.
 
 The same function as ``selective_scan_reference`` (nn/selective_scan.py), per batch row and channel:
 
@@ -8,12 +9,13 @@ evaluated step by step as the specification is, but in compiled code: O(B · T �
 chunk-squared factor (the chunked form's cost) and no Python per step (the loop's). Its backward pass is a
 *recomputing* scan, as in Mamba's fused kernel: the forward keeps h only at the start of every 64 steps, and
 the backward recomputes each 64-step segment's states from there before running the adjoint recurrence
-through it (the equations are in ``scan_cpu.cpp``'s header). Autograd's memory for the scan is then
-O(B · d · N · T / 64) instead of the chunked form's O(B · d · N · T).
+through it (the equations are in ``scan.cpp``'s header). Autograd's memory for the scan is then
+O(B · d · N · T / 64) instead of the chunked form's O(B · d · N · T). Its speed and memory against the chunked
+form: ``benchmarks/ssm_scan.py`` (docs/benchmarks.md).
 
 Where it applies: CPU tensors in float32 or float64, outside autocast (the scan runs in at least float32
-anyway: ``compute_dtype``). Building: ``nn/cpp_build.py``, ~15 s once per torch version and CPU. No
-compiler, or a failed build, raises ``KernelUnavailable`` (a ``ConfigError``: one line from the CLI).
+anyway: ``compute_dtype``). Building: ``cpu/build.py`` once per torch version and CPU. No compiler, or a failed
+build, raises ``KernelUnavailable`` (a ``ConfigError``: one line from the CLI).
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnlab.nn.cpp_build import build_and_load
+from attnlab.cpu.build import build_and_load
+from attnlab.nn.selective_scan import compute_dtype
+from attnlab.nn.ssm import SelectiveSSM
 
-SOURCE = Path(__file__).with_name("scan_cpu.cpp")
+SOURCE = Path(__file__).with_name("scan.cpp")
 NAME = "cpu-fused"
-SEGMENT = 64  # steps between the forward's checkpoints (SEG in scan_cpu.cpp)
+SEGMENT = 64  # steps between the forward's checkpoints (SEG in scan.cpp)
 _LOCK = threading.Lock()
 _LOADED: dict[Path, str] = {}
 
@@ -36,11 +40,11 @@ _LOADED: dict[Path, str] = {}
 def load(source: Path = SOURCE) -> str:
     """Build (once, cached on disk) and load the scan; returns its op namespace (ops ``scan`` and
     ``scan_backward``, with their fake tensors and autograd formula registered). ``source``: another version of
-    scan_cpu.cpp with the same ops (``benchmarks/ssm_scan.py --against``), loaded under a namespace of its own."""
+    scan.cpp with the same ops (``benchmarks/ssm_scan.py --against``), loaded under a namespace of its own."""
     with _LOCK:
         if source not in _LOADED:
             namespace = build_and_load(source, "attnlab_scan_cpu", f"the {NAME} selective scan",
-                                       "ssm_scan=chunked", seconds=15)
+                                       "kernels without scan", seconds=15)
             _register(namespace)  # a namespace of its own: the build's key includes the source's path
             _LOADED[source] = namespace
         return _LOADED[source]
@@ -94,3 +98,28 @@ def fused_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, initia
     h0 = u.new_empty(0) if initial_state is None else initial_state
     y, h, _ = ops.scan(u, delta, A, B, C, h0)
     return y, h
+
+
+class CPUSelectiveSSM(SelectiveSSM):
+    """``SelectiveSSM`` (same parameters and state-dict keys) whose scan runs in the C++ loop where it applies
+    (``supports``: the CPU), in the chunked form elsewhere. ``adopt`` turns a built layer into one in place."""
+
+    scan_ops: str
+
+    @classmethod
+    def adopt(cls, layer: SelectiveSSM) -> CPUSelectiveSSM:
+        """``layer``, now scanning through the kernel (built here, before any tracing)."""
+        layer.__class__ = cls
+        layer.scan_ops = load()
+        return layer
+
+    def _scan(self, u: Tensor, delta: Tensor, B: Tensor, C: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
+        if not supports(u):
+            return super()._scan(u, delta, B, C, h0)
+        dt = compute_dtype(u.dtype)
+        with torch.autocast(u.device.type, enabled=False):
+            x = u.to(dt)
+            y, h = fused_scan(x, delta.to(dt), self.A.to(dt), B.to(dt), C.to(dt), None if h0 is None else h0.to(dt),
+                              self.scan_ops)
+            y = y + x * self.D.to(dt)
+        return y.to(u.dtype), h

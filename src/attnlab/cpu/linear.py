@@ -1,14 +1,14 @@
-"""A linear layer whose float32 products run in attnlab's C++ kernel on CPUs (``linear_backend=cpu-fused``).
+"""A linear layer whose float32 products run in attnlab's C++ kernel on CPUs (``CPULinear``), and an FFN whose first
+layer and exact GELU are one pass of it (``CPUFeedForward``).
 
     y = x W^T (+ b),   dx = dy W,   dW = dy^T x (,  db = sum of dy over rows)
 
 x (..., K) -> y (..., N) with W (N, K), as ``nn.Linear``; the same parameters, names and initialisation, so a
-checkpoint moves between the two backends unchanged. ``linear_cpu.cpp`` computes the three products (its header
-says how); at the sizes of the small models trained on a laptop (K and N of 128-512, a few hundred rows per
-call) it beats MKL because it does not pack its operands into blocks first. In nanoGPT's model, one half of
-``batch_threads=2``'s batch (6 x 64 tokens) on one thread, it saved ~1.3-1.7 ms of a ~27-ms forward and backward
-pass (``docs/speedrun.md``). With ``act_backend=cpu-fused`` too, an FFN's first layer and its exact GELU are one
-pass (``linear_gelu``): the GELU and its slope are computed on each output tile while it is in registers.
+checkpoint moves between the two unchanged. ``linear.cpp`` computes the three products (its header says how); at
+the sizes of the small models trained on a laptop (K and N of 128-512, a few hundred rows per call) it beats MKL
+because it does not pack its operands into blocks first (``benchmarks/fp32_step.py``; docs/benchmarks.md). With
+the GELU kernel too, an FFN's first layer and its exact GELU are one pass (``linear_gelu``): the GELU and its
+slope are computed on each output tile while it is in registers.
 
 Where it applies: float32 CPU tensors, in_features and out_features multiples of 16, autocast off; anything else
 (a model moved to a GPU, bfloat16, a 65-wide head) computes through ``F.linear``, the same function. The kernels
@@ -17,8 +17,8 @@ compiled graph the op then runs straight from C++, where a registered formula se
 (and its lock, which ``batch_threads``' two threads share). Gradients of gradients (``create_graph=True``) are
 computed by torch's products, so they are right too; the fused FFN pass refuses them, as GELU's kernel does.
 
-Building: ``nn/cpp_build.py`` (g++ with ``-O3 -march=native``), ~10 s once per torch version and CPU, kept in the
-cache folder. No compiler, or a failed build, raises ``KernelUnavailable`` with the reason in one line.
+Building: ``cpu/build.py`` (g++ with ``-O3 -march=native``) once per torch version and CPU, kept in the cache
+folder. No compiler, or a failed build, raises ``KernelUnavailable`` with the reason in one line.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn import gelu_cpu
-from attnlab.nn.cpp_build import build_and_load
+from attnlab.cpu import gelu as gelu_cpu
+from attnlab.cpu.build import build_and_load
+from attnlab.nn.ffn import FeedForward
 
-SOURCE = Path(__file__).with_name("linear_cpu.cpp")
+SOURCE = Path(__file__).with_name("linear.cpp")
 NAME = "cpu-fused"
-BACKENDS: tuple[str, ...] = ("torch", NAME)
 WIDTH = 16  # in_features and out_features must be multiples of this (the kernel's vector width in floats)
 _LOCK = threading.Lock()
 _LOADED: list[str] = []  # the op namespace, once built and registered
@@ -49,7 +49,7 @@ def load() -> str:
     torch.compile)."""
     with _LOCK:
         if not _LOADED:
-            namespace = build_and_load(SOURCE, "attnlab_linear_cpu", f"{NAME} linear", "linear_backend=torch")
+            namespace = build_and_load(SOURCE, "attnlab_linear_cpu", f"{NAME} linear", "kernels without linear")
             _register(namespace)
             _LOADED.append(namespace)
         return _LOADED[0]
@@ -147,11 +147,17 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, namespace: str
 
 class CPULinear(nn.Linear):
     """``nn.Linear`` (same parameters, initialisation and state-dict keys) whose products run in the C++ kernel
-    where it applies (``supports``), through ``F.linear`` elsewhere. The kernel is built at construction."""
+    where it applies (``supports``), through ``F.linear`` elsewhere. ``adopt`` turns a built layer into one."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs: Any) -> None:
-        super().__init__(in_features, out_features, bias=bias, **kwargs)
-        self.namespace = load()
+    namespace: str
+
+    @classmethod
+    def adopt(cls, layer: nn.Linear) -> CPULinear:
+        """``layer``, in place (its parameters and hooks kept), now computing through the kernel (built here,
+        before any tracing)."""
+        layer.__class__ = cls
+        layer.namespace = load()
+        return layer
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias, self.namespace)
@@ -162,8 +168,27 @@ class CPULinear(nn.Linear):
         return self.bias is None and not (self._forward_hooks or self._forward_pre_hooks)
 
 
-def linear_layer(backend: str) -> type[nn.Linear]:
-    """The linear layer class for ``linear_backend``: ``nn.Linear`` ("torch") or ``CPULinear`` ("cpu-fused")."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown linear_backend {backend!r}; choose one of {BACKENDS}")
-    return CPULinear if backend == NAME else nn.Linear
+class CPUFeedForward(FeedForward):
+    """``FeedForward`` with ``CPULinear`` layers and the kernel's exact GELU, whose ``fc_in -> act`` is one pass of
+    the kernel (``linear_gelu``) wherever that computes the same: ``fc_in`` without bias and no hooks on either
+    layer; otherwise ``fc_in -> act -> fc_out`` as the FFN states it."""
+
+    fc_in: CPULinear
+
+    @classmethod
+    def adopt(cls, ffn: FeedForward) -> CPUFeedForward:
+        """``ffn``, in place, once its layers compute through the kernels (``CPULinear``, ``CPUGELU``)."""
+        ffn.__class__ = cls
+        return ffn
+
+    def fuses(self) -> bool:
+        """Whether the first layer and the GELU may run as one pass."""
+        act = self.act
+        return self.fc_in.fuses() and not (act._forward_hooks or act._forward_pre_hooks)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.fuses():
+            return super().forward(x)
+        h = linear_gelu(x, self.fc_in.weight, self.fc_in.namespace)  # (B, T, d_ff)
+        y = self.fc_out(h)  # (B, T, C)
+        return F.dropout(y, self.dropout, self.training) if self.dropout > 0 else y

@@ -6,8 +6,8 @@
 //   e^r by its Taylor polynomial of degree 6 (relative error ~1e-7, like the float32 exp); 2^n from its bits.
 //   x is clamped at -87 (e^-87 ~ 1.6e-38, the smallest normal float's order), so the result is never subnormal.
 //
-// Included by nn/attention/cpu_fused.cpp, nn/gelu_cpu.cpp, nn/linear_cpu.cpp and training/cpu_step.cpp;
-// nn/cpp_build.py keys their builds on this file's text too.
+// Included by cpu/attention.cpp, cpu/gelu.cpp, cpu/linear.cpp and cpu/step.cpp;
+// cpu/build.py keys their builds on this file's text too.
 
 #pragma once
 
@@ -40,7 +40,7 @@ inline vf exp_nonpositive(vf x) {
 }
 
 // y = GELU(x) = x Phi(x) and d = dy/dx = Phi(x) + x phi(x), sharing one exponential (the formulas and the erf's
-// source: nn/gelu_cpu.cpp's header)
+// source: cpu/gelu.cpp's header)
 inline void gelu_and_slope(vf x, vf &y, vf &d) {
     vf u = x * 0.70710678118654752f;
     vf a = u < 0.0f ? -u : u;
