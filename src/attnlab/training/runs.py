@@ -46,8 +46,8 @@ def refuse_kernel_options(section: Any, overrides: list[str]) -> None:
     from attnlab.core import legacy
     from attnlab.core.schema import parse_override
 
-    given = [(key, value) for key, value in (section or {}).items()] if isinstance(section, dict) else []
-    given += [(key.split(".")[-1], value) for key, value in map(parse_override, overrides) if "=" in key + "="]
+    given = list(section.items()) if isinstance(section, dict) else []
+    given += [(key.split(".")[-1], value) for key, value in map(parse_override, overrides)]
     for key, value in given:
         if key in legacy.KERNEL_OPTIONS and (key != "attn_backend" or value == legacy.KERNEL_VALUE):
             raise ConfigError(f"{key}={value}: attnlab's C++ kernels are a run setting, not a model option; use "
