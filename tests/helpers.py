@@ -79,11 +79,11 @@ def tiny_config(data: Path, out_dir: Path, **extra):
 
 
 def run_quick_experiment(name: str, out: Path) -> tuple[dict, dict]:
-    """``attnlab experiment NAME --quick --out OUT``; checks what every experiment writes (results.json,
+    """``attnlab experiment NAME --quick --in-process --out OUT``; checks what every experiment writes (results.json,
     report.md whose verdict agrees with it, non-empty plots) and returns (record, its results)."""
     from attnlab.cli import main
 
-    assert main(["experiment", name, "--quick", "--out", str(out)]) == 0
+    assert main(["experiment", name, "--quick", "--in-process", "--out", str(out)]) == 0  # Ray: test_engine.py
     return read_quick_experiment(name, out)
 
 

@@ -163,7 +163,7 @@ def _fake(monkeypatch, scores):
     seed offset; returns the calls."""
     calls = []
 
-    def fake(task, model, s, seed, lr):
+    def fake(task, model, s, seed, lr, device="cpu"):
         calls.append((task, model, seed, lr))
         val, test = scores[(model, lr)]
         return {"val_score": val + seed / 1000, "test_score": test + seed / 1000, "train_range_accuracy": 1.0,
@@ -239,9 +239,11 @@ def test_quick_run_is_consistent(tmp_path, monkeypatch):
     assert main(["experiment", "chomsky", "--resume", "--out", str(tmp_path)]) == 2
 
 
-def test_resume_refuses_an_experiment_that_cannot(tmp_path, capsys):
-    assert main(["experiment", "hand-trace", "--resume", "--out", str(tmp_path / "h")]) == 2
-    assert "cannot resume" in capsys.readouterr().err
+def test_resume_of_an_experiment_without_parts_runs_it(tmp_path):
+    """--resume keeps the single runs a cut-off run finished (the runner keeps them, for every experiment); an
+    experiment with nothing kept (hand-trace trains nothing) simply runs."""
+    assert main(["experiment", "hand-trace", "--resume", "--out", str(tmp_path / "h")]) == 0
+    assert json.loads((tmp_path / "h" / "results.json").read_text())["experiment"] == "hand-trace"
 
 
 def test_a_low_score_decides_only_from_a_model_that_stopped_learning():
@@ -312,10 +314,10 @@ def test_a_task_cut_off_mid_way_resumes_run_by_run(monkeypatch, tmp_path):
     n = len(calls)
     fake = c.train_and_test
 
-    def cut(*args):  # the sitting ends during the 6th run
+    def cut(*args, **kwargs):  # the sitting ends during the 6th run
         if len(calls) == n + 5:
             raise KeyboardInterrupt
-        return fake(*args)
+        return fake(*args, **kwargs)
 
     monkeypatch.setattr(c, "train_and_test", cut)
     with pytest.raises(KeyboardInterrupt):

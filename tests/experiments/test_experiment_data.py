@@ -52,7 +52,7 @@ def test_a_given_text_reaches_the_experiment(tmp_path, capsys, monkeypatch, text
 
     seen = []
 
-    def fake_run(out, quick, given):
+    def fake_run(out, quick, given, device="cpu"):
         seen.append(given)
         return {"claim_held": True, "verdict": "held", "wall_time_s": 0.0}
 

@@ -3,6 +3,7 @@ run cut off in the middle taken up again with --resume."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import attnlab.experiments.micrograph_saliency as ms
@@ -18,9 +19,8 @@ def test_region_patches_are_the_patches_a_mask_touches():
 
 def test_a_quick_run_cut_off_resumes_from_its_kept_runs_and_scores_every_map(tmp_path, monkeypatch):
     """The first sitting ends during the 4th of the 8 runs; --resume runs the other 5 and writes the whole record,
-    checked as a quick run's (one run serves both checks: each sitting trains for ~5 s)."""
-    from attnlab.cli import main
-
+    checked as a quick run's (one run serves both checks: each sitting trains for ~5 s). The runs run in this
+    process (the default engine), where the replaced ``seed_run`` counts them."""
     done: list[tuple[str, int, float]] = []
     real = ms.seed_run
 
@@ -31,11 +31,12 @@ def test_a_quick_run_cut_off_resumes_from_its_kept_runs_and_scores_every_map(tmp
         return real(family, seed, lr, *rest)
 
     monkeypatch.setattr(ms, "seed_run", cut)
-    assert main(["experiment", "micrograph-saliency", "--quick", "--out", str(tmp_path)]) == 130  # interrupted
+    with pytest.raises(KeyboardInterrupt):
+        ms.run(tmp_path, quick=True)
     assert len(list((tmp_path / ".runs").glob("*/*.json"))) == 3 + 1  # 3 runs and the sittings record
     done.clear()
     monkeypatch.setattr(ms, "seed_run", lambda *a: (done.append(a[:3]), real(*a))[1])
-    assert main(["experiment", "micrograph-saliency", "--quick", "--resume", "--out", str(tmp_path)]) == 0
+    ms.run(tmp_path, quick=True, resume=True)
     assert len(done) == 2 * 4 - 3  # 2 families x (3 seeds + the held-out one), less the 3 kept
     record, results = read_quick_experiment("micrograph-saliency", tmp_path)
     assert len(results["arms"]["vit"]["test_accuracy"]["values"]) == 3

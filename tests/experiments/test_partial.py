@@ -125,35 +125,20 @@ def test_a_partial_record_without_its_part_names_is_finished_only_beside_its_res
     refuse_to_overwrite(tmp_path, "x", quick=False)
 
 
-def test_single_runs_are_kept_and_read_back_not_run_again(tmp_path):
-    from attnlab.experiments.partial import kept
-
-    calls: list[tuple[int, float]] = []
-
-    def fn(seed: int, lr: float) -> dict:
-        calls.append((seed, lr))
-        return {"score": seed + lr, "curve": (1, 2)}
-
-    run = kept(fn, tmp_path / "runs", "arm-a")
-    first = run(0, 1e-3)
-    assert first["curve"] == [1, 2] and first["seconds"] >= 0  # as JSON reads it back, with its wall seconds
-    assert run(0, 1e-3) == first and calls == [(0, 1e-3)]  # read back, not run again
-    assert run(1, 1e-3)["score"] == 1.001 and run(0, 3e-3)["score"] == 0.003 and len(calls) == 3
-    kept(fn, tmp_path / "runs", "arm-b")(0, 1e-3)
-    assert len(calls) == 4  # another arm is another run
-
-
 def test_a_part_cut_off_mid_way_counts_the_earlier_sittings_kept_work(tmp_path, monkeypatch):
     import time
 
     from attnlab.experiments import partial
+    from attnlab.experiments.study import write_run
+
+    def run(seed: int, lr: float, where=None) -> None:  # a run of arm "a" finishes and is kept (study.run_arms)
+        write_run(where or folder, "a", lr, seed, {"x": seed})
 
     real_runs_folder = partial.runs_folder
     folder = tmp_path / partial.RUNS / "p-0123"
     clock = iter([1000.0, 1030.0, 1050.0, 2000.0, 2100.0])  # sitting 1 starts; runs end; sitting 2 starts; ...
     monkeypatch.setattr(partial.time, "time", lambda: next(clock))
     assert partial.begin_sitting(folder) == 0.0  # sitting 1 at 1000
-    run = partial.kept(lambda seed, lr: {"x": seed}, folder, "a")
     run(0, 0.1)  # kept at 1030
     run(1, 0.1)  # kept at 1050; sitting 1 is then cut off (what it had under way is lost)
     assert partial.begin_sitting(folder) == 50.0  # sitting 2 at 2000: sitting 1 kept 50 s of work
@@ -172,7 +157,7 @@ def test_a_part_cut_off_mid_way_counts_the_earlier_sittings_kept_work(tmp_path, 
     # (test_a_fresh_run_refuses_to_throw_away_an_unfinished_one)
     monkeypatch.setattr(partial, "runs_folder", real_runs_folder)
     other = real_runs_folder(tmp_path, "x", {}, False, "p")
-    partial.kept(lambda seed, lr: {"x": seed}, other, "a")(0, 0.1)
+    run(0, 0.1, other)
     with pytest.raises(ConfigError, match="single runs of an unfinished experiment"):
         partial.run_parts(tmp_path, "x", {}, False, ["p"], lambda p, where: 1, resume=False, keep_runs=True)
     assert other.exists()

@@ -60,8 +60,12 @@ def test_ssl_recipe_resumes_by_dataset(tmp_path, monkeypatch):
     monkeypatch.setattr(ssl_recipe, "QUICK_DATASETS", {"a": two["a"]})
     ssl_recipe.run(out, quick=True)  # the first sitting finishes dataset a only
     monkeypatch.setattr(ssl_recipe, "QUICK_DATASETS", two)
-    monkeypatch.setattr(ssl_recipe, "_dataset",
-                        lambda name, d, s, keep=None: calls.append(name) or real(name, d, s, keep))
+
+    def dataset(name, d, s, keep=None, device="cpu"):
+        calls.append(name)
+        return real(name, d, s, keep, device)
+
+    monkeypatch.setattr(ssl_recipe, "_dataset", dataset)
     resumed = ssl_recipe.run(out, quick=True, resume=True)
     assert calls == ["b"]
     def numbers(record):  # every result but the times, which the machine's load moves
@@ -94,9 +98,9 @@ def test_ssl_recipe_resumes_a_cut_off_dataset_run_by_run(tmp_path, monkeypatch):
     real_pretrain, real_train = ssl_recipe.pretrain, ssl_recipe.train_and_test
     cut_after: list[int | None] = [None]
 
-    def pretrain(s, d, seed, lr):
+    def pretrain(s, d, seed, lr, device="cpu"):
         pretrained.append(seed)
-        return real_pretrain(s, d, seed, lr)
+        return real_pretrain(s, d, seed, lr, device)
 
     def train(*args, **kwargs):
         if len(trained) == cut_after[0]:

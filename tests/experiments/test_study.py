@@ -136,39 +136,97 @@ def test_outcome_lines_show_the_statistic_its_interval_and_the_verdict():
                     "- combined: **not held**"]
 
 
-def test_parallel_runs_give_the_same_summaries_and_records_as_runs_one_by_one():
-    """Forked workers run closures (no pickling of the arm functions), return every run's whole result
-    (curves and other non-numeric values included) into ``record``, and the summaries equal the serial ones."""
+def _arm(seed, lr):  # a small torch computation, seeded by the run itself, plus a non-numeric value
     import os
 
     import torch
 
-    from attnlab.experiments.study import parallel_runs
+    torch.manual_seed(seed)
+    w = torch.randn(8, 8) * lr
+    return {"val": float(w.sum()), "test": float(w.abs().sum()), "curve": [seed, lr], "pid": os.getpid(),
+            "weights": w}
 
-    def arm(seed, lr):  # a small torch computation, seeded by the run itself, plus a non-numeric value
-        torch.manual_seed(seed)
-        w = torch.randn(8, 8) * lr
-        return {"val": float(w.sum()), "test": float(w.abs().sum()), "curve": [seed, lr], "pid": os.getpid()}
 
-    protocol = Protocol(seeds=[0, 1, 2], budget={}, lr_sweep={"a": [0.1, 1.0], "b": [0.5]}, verdict_rule=["-"],
-                        confirm_seeds=[5])
+def _without_timing(out):
+    for arm_summary in out.values():
+        arm_summary.pop("seconds"), arm_summary.pop("pid")
+        for s in (*arm_summary["by_lr"].values(), arm_summary["confirmation"]):
+            s.pop("seconds"), s.pop("pid")
+    return out
+
+
+PROTOCOL = dict(seeds=[0, 1, 2], budget={}, lr_sweep={"a": [0.1, 1.0], "b": [0.5]}, verdict_rule=["-"],
+                confirm_seeds=[5])
+
+
+def test_ray_tasks_give_the_same_summaries_and_records_as_runs_one_by_one():
+    """Ray workers run the arms' closures (pickled with their captured values), return every run's whole result
+    (curves and tensors included) into ``record``, and the summaries equal those run in this process."""
+    import os
+
+    pytest.importorskip("ray")
+    from attnlab.experiments.engine import RayEngine, using
+
+    protocol = Protocol(**PROTOCOL)
     serial: dict = {}
     parallel: dict = {}
-    one = run_arms({"a": arm, "b": arm}, protocol, log=lambda _: None, record=serial)
-    with parallel_runs(2):
-        two = run_arms({"a": arm, "b": arm}, protocol, log=lambda _: None, record=parallel)
-    for out in (one, two):
-        for arm_summary in out.values():
-            arm_summary.pop("seconds"), arm_summary.pop("pid")
-            for s in (*arm_summary["by_lr"].values(), arm_summary["confirmation"]):
-                s.pop("seconds"), s.pop("pid")
-    assert one == two
+    one = run_arms({"a": _arm, "b": _arm}, protocol, log=lambda _: None, record=serial)
+    with RayEngine(num_cpus=2) as ray, using(ray):
+        two = run_arms({"a": _arm, "b": _arm}, protocol, log=lambda _: None, record=parallel)
+    assert _without_timing(one) == _without_timing(two)
     assert set(serial) == set(parallel) and len(parallel) == 3 * 3 + 2
     assert parallel[("a", 1.0, 2)]["curve"] == [2, 1.0] and parallel[("b", 0.5, 5)]["curve"] == [5, 0.5]
+    assert all(serial[k]["weights"].equal(parallel[k]["weights"]) for k in serial)
     assert {r["pid"] for r in serial.values()} == {os.getpid()}
     assert os.getpid() not in {r["pid"] for r in parallel.values()}  # they ran in other processes
-    with pytest.raises(ValueError, match="at least 1"), parallel_runs(0):
-        pass
+
+
+def test_a_run_that_raises_stops_the_study_with_its_own_error_and_the_finished_runs_stay_kept(tmp_path):
+    pytest.importorskip("ray")
+    from attnlab.experiments.engine import RayEngine, using
+
+    def arm(seed, lr):
+        if seed == 2:
+            raise ArithmeticError(f"seed {seed} diverged")
+        return _arm(seed, lr)
+
+    with RayEngine(num_cpus=2, max_in_flight=1) as ray, using(ray), pytest.raises(ArithmeticError, match="seed 2"):
+        run_arms({"a": arm}, Protocol(**{**PROTOCOL, "lr_sweep": {"a": [0.1]}}), log=lambda _: None, keep=tmp_path)
+    assert sorted(f.name for f in tmp_path.glob("*.pt")) == ["a_0.1_0.pt", "a_0.1_1.pt"]
+
+
+def test_kept_runs_are_read_back_instead_of_run_again(tmp_path):
+    calls = []
+
+    def arm(seed, lr):
+        calls.append((seed, lr))
+        return _arm(seed, lr)
+
+    protocol = Protocol(**PROTOCOL)
+    first = run_arms({"a": arm, "b": arm}, protocol, log=lambda _: None, keep=tmp_path)
+    assert len(calls) == 11 and len(list(tmp_path.glob("*.pt"))) == 11
+    (tmp_path / "a_1_2.pt").unlink()  # as if cut off before that run finished
+    calls.clear()
+    again = run_arms({"a": arm, "b": arm}, protocol, log=lambda _: None, keep=tmp_path)
+    assert calls == [(2, 1.0)]
+    assert first["a"]["seconds"]["values"][:2] == again["a"]["seconds"]["values"][:2]  # read back, not re-timed
+    assert _without_timing(first) == _without_timing(again)
+
+
+def test_each_study_of_an_experiment_keeps_its_runs_in_a_folder_of_its_own(tmp_path):
+    """Two run_arms calls with the same arms and protocol (two tasks of one experiment) never share kept runs."""
+    from attnlab.experiments.engine import InProcess, using
+
+    protocol = Protocol(**{**PROTOCOL, "confirm_seeds": []})
+    with using(InProcess(keep_root=tmp_path)):
+        run_arms({"a": _arm, "b": _arm}, protocol, log=lambda _: None)
+        run_arms({"a": _arm, "b": _arm}, protocol, log=lambda _: None)
+        run_arms({"a": _arm}, Protocol(**{**PROTOCOL, "lr_sweep": {"a": [0.1]}, "confirm_seeds": []}),
+                 log=lambda _: None)
+    runs = {p.name: len(list(p.glob("*.pt"))) for p in tmp_path.iterdir()}
+    twins = [name for name, n in runs.items() if n == 9]  # the same arms and protocol: -0 and -1
+    assert len(runs) == 3 and sorted(n.rsplit("-", 1)[1] for n in twins) == ["0", "1"]
+    assert len({n.rsplit("-", 1)[0] for n in twins}) == 1 and sorted(runs.values()) == [3, 9, 9]
 
 
 def test_a_contrast_of_two_arms_is_welchs_interval_and_a_gap_contrast_adds_the_variances():
@@ -247,3 +305,23 @@ def test_an_outcome_records_its_family_parts_as_strict_json():
         back = {**o, "family": json.loads(json.dumps(o["family"], allow_nan=False))}
         assert verdict_of([back, back]) == verdict_of([o, o])
     assert one["verdict"] == UNDECIDED and flat["verdict"] == NOT_HELD and verdict_of([flat, flat]) == NOT_HELD
+
+
+def test_a_batched_arm_trains_its_seeds_in_groups_and_gives_each_seed_its_own_result(tmp_path):
+    """A Batched arm's seeds of one rate go to one call, ``group`` at a time; its results are the per-seed ones
+    (kept one by one), and the summaries equal those of the same arm run seed by seed."""
+    from attnlab.experiments.study import Batched
+
+    calls = []
+
+    def together(seeds, lr):
+        calls.append((tuple(seeds), lr))
+        return [_arm(seed, lr) for seed in seeds]
+
+    protocol = Protocol(**{**PROTOCOL, "seeds": [0, 1, 2, 3, 4]})
+    one = run_arms({"a": _arm, "b": _arm}, protocol, log=lambda _: None)
+    two = run_arms({"a": Batched(together, group=2), "b": _arm}, protocol, log=lambda _: None, keep=tmp_path)
+    assert _without_timing(one) == _without_timing(two)
+    assert calls == [((0, 1), 0.1), ((0, 1), 1.0), ((2, 3), 0.1), ((2, 3), 1.0), ((4,), 0.1), ((4,), 1.0),
+                     ((5,), two["a"]["lr"])]  # seed-major, as every study interleaves its runs
+    assert len(list(tmp_path.glob("a_*.pt"))) == 11

@@ -70,12 +70,19 @@ def maps(model: torch.nn.Module, image: torch.Tensor, target: int, ig_steps: int
     return attribute(for_vit(model, image, target=target), METHODS, n_steps=ig_steps, seed=seed)
 
 
-def seed_run(seed: int, s: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Train one ViT; every method's pointing, AUC, and agreement with a randomised ViT's maps."""
+def rule() -> list[str]:
+    """The verdict rule a run records in results.json (``protocol.verdict_rule``)."""
+    return [r.describe() for r in RULES]
+
+
+def seed_run(seed: int, s: dict[str, Any], device: str = "cpu") -> dict[str, dict[str, float]]:
+    """Train one ViT (on ``device``); every method's pointing, AUC, and agreement with a randomised ViT's maps.
+    The maps are computed on the CPU (``inspect.faithfulness`` works there), the trained model moved there."""
     data = placed_splits(seed, {"train": 1400, "test": 397})
-    model = train_placed_vit(seed, 2e-3, s["steps"], *data["train"][:2])
+    model = train_placed_vit(seed, 2e-3, s["steps"], *data["train"][:2], device=device)
     x_test, y_test, q_test = data["test"]
     acc = accuracy(model, x_test, y_test)
+    model = model.cpu()
     torch.manual_seed(10_000 + seed)  # the randomised model: the same architecture, fresh weights
     random_model = type(model)(model.config).eval()
     per = {m: {"pointing": [], "auc": [], "rank_corr_random": [], "pointing_random": []} for m in METHODS}
@@ -91,15 +98,16 @@ def seed_run(seed: int, s: dict[str, Any]) -> dict[str, dict[str, float]]:
     return {m: {k: statistics.fmean(v) for k, v in d.items()} | {"accuracy": acc} for m, d in per.items()}
 
 
-def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: a briefly trained ViT, 8 test images); writes results.json, report.md, plots."""
+def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
+    """Run the experiment (quick: a briefly trained ViT, 8 test images; ``device``: where the ViTs train, a torch
+    device string); writes results.json, report.md, plots."""
     started = time.perf_counter()
     s = QUICK if quick else FULL
     protocol = Protocol(seeds=[0, 1, 2], budget={"vit_steps": s["steps"], "test_images": s["n_test"]},
-                        lr_sweep={"vit": [2e-3]}, verdict_rule=[r.describe() for r in RULES],
+                        lr_sweep={"vit": [2e-3]}, verdict_rule=rule(),
                         select_on="attention.accuracy")
     def vit(seed: int, lr: float) -> dict[str, Any]:
-        r = seed_run(seed, s)
+        r = seed_run(seed, s, device)
         return {"per_method": r, **{f"{m}.{k}": v for m, d in r.items() for k, v in d.items()}}
 
     record: dict[tuple[str, float, int], dict[str, Any]] = {}
@@ -135,7 +143,8 @@ steps from the all-zero (mean) image.
 finds it *because of the model*: a map that keeps its ranking (high correlation) or keeps pointing at the digit
 when the weights are random is reading the image, not the network (Adebayo et al. 2018). Plot: `saliency.png`.
 **Regime.** A toy stand-in for micrographs with defects; the lecture's micrograph version is issue 24's."""
-    return write_outputs(out, NAME, CLAIM, verdict, results, body, started, quick, protocol=protocol.as_dict())
+    return write_outputs(out, NAME, CLAIM, verdict, results, body, started, quick, protocol=protocol.as_dict(),
+                         device=device)
 
 
 def _plot(arms: dict[str, dict[str, Any]], out: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import platform
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import torch
 
 from attnlab.core.fileio import atomic_write_text
 from attnlab.core.version import __version__
+from attnlab.experiments import engine
+from attnlab.experiments.provenance import provenance
 from attnlab.experiments.study import HELD, NOT_HELD, UNDECIDED
 
 VERDICT_LINES = {
@@ -23,25 +26,37 @@ VERDICT_LINES = {
 
 
 def write_outputs(out: Path, name: str, claim: str, held: bool | str, results: dict[str, Any], report_body: str,
-                  started: float, quick: bool, protocol: dict[str, Any] | None = None) -> dict[str, Any]:
+                  started: float, quick: bool, protocol: dict[str, Any] | None = None,
+                  data: Path | Sequence[Path] | None = None, device: str | None = None) -> dict[str, Any]:
     """Write results.json and report.md; return the results record. ``held``: True / False, or one of the
     study's verdicts ("held", "not held", "not decidable"); ``protocol``: what was fixed before the run
-    (``study.Protocol.as_dict()``), recorded beside the results."""
+    (``study.Protocol.as_dict()``), recorded beside the results; ``data``: the data files the run read, whose
+    digests the ``provenance`` records (``provenance.provenance``, with the engine in force); ``device``: where
+    the runs trained (default: the engine's)."""
     out.mkdir(parents=True, exist_ok=True)
+    runner = engine.current()
     verdict = held if isinstance(held, str) else ("held" if held else "not held")
     if verdict not in VERDICT_LINES:
         raise ValueError(f"unknown verdict {verdict!r}; one of {list(VERDICT_LINES)}")
     record = {
         "experiment": name, "claim": claim, "claim_held": verdict == "held", "verdict": verdict, "quick": quick,
         "wall_time_s": round(time.perf_counter() - started, 2), "attnlab": __version__, "torch": torch.__version__,
-        "machine": platform.machine(), **({"protocol": protocol} if protocol is not None else {}), "results": results,
+        "machine": platform.machine(), **({"protocol": protocol} if protocol is not None else {}),
+        "provenance": provenance(name, data, device or runner.device, runner.engine), "results": results,
     }
     atomic_write_text(out / "results.json", json.dumps(record, indent=2))
     report = (f"# {name}\n\n{opening(claim, verdict, out)}\n\n{report_body.strip()}\n\n{VERDICT_LINES[verdict]}\n\n"
               f"_Run {'in quick mode ' if quick else ''}in {record['wall_time_s']} s with attnlab {__version__}, "
-              f"torch {torch.__version__}._\n")
+              f"torch {torch.__version__}, on {record['provenance']['device']} ({record['provenance']['engine']})._"
+              f"\n\n{rerun_line(name)}\n")
     atomic_write_text(out / "report.md", report)
     return record
+
+
+def rerun_line(name: str) -> str:
+    """How to run the full study again, on this machine, a GPU node or a Ray cluster (the last line of a report)."""
+    return (f"Run it: `attnlab experiment {name} --out DIR` (add `--device cuda` on a GPU node, `--address "
+            f"HOST:PORT` to spread it over a Ray cluster, `--resume` to continue a run cut off).")
 
 
 def opening(claim: str, verdict: str, out: Path) -> str:

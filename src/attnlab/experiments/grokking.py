@@ -55,6 +55,11 @@ RULES = [Threshold("wd", "test_accuracy", 0.95, above=True),
          Threshold("no-wd", "test_accuracy", 0.5, above=False)]
 
 
+def rule() -> list[str]:
+    """The verdict rule a run records in results.json (``protocol.verdict_rule``)."""
+    return [r.describe() for r in RULES]
+
+
 def modular_pairs(p: int, train_fraction: float = 0.3, seed: int = 0) -> dict[str, tuple[Tensor, Tensor]]:
     """Every (a, b) as inputs (N, 3) = [a, b, p] (p is the "=" token) with targets (a + b) mod p, split at
     random (``seed``) into train (``train_fraction``), and validation and test (halves of the rest)."""
@@ -69,30 +74,34 @@ def modular_pairs(p: int, train_fraction: float = 0.3, seed: int = 0) -> dict[st
 
 
 def accuracy(model: torch.nn.Module, data: tuple[Tensor, Tensor]) -> float:
-    """Fraction of pairs whose answer (the logits at the "=" position) is right."""
+    """Fraction of pairs whose answer (the logits at the "=" position) is right, on the device ``data`` is on."""
     with torch.no_grad():
         return (model(data[0]).logits[:, -1].argmax(-1) == data[1]).float().mean().item()
 
 
-def train_one(settings: dict[str, Any], weight_decay: float, lr: float, seed: int) -> dict[str, Any]:
-    """One run: accuracy curves, t_train and t_val (first steps at 99%; the budget + eval_every when never),
-    and the train / validation / test accuracy at the end (the budget, or convergence)."""
+def train_one(settings: dict[str, Any], weight_decay: float, lr: float, seed: int,
+              device: str = "cpu") -> dict[str, Any]:
+    """One run on ``device`` (built on the CPU under ``seed``, then moved; the pairs and the minibatches drawn on
+    the CPU): accuracy curves, t_train and t_val (first steps at 99%; the budget + eval_every when never), and the
+    train / validation / test accuracy at the end (the budget, or convergence)."""
     p, steps, every = settings["p"], settings["steps"], settings["eval_every"]
-    data = modular_pairs(p)
+    pairs = modular_pairs(p)
+    data = {split: (x.to(device), y.to(device)) for split, (x, y) in pairs.items()}
     torch.manual_seed(seed)
     model = build_model(GPTConfig(vocab_size=p + 1, block_size=3, n_layer=settings["n_layer"], n_head=4,
-                                  d_model=settings["d_model"], positions="learned", tie_embeddings=False, bias=True))
+                                  d_model=settings["d_model"], positions="learned", tie_embeddings=False,
+                                  bias=True)).to(device)
     decay = [q for q in model.parameters() if q.dim() >= 2]
     rest = [q for q in model.parameters() if q.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.98))
     g = torch.Generator().manual_seed(seed + 1)
-    x_train, y_train = data["train"]
+    x_train, y_train = pairs["train"]
     curve: list[tuple[int, float, float]] = []
 
     def batch(step: int) -> tuple[Tensor, Tensor]:
         idx = torch.randint(len(x_train), (settings["batch"],), generator=g)
-        return x_train[idx], y_train[idx]
+        return x_train[idx].to(device), y_train[idx].to(device)
 
     def after_step(step: int, _result: Any) -> bool:
         if (step + 1) % every:
@@ -116,17 +125,18 @@ def train_one(settings: dict[str, Any], weight_decay: float, lr: float, seed: in
             "test_accuracy": accuracy(model, data["test"]), "reached_val_99": t_val < never}
 
 
-def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: p = 23, one small layer, a short budget); writes results.json, report.md, plots."""
+def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
+    """Run the experiment (quick: p = 23, one small layer, a short budget; ``device``: where the models train and
+    are evaluated, a torch device string); writes results.json, report.md, plots."""
     started = time.perf_counter()
     settings = QUICK if quick else FULL
     budget = {k: settings[k] for k in ("steps", "batch", "eval_every", "converged_evals")}
     protocol = Protocol(seeds=[0, 1, 2], budget=budget,
                         lr_sweep={arm: list(settings["lrs"]) for arm in WEIGHT_DECAY},
-                        verdict_rule=[r.describe() for r in RULES], select_on="val_accuracy", higher_is_better=True,
+                        verdict_rule=rule(), select_on="val_accuracy", higher_is_better=True,
                         confirm_seeds=[3])
     runs: dict[tuple[str, float, int], dict[str, Any]] = {}
-    arms = run_arms({name: (lambda seed, lr, name=name: train_one(settings, WEIGHT_DECAY[name], lr, seed))
+    arms = run_arms({name: (lambda seed, lr, name=name: train_one(settings, WEIGHT_DECAY[name], lr, seed, device))
                      for name in WEIGHT_DECAY}, protocol, log=lambda line: None, record=runs)
     outcomes = [rule.decide(arms) for rule in RULES]
     verdict = verdict_of(outcomes)
@@ -160,7 +170,8 @@ Learning-rate sweep, validation accuracy at the end: {sweep}.
 **Regime.** The paper trains for up to 10^5 steps and finds that without weight decay generalisation comes
 orders of magnitude later, if at all; here the budget is {settings['steps']} steps, so "stays low" means "within this
 budget". Plot: `curves.png` (train and validation accuracy of every seed at the tuned rates)."""
-    return write_outputs(out, NAME, CLAIM, verdict, results, body, started, quick, protocol=protocol.as_dict())
+    return write_outputs(out, NAME, CLAIM, verdict, results, body, started, quick, protocol=protocol.as_dict(),
+                         device=device)
 
 
 def _plot(curves: dict[str, list], arms: dict[str, Any], out: Path) -> None:

@@ -31,8 +31,15 @@ RULES = ["row A's weights within 1e-4 of (0.2969, 0.1092, 0.2969, 0.2969) and z_
          "attnlab's eager attention equals the hand computation to 1e-12 (float64), weights and outputs, both scales",
          "the softmax Jacobian diag(p) - p p^T equals autograd's to 1e-12",
          "with 1/sqrt(d_k) every row's entropy is higher than without"]
+
+
+def rule() -> list[str]:
+    """The verdict rule a run records in results.json (``protocol.verdict_rule``)."""
+    return list(RULES)
+
+
 PROTOCOL = Protocol(seeds=[], budget={"training": "none: exact arithmetic in float64"}, lr_sweep={},
-                    verdict_rule=RULES)
+                    verdict_rule=rule())
 
 
 def by_hand(scale: float) -> dict[str, list[list[float]]]:
@@ -89,7 +96,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
         lines.append(f"\n**{label}**\n\n| token | scores | weights (softmax) | output z |\n|---|---|---|---|")
         for tok, s, w, z in zip(TOKENS, t["scores"], t["weights"], t["outputs"]):
             lines.append(f"| {tok} | {fmt(s)} | {fmt(w)} | {fmt(z)} |")
-    body = f"""**Verdict rule, fixed before the run.** {'; '.join(RULES)}. All must hold.
+    body = f"""**Verdict rule, fixed before the run.** {'; '.join(PROTOCOL.verdict_rule)}. All must hold.
 
 **Setup.** Q = K = rows A=(1,0), B=(0,1), C=(1,1), D=(1,-1); V = (10,0), (0,10), (5,5), (3,-3).
 Each number computed by hand (Python floats) and by attnlab's eager attention: largest difference

@@ -65,6 +65,12 @@ RULES = [Threshold("model", "icl_gain", 1.0, above=True),
          Threshold("model", "control_removed", 0.25, above=False)]
 
 
+def rule() -> list[str]:
+    """The verdict rule a run records in results.json (``protocol.verdict_rule``); it does not depend on the
+    settings (the 5,000-step run in docs/experiments/induction-heads-5000 recorded the same)."""
+    return [r.describe() for r in RULES]
+
+
 def repeated_segments(n: int, length: int, alphabet: int, seed: int, low: int = 6, high: int = 20
                       ) -> tuple[Tensor, Tensor]:
     """``n`` sequences of ``length`` tokens cut from a stream of segments [r, SEP, r, NL], each r of ``low`` to
@@ -116,14 +122,16 @@ def first_reaching(curve: list[tuple[int, float]], fraction: float) -> int:
     return next(step for step, v in curve if (v >= goal if rising else v <= goal))
 
 
-def train_one(settings: dict[str, Any], seed: int, lr: float) -> dict[str, Any]:
-    """One run: the curves, the two times, the final gain and the ablations' shares."""
+def train_one(settings: dict[str, Any], seed: int, lr: float, device: str = "cpu") -> dict[str, Any]:
+    """One run on ``device`` (the model built on the CPU under ``seed``, then moved; every sequence drawn on the
+    CPU): the curves, the two times, the final gain and the ablations' shares."""
     alphabet, length, steps, every = settings["alphabet"], settings["length"], settings["steps"], settings["eval_every"]
     torch.manual_seed(seed)
     model = build_model(GPTConfig(vocab_size=alphabet + 2, block_size=length, n_layer=2, n_head=4,
-                                  d_model=settings["d_model"], positions="rope", bias=False))
+                                  d_model=settings["d_model"], positions="rope", bias=False)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     held_out, kinds = repeated_segments(256, length + 1, alphabet, seed=10_000 + seed)  # never trained on
+    held_out, kinds = held_out.to(device), kinds.to(device)
     probe = held_out[:64, :-1]
     data_seed = iter(range(seed * 1_000_000, (seed + 1) * 1_000_000))
     curve: list[dict[str, Any]] = []
@@ -137,7 +145,7 @@ def train_one(settings: dict[str, Any], seed: int, lr: float) -> dict[str, Any]:
         model.train()
 
     def batch(step: int) -> Tensor:
-        return repeated_segments(settings["batch"], length + 1, alphabet, seed=next(data_seed))[0]
+        return repeated_segments(settings["batch"], length + 1, alphabet, seed=next(data_seed))[0].to(device)
 
     evaluate(0)
     fit(model, opt, batch, lambda seqs: model(seqs[:, :-1], targets=seqs[:, 1:]).loss, steps,
@@ -166,15 +174,17 @@ def _removed(model: torch.nn.Module, seqs: Tensor, kinds: Tensor, heads: list[in
     return ((second - first) + gain) / gain if gain > 0 else 0.0
 
 
-def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: a smaller model and alphabet, 150 steps); writes results.json, report.md, plots."""
+def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
+    """Run the experiment (quick: a smaller model and alphabet, 150 steps; ``device``: where the models train and
+    are evaluated, a torch device string); writes results.json, report.md, plots."""
     started = time.perf_counter()
     s = QUICK if quick else FULL
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "eval_every")},
-                        lr_sweep={"model": [s["lr"]]}, verdict_rule=[r.describe() for r in RULES],
+                        lr_sweep={"model": [s["lr"]]}, verdict_rule=rule(),
                         select_on="icl_gain", higher_is_better=True)
     record: dict[tuple[str, float, int], dict[str, Any]] = {}
-    arms = run_arms({"model": lambda seed, lr: train_one(s, seed, lr)}, protocol, log=lambda line: None, record=record)
+    arms = run_arms({"model": lambda seed, lr: train_one(s, seed, lr, device)}, protocol, log=lambda line: None,
+                    record=record)
     runs = {seed: {k: v for k, v in r.items() if k != "seconds"} for (_, _, seed), r in record.items()}
     outcomes = [rule.decide(arms) for rule in RULES]
     verdict = verdict_of(outcomes)
@@ -210,7 +220,8 @@ Plot: `phase_change.png` (ICL score, layer-1 induction score and layer-0 previou
 seed).
 
 {regime(s)}"""
-    return write_outputs(out, NAME, CLAIM, verdict, results, body, started, quick, protocol=protocol.as_dict())
+    return write_outputs(out, NAME, CLAIM, verdict, results, body, started, quick, protocol=protocol.as_dict(),
+                         device=device)
 
 
 def regime(s: dict[str, Any]) -> str:

@@ -118,14 +118,19 @@ def gradient_to_first_input(arm: str, k: int, seed: int = 0, batch: int = 16) ->
     return x.grad[:, 0].norm(dim=-1).mean().item()
 
 
-def train(arm: str, k: int, seed: int, lr: float, s: dict[str, Any]) -> dict[str, float]:
-    """One run to a plateau (or 99%, or max_steps): validation and test accuracy, steps used."""
+def train(arm: str, k: int, seed: int, lr: float, s: dict[str, Any], device: str = "cpu") -> dict[str, float]:
+    """One run on ``device`` to a plateau (or 99%, or max_steps): validation and test accuracy, steps used. The
+    model is built on the CPU under ``seed`` and moved; every sequence is drawn on the CPU and moved."""
     torch.manual_seed(seed)
-    net = build(arm, k)
+    net = build(arm, k).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed + 1)
-    val = recall_batch(s["eval_sequences"], k, torch.Generator().manual_seed(777))
-    test = recall_batch(s["eval_sequences"], k, torch.Generator().manual_seed(778))
+
+    def moved(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        return batch[0].to(device), batch[1].to(device)
+
+    val = moved(recall_batch(s["eval_sequences"], k, torch.Generator().manual_seed(777)))
+    test = moved(recall_batch(s["eval_sequences"], k, torch.Generator().manual_seed(778)))
     history: list[tuple[int, float]] = []
 
     def accuracy(data: tuple[Tensor, Tensor]) -> float:
@@ -141,7 +146,7 @@ def train(arm: str, k: int, seed: int, lr: float, s: dict[str, Any]) -> dict[str
         history.append((step + 1, accuracy(val)))  # 99% or a plateau ends the run early
         return history[-1][1] >= 0.99 or plateaued([a for _, a in history], s["patience"], 0.01)
 
-    fit(net, opt, lambda step: recall_batch(s["batch"], k, g),
+    fit(net, opt, lambda step: moved(recall_batch(s["batch"], k, g)),
         lambda b: F.cross_entropy(last_logits(net, net.tok_emb(b[0])), b[1]), s["max_steps"], grad_clip=1.0,
         after_step=check)
     return {"val_accuracy": accuracy(val), "test_accuracy": accuracy(test),
@@ -167,16 +172,18 @@ def forward_times(lengths: tuple[int, ...], repeats: int, device: str = "cpu") -
     return {arm: {str(T): seconds[(arm, T)] for T in lengths} for arm in nets}
 
 
-def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: short distances and budgets); writes results.json, report.md and the figures."""
+def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
+    """Run the experiment (quick: short distances and budgets); writes results.json, report.md and the figures.
+    ``device`` (a torch device string): where the recall models train and are evaluated; the gradient at
+    initialisation (float64) and the forward times (the "parallel" part: this CPU's) are measured on the CPU."""
     started = time.perf_counter()
     s = QUICK if quick else FULL
     grad_ks = s["grad_ks"]
     grads = {arm: {str(k): gradient_to_first_input(arm, k) for k in grad_ks} for arm in ARMS[:3]}
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("max_steps", "eval_every", "patience", "batch")},
-                        lr_sweep={arm: list(s["lrs"]) for arm in ARMS}, verdict_rule=_rules_text(),
+                        lr_sweep={arm: list(s["lrs"]) for arm in ARMS}, verdict_rule=rule(),
                         select_on="val_accuracy", higher_is_better=True, confirm_seeds=[3])
-    by_k = {str(k): run_arms({arm: (lambda seed, lr, arm=arm, k=k: train(arm, k, seed, lr, s)) for arm in ARMS},
+    by_k = {str(k): run_arms({arm: (lambda seed, lr, arm=arm, k=k: train(arm, k, seed, lr, s, device)) for arm in ARMS},
                              protocol, log=lambda line: None) for k in s["ks"]}
     times = forward_times(s["time_lengths"], s["time_repeats"])
     slopes = {arm: slope_interval(t) for arm, t in times.items()}
@@ -190,10 +197,11 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
                "outcomes": outcomes}
     _plot(s["ks"], grad_ks, grads, by_k, times, out)
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, grads, by_k, times, slopes, outcomes, protocol),
-                         started, quick, protocol=protocol.as_dict())
+                         started, quick, protocol=protocol.as_dict(), device=device)
 
 
-def _rules_text() -> list[str]:
+def rule() -> list[str]:
+    """The verdict rule a run records in results.json (``protocol.verdict_rule``), one sentence per part."""
     return ["transformer (learned positions): test accuracy > 0.95 at every k, each by its 95% interval",
             "rnn: test accuracy < 0.5 at the largest k",
             "lstm beats rnn on test accuracy (Welch 95%) at the largest k where the rnn is below 0.9",
@@ -205,13 +213,13 @@ def _decide(by_k: dict[str, Any], ks: tuple[int, ...], slopes: dict[str, tuple[f
             ) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     per_k = [Threshold("transformer", "test_accuracy", 0.95).decide(by_k[str(k)]) for k in ks]
-    out["transformer_every_k"] = {"rule": _rules_text()[0], "verdict": verdict_of(per_k), "per_k": per_k}
+    out["transformer_every_k"] = {"rule": rule()[0], "verdict": verdict_of(per_k), "per_k": per_k}
     out["rnn_fails"] = {**Threshold("rnn", "test_accuracy", 0.5, above=False).decide(by_k[str(ks[-1])]), "k": ks[-1]}
     weak = [k for k in ks if by_k[str(k)]["rnn"]["test_accuracy"]["mean"] < 0.9]
     if weak:
         out["lstm_longer"] = {**Difference("lstm", "rnn", "test_accuracy").decide(by_k[str(weak[-1])]), "k": weak[-1]}
     else:
-        out["lstm_longer"] = {"rule": _rules_text()[2], "verdict": UNDECIDED, "k": None,
+        out["lstm_longer"] = {"rule": rule()[2], "verdict": UNDECIDED, "k": None,
                               "note": "the RNN is above 0.9 at every k: nothing to compare at this budget"}
     out["parallel"] = parallel_outcome(slopes)
     return out
@@ -221,7 +229,7 @@ def parallel_outcome(slopes: dict[str, tuple[float, float, float]]) -> dict[str,
     """The parallel rule on the (slope, low, high) of the transformer's and the LSTM's time against T."""
     (ts, tl, th), (ls, ll, lh) = slopes["transformer"], slopes["lstm"]
     parallel = HELD if th < ll else NOT_HELD if tl > lh else UNDECIDED
-    return {"rule": _rules_text()[3], "verdict": parallel, "transformer": [ts, tl, th], "lstm": [ls, ll, lh]}
+    return {"rule": rule()[3], "verdict": parallel, "transformer": [ts, tl, th], "lstm": [ls, ll, lh]}
 
 
 def _report(s, grads, by_k, times, slopes, outcomes, protocol) -> str:

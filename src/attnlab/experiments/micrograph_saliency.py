@@ -44,7 +44,7 @@ import torch
 from attnlab.core import runtime
 from attnlab.experiments.attention_saliency import region_auc
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
-from attnlab.experiments.partial import kept_arms, run_parts
+from attnlab.experiments.partial import run_parts
 from attnlab.experiments.study import (
     Protocol,
     Threshold,
@@ -69,6 +69,11 @@ QUICK: dict[str, Any] = dict(
 RULES = [Threshold(m, "over_chance", 0.0) for m in ("attention", "rollout", "gradcam")]
 GRID = 8  # patches per side
 BUDGET_KEYS = ("epochs", "min_steps", "max_steps", "eval_every", "patience", "batch_size", "n_test")
+
+
+def rule() -> list[str]:
+    """The verdict rule a run records in results.json (``protocol.verdict_rule``)."""
+    return [r.describe() for r in RULES]
 
 
 def data(s: dict[str, Any]) -> dict[str, Any]:
@@ -97,18 +102,20 @@ def region_patches(mask: torch.Tensor) -> set[int]:
 
 
 def maps(family: str, model: torch.nn.Module, image: torch.Tensor, target: int) -> dict[str, torch.Tensor]:
-    """Patch scores (GRID * GRID,) of each of the family's methods for one normalised image (1, C, H, W)."""
+    """Patch scores (GRID * GRID,) of each of the family's methods for one normalised image (1, C, H, W),
+    computed on the device the model is on (the image is moved there) and returned on the CPU."""
+    image = image.to(next(model.parameters()).device)
     if family == "cnn":
         from attnlab.inspect.gradcam import gradcam
 
-        return {"gradcam": gradcam(model, image, target).pooled((GRID, GRID)).flatten()}
+        return {"gradcam": gradcam(model, image, target).pooled((GRID, GRID)).flatten().cpu()}
     from attnlab.inspect.rollout import attention_rollout
     from attnlab.nn.hooks import capture
 
     with torch.no_grad(), capture(model, "blocks.*.mixer.hook_pattern") as seen:
         model(image)
     probs = list(seen.values())  # L x (1, H, T, T)
-    return {"attention": probs[-1][0].mean(0)[0, 1:], "rollout": attention_rollout(probs)[0, 0, 1:]}
+    return {"attention": probs[-1][0].mean(0)[0, 1:].cpu(), "rollout": attention_rollout(probs)[0, 0, 1:].cpu()}
 
 
 def scores(family: str, model: torch.nn.Module, seed: int, s: dict[str, Any], d: dict[str, Any]) -> dict[str, float]:
@@ -135,16 +142,15 @@ def scores(family: str, model: torch.nn.Module, seed: int, s: dict[str, Any], d:
     return out
 
 
-def seed_run(family: str, seed: int, lr: float, s: dict[str, Any], d: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """Train one model (``vit_vs_cnn.train_and_test``) and score its maps; seed 0's weights are kept in
-    ``folder`` for the figure."""
-    def measure(model: torch.nn.Module) -> dict[str, float]:
-        if seed == 0:
-            folder.mkdir(parents=True, exist_ok=True)
-            torch.save(model.state_dict(), folder / f"{family}_{lr:g}_0.pt")
-        return scores(family, model, seed, s, d)
+def seed_run(family: str, seed: int, lr: float, s: dict[str, Any], d: dict[str, Any],
+             device: str = "cpu") -> dict[str, Any]:
+    """Train one model on ``device`` (``vit_vs_cnn.train_and_test``) and score its maps there; seed 0's result
+    also holds the model's weights (on the CPU, as ``state``), for the figure."""
+    def measure(model: torch.nn.Module) -> dict[str, Any]:
+        kept = {"state": {k: v.cpu() for k, v in model.state_dict().items()}} if seed == 0 else {}
+        return scores(family, model, seed, s, d) | kept
 
-    return train_and_test(model_config(family, s), s, 1.0, seed, lr, then=measure)
+    return train_and_test(model_config(family, s), s, 1.0, seed, lr, then=measure, device=device)
 
 
 def method_table(arms: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -155,32 +161,33 @@ def method_table(arms: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for a in METHODS for m in (*METHODS[a], f"random_{a}")}
 
 
-def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
-    """Train both families over their rates and seeds, score every map; writes results.json, report.md and the
-    figures. Each single run is kept in ``out/.runs/`` as it finishes; ``resume`` takes those and runs the rest."""
+def run(out: Path, quick: bool = False, resume: bool = False, device: str = "cpu") -> dict[str, Any]:
+    """Train both families over their rates and seeds on ``device`` (a torch device string), score every map;
+    writes results.json, report.md and the figures. Each single run is kept in ``out/.runs/`` as it finishes;
+    ``resume`` takes those and runs the rest."""
     s = QUICK if quick else FULL
     with runtime.settings(threads=1):  # small models: on a shared machine, more threads only wait
-        return _run(out, quick, s, resume)
+        return _run(out, quick, s, resume, device)
 
 
-def _run(out: Path, quick: bool, s: dict[str, Any], resume: bool) -> dict[str, Any]:
+def _run(out: Path, quick: bool, s: dict[str, Any], resume: bool, device: str = "cpu") -> dict[str, Any]:
     from attnlab.models import build_model
 
     d = data(s)
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in BUDGET_KEYS if k in s},
-                        lr_sweep={a: list(s["lrs"]) for a in METHODS}, verdict_rule=[r.describe() for r in RULES],
+                        lr_sweep={a: list(s["lrs"]) for a in METHODS}, verdict_rule=rule(),
                         select_on="val_accuracy", confirm_seeds=[3], extend_edges=s.get("extend_edges", 0))
 
     def one(_part: str, folder: Path) -> dict[str, Any]:
         record: dict[tuple[str, float, int], dict[str, Any]] = {}
-        fns = {a: (lambda seed, lr, a=a: seed_run(a, seed, lr, s, d, folder)) for a in METHODS}
-        arms = run_arms(kept_arms(fns, folder), protocol, log=lambda line: None, record=record)
+        fns = {a: (lambda seed, lr, a=a: seed_run(a, seed, lr, s, d, device)) for a in METHODS}
+        arms = run_arms(fns, protocol, log=lambda line: None, record=record, keep=folder)
         models = {}
-        for a in METHODS:
+        for a in METHODS:  # seed 0's model at the chosen rate, on the CPU
             models[a] = build_model(model_config(a, s))
-            models[a].load_state_dict(torch.load(folder / f"{a}_{arms[a]['lr']:g}_0.pt", weights_only=True))
+            models[a].load_state_dict(record[(a, arms[a]["lr"], 0)]["state"])
             models[a].eval()
-        _plot(method_table(arms), d, s, out, models)  # drawn here: the kept weights go with the kept runs
+        _plot(method_table(arms), d, s, out, models)  # drawn here: the weights are in this part's runs only
         curves = {a: [record[(a, arms[a]["lr"], seed)]["curve"] for seed in protocol.seeds] for a in METHODS}
         return {"arms": arms, "curves": curves}
 
@@ -194,7 +201,7 @@ def _run(out: Path, quick: bool, s: dict[str, Any], resume: bool) -> dict[str, A
                "methods": table, "outcomes": outcomes, "val_curves": curves}
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, arms, table, outcomes, params, protocol,
                                                                      curves), started, quick,
-                         protocol=protocol.as_dict())
+                         protocol=protocol.as_dict(), device=device)
 
 
 def _report(s, arms, table, outcomes, params, protocol, curves) -> str:

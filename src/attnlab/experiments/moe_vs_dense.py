@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from attnlab.experiments.base import interleaved_seconds, label_axes, pyplot, save_figure, write_outputs
-from attnlab.experiments.partial import kept_arms, run_parts
+from attnlab.experiments.partial import run_parts
 from attnlab.experiments.scaling import char_data, evaluate, non_embedding_params, text_of, warmup_cosine, windows
 from attnlab.experiments.study import Difference, Protocol, edge_text, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.models import GPTConfig
@@ -54,6 +54,11 @@ FULL = dict(n_layer=3, d_model=64, context=64, batch=32, steps=1500, eval_every=
 QUICK = dict(n_layer=1, d_model=32, context=32, batch=8, steps=40, eval_every=20, lrs=[3e-3], time_rounds=2)
 RULES = [Difference(arm, "dense", "test_loss", higher_is_better=False)
          for arm in ARMS if arm.startswith("moe") and arm.endswith("top1")]
+
+
+def rule() -> list[str]:
+    """The verdict rule a run records in results.json (``protocol.verdict_rule``)."""
+    return [r.describe() for r in RULES]
 
 
 def config(arm: str, s: dict[str, Any], vocab: int) -> GPTConfig:
@@ -82,10 +87,11 @@ def flops_per_token(arm: str, model: GPT, s: dict[str, Any]) -> float:
 
 
 def train_arm(arm: str, s: dict[str, Any], data: dict[str, torch.Tensor], vocab: int, seed: int,
-              lr: float) -> dict[str, Any]:
-    """One run: validation curve against training FLOPs, final validation and test loss, the expert load."""
+              lr: float, device: str = "cpu") -> dict[str, Any]:
+    """One run on ``device`` (the model made on the CPU under ``seed``, then moved; the windows drawn on the CPU
+    and moved): validation curve against training FLOPs, final validation and test loss, the expert load."""
     torch.manual_seed(seed)
-    model = GPT(config(arm, s, vocab))
+    model = GPT(config(arm, s, vocab)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed + 1)
     T, B, steps = s["context"], s["batch"], s["steps"]
@@ -97,9 +103,12 @@ def train_arm(arm: str, s: dict[str, Any], data: dict[str, torch.Tensor], vocab:
         if (step + 1) % s["eval_every"] == 0:
             curve.append(((step + 1) * B * T * c, evaluate(model, data["val"], data["val_starts"], T, B)))
 
-    fit(model, opt, lambda step: windows(train, torch.randint(len(train) - T - 1, (B,), generator=g), T),
-        lambda b: model(b[0], targets=b[1]), steps, lr=lambda step: warmup_cosine(lr, step, steps, 50), grad_clip=1.0,
-        after_step=after)
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = windows(train, torch.randint(len(train) - T - 1, (B,), generator=g), T)
+        return x.to(device), y.to(device)
+
+    fit(model, opt, batch, lambda b: model(b[0], targets=b[1]), steps,
+        lr=lambda step: warmup_cosine(lr, step, steps, 50), grad_clip=1.0, after_step=after)
     return {"val_loss": evaluate(model, data["val"], data["val_starts"], T, B),
             "test_loss": evaluate(model, data["test"], data["test_starts"], T, B),
             "total_params": sum(p.numel() for p in model.parameters()), "active_params": active_params(arm, model),
@@ -108,7 +117,8 @@ def train_arm(arm: str, s: dict[str, Any], data: dict[str, torch.Tensor], vocab:
 
 def step_times(s: dict[str, Any], vocab: int) -> dict[str, list[float]]:
     """Seconds per training step (forward + backward + AdamW) of every arm, arms interleaved in a shuffled order
-    in each of ``time_rounds`` rounds (3 steps each, after a warm-up)."""
+    in each of ``time_rounds`` rounds (3 steps each, after a warm-up), on the CPU whatever the training's device
+    (the ratios are this CPU's)."""
     models = {arm: GPT(config(arm, s, vocab)) for arm in ARMS}
     opts = {arm: torch.optim.AdamW(m.parameters(), lr=1e-4) for arm, m in models.items()}
     x = torch.randint(vocab, (s["batch"], s["context"]), generator=torch.Generator().manual_seed(0))
@@ -124,25 +134,27 @@ def step_times(s: dict[str, Any], vocab: int) -> dict[str, list[float]]:
                                per_round=3)
 
 
-def run(out: Path, quick: bool = False, resume: bool = False, data: Path | None = None) -> dict[str, Any]:
+def run(out: Path, quick: bool = False, resume: bool = False, data: Path | None = None,
+        device: str = "cpu") -> dict[str, Any]:
     """Run the experiment (quick: one tiny layer, 40 steps) on the text ``data`` (``scaling.text_of``:
-    tinyshakespeare by default); writes results.json, report.md and curves.png. Each single training run is kept
-    in ``out/.runs/`` as it finishes; ``resume``: take the runs kept there (same settings, and with ``data`` the
-    same text) and run only the rest."""
+    tinyshakespeare by default), every run trained on ``device`` (a torch device string; the step times are
+    measured on the CPU); writes results.json, report.md and curves.png. Each single training run is kept in
+    ``out/.runs/`` as it finishes; ``resume``: take the runs kept there (same settings, and with ``data`` the same
+    text) and run only the rest."""
     s = QUICK if quick else FULL
     text, about = text_of(data, s["context"])
     # a run given --data keeps its runs under the text's hash too: a resume on another text is refused
     key = {**s, "text_sha256": about["sha256"]} if data is not None else s
     splits, vocab = char_data(s["context"], text)
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "context", "eval_every")},
-                        lr_sweep={arm: list(s["lrs"]) for arm in ARMS}, verdict_rule=[r.describe() for r in RULES],
+                        lr_sweep={arm: list(s["lrs"]) for arm in ARMS}, verdict_rule=rule(),
                         select_on="val_loss", higher_is_better=False, confirm_seeds=[3],
                         extend_edges=s.get("extend_edges", 0))
     record: dict[tuple[str, float, int], dict[str, Any]] = {}
 
     def training(_: str, keep: Path) -> dict[str, Any]:  # every run of the study, one part
-        fns = {arm: (lambda seed, lr, arm=arm: train_arm(arm, s, splits, vocab, seed, lr)) for arm in ARMS}
-        arms = run_arms(kept_arms(fns, keep), protocol, log=lambda line: None, record=record)
+        fns = {arm: (lambda seed, lr, arm=arm: train_arm(arm, s, splits, vocab, seed, lr, device)) for arm in ARMS}
+        arms = run_arms(fns, protocol, log=lambda line: None, record=record, keep=keep)
         return {"arms": arms, "curves": {arm: [record[(arm, arms[arm]["lr"], seed)]["curve"] for seed in protocol.seeds]
                                          for arm in ARMS}}
 
@@ -162,7 +174,8 @@ def run(out: Path, quick: bool = False, resume: bool = False, data: Path | None 
                "curves": curves}
     _plot(curves, arms, out)
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, arms, outcomes, others, results, protocol),
-                         started, quick, protocol=protocol.as_dict())
+                         started, quick, protocol=protocol.as_dict(), data=Path(about["file"]),
+                         device=device)
 
 
 def _report(s, arms, outcomes, others, results, protocol) -> str:

@@ -12,10 +12,10 @@ part's. A fresh run (no ``--resume``) refuses to destroy unfinished or full-run 
 (``refuse_to_overwrite``). A part's result is stored as JSON reads it back (tuples become lists, float keys
 strings), so a finished part looks the same whether it was just computed or read from disk.
 
-Within a part, ``kept`` keeps each single training run of a study (``study.run_arms``: one arm, one rate,
-one seed) in ``OUT/.runs/PART-DIGEST/ARM_LR_SEED.json`` as it finishes, so that a sitting cut off in the middle
-of a long part loses at most the runs under way; DIGEST names the settings, so runs of other settings are never
-taken. A run seeds itself, so reading it back gives what running it again would.
+Within a part, ``study.run_arms(..., keep=folder)`` keeps each single training run of a study (one arm, one
+rate, one seed) in ``OUT/.runs/PART-DIGEST/`` as it finishes, so that a sitting cut off in the middle of a long
+part loses at most the runs under way; DIGEST names the settings, so runs of other settings are never taken. A
+run seeds itself, so reading it back gives what running it again would.
 """
 
 from __future__ import annotations
@@ -29,10 +29,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from attnlab.core.errors import ConfigError
-from attnlab.core.fileio import atomic_path, atomic_write_text
+from attnlab.core.fileio import atomic_write_text
 
 FILE = "partial.json"
 RUNS = ".runs"
@@ -133,10 +131,10 @@ def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names
     (and a line to ``log``); with ``resume`` the parts already kept there are taken as they are.
 
     ``keep_runs``: ``one(part, folder)`` is given the folder where it keeps the part's single runs
-    (``kept_arms``); a part finished over several sittings then counts the time earlier sittings spent on it
-    (``begin_sitting``), a run without ``resume`` first forgets every kept run, and the kept runs are removed
-    once every part is finished. A run without ``resume`` also removes the partial.json of the finished run it
-    replaces, which would otherwise (made with other settings) stop a later ``--resume`` of this one.
+    (``study.run_arms(..., keep=folder)``); a part finished over several sittings then counts the time earlier
+    sittings spent on it (``begin_sitting``), a run without ``resume`` first forgets every kept run, and the kept
+    runs are removed once every part is finished. A run without ``resume`` also removes the partial.json of the
+    finished run it replaces, which would otherwise (made with other settings) stop a later ``--resume`` of it.
 
     Returns (parts in the order of ``names``, wall seconds per part, a ``time.perf_counter()`` origin such that
     now minus it is the wall time of every part, earlier sittings included)."""
@@ -172,45 +170,6 @@ def runs_folder(out: Path, name: str, settings: dict[str, Any], quick: bool, par
     """Where the single runs of ``part`` of experiment ``name`` with these settings are kept."""
     key = json.dumps({"experiment": name, "quick": quick, "settings": plain(settings)}, sort_keys=True)
     return out / RUNS / f"{part}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-
-
-def kept(fn: Callable[[int, float], Any], folder: Path, arm: str) -> Callable[[int, float], dict[str, Any]]:
-    """``fn`` (one run of ``arm``: (seed, lr) -> its result), with each result kept in ``folder`` as it finishes
-    (its wall seconds included, as ``seconds``) and read back from there instead of run again."""
-    def run(seed: int, lr: float) -> dict[str, Any]:
-        path = folder / f"{arm}_{lr:g}_{seed}.json"
-        if path.exists():
-            return json.loads(path.read_text())["result"]
-        began = time.perf_counter()
-        result = dict(fn(seed, lr))
-        result.setdefault("seconds", time.perf_counter() - began)
-        result = plain(result)
-        folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({"result": result, "finished_at": time.time()}))
-        return result
-
-    return run
-
-
-def kept_tensors(folder: Path, name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``fn()`` (a result holding tensors, such as a pre-trained encoder's weights), kept in ``folder`` as
-    ``name.pt`` (loaded with ``weights_only=True``) and read back from there instead of computed again; a
-    ``name.json`` beside it records when it finished, for ``begin_sitting``."""
-    path = folder / f"{name}.pt"
-    if path.exists():
-        return torch.load(path, weights_only=True)
-    result = fn()
-    folder.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        torch.save(result, tmp)
-    atomic_write_text(folder / f"{name}.json", json.dumps({"finished_at": time.time()}))
-    return result
-
-
-def kept_arms(fns: dict[str, Callable[[int, float], Any]], folder: Path | None
-              ) -> dict[str, Callable[[int, float], Any]]:
-    """Each arm's run function ``kept`` in ``folder`` (as they are when ``folder`` is None)."""
-    return fns if folder is None else {arm: kept(fn, folder, arm) for arm, fn in fns.items()}
 
 
 def begin_sitting(folder: Path) -> float:

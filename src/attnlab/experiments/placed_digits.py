@@ -59,17 +59,19 @@ def placed_vit() -> torch.nn.Module:
                                  d_model=64, d_ff=128, pooling="cls"))
 
 
-def train_placed_vit(seed: int, lr: float, steps: int, images: torch.Tensor, labels: torch.Tensor) -> torch.nn.Module:
+def train_placed_vit(seed: int, lr: float, steps: int, images: torch.Tensor, labels: torch.Tensor,
+                     device: str = "cpu") -> torch.nn.Module:
     """A ViT trained on (images, labels) with AdamW (weight decay 0.05), batch 64, 100 warm-up steps and a linear
-    decay to 5% of ``lr``; returned in eval mode."""
+    decay to 5% of ``lr``; returned in eval mode, on ``device``. It is built on the CPU under ``seed`` (the same
+    initial weights on every device) and the batches are drawn on the CPU, then moved to ``device``."""
     torch.manual_seed(seed)
-    model = placed_vit()
+    model = placed_vit().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
     gen = torch.Generator().manual_seed(seed)
 
     def batch(step: int):
         i = torch.randint(0, len(images), (64,), generator=gen)
-        return {"images": images[i], "labels": labels[i]}
+        return {"images": images[i].to(device), "labels": labels[i].to(device)}
 
     fit(model, optimizer, batch, lambda b: model(**b), steps, grad_clip=1.0,
         lr=lambda step: lr * min(1.0, (step + 1) / 100) * (0.05 + 0.95 * (1 - step / steps)))
@@ -77,6 +79,7 @@ def train_placed_vit(seed: int, lr: float, steps: int, images: torch.Tensor, lab
 
 
 def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
-    """Top-1 accuracy of ``model`` on (images, labels)."""
+    """Top-1 accuracy of ``model`` on (images, labels), computed on the device the model is on."""
+    device = next(model.parameters()).device
     with torch.no_grad():
-        return (model(images).logits.argmax(-1) == labels).float().mean().item()
+        return (model(images.to(device)).logits.argmax(-1) == labels.to(device)).float().mean().item()

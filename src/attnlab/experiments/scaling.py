@@ -90,17 +90,22 @@ def non_embedding_params(model: GPT) -> int:
 
 
 def train_point(data: dict[str, torch.Tensor], vocab: int, n_layer: int, d_model: int, steps: int, batch: int,
-                T: int, lr: float, seed: int) -> dict[str, Any]:
+                T: int, lr: float, seed: int, device: str = "cpu") -> dict[str, Any]:
     """One (N, D) cell, one seed: ``steps`` steps with warmup and a cosine schedule to 10% of ``lr`` at the end;
-    validation and test loss (nats/char) at the end."""
+    validation and test loss (nats/char) at the end. The model is made on the CPU under ``seed`` and trained on
+    ``device``; the windows are drawn on the CPU and moved there."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=vocab, block_size=T, n_layer=n_layer, n_head=2, d_model=d_model))
+    model = GPT(GPTConfig(vocab_size=vocab, block_size=T, n_layer=n_layer, n_head=2, d_model=d_model)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed + 1)
     train = data["train"]
 
-    fit(model, opt, lambda step: windows(train, torch.randint(len(train) - T - 1, (batch,), generator=g), T),
-        lambda b: model(b[0], targets=b[1]), steps, lr=lambda step: warmup_cosine(lr, step, steps, 20))
+    def batch_at(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = windows(train, torch.randint(len(train) - T - 1, (batch,), generator=g), T)
+        return x.to(device), y.to(device)
+
+    fit(model, opt, batch_at, lambda b: model(b[0], targets=b[1]), steps,
+        lr=lambda step: warmup_cosine(lr, step, steps, 20))
     return {"N": non_embedding_params(model),
             **{f"{split}_loss": evaluate(model, data[split], data[f"{split}_starts"], T, batch)
                for split in ("val", "test")}}
@@ -119,22 +124,24 @@ def warmup_cosine(lr: float, step: int, steps: int, warmup: int) -> float:
 
 @torch.no_grad()
 def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, T: int, batch: int) -> float:
-    """Mean cross-entropy (nats/token) of ``model`` on the windows of ``val`` starting at ``starts``."""
+    """Mean cross-entropy (nats/token) of ``model`` on the windows of ``val`` starting at ``starts`` (CPU tensors;
+    each batch of windows is moved to the model's device)."""
     model.eval()
+    device = next(model.parameters()).device
     total = 0.0
     for i in range(0, len(starts), batch):
-        x, y = windows(val, starts[i:i + batch], T)
+        x, y = (t.to(device) for t in windows(val, starts[i:i + batch], T))
         total += F.cross_entropy(model(x).logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
     model.train()
     return total / (len(starts) * T)
 
 
-def run(out: Path, quick: bool = False, data: Path | None = None) -> dict[str, Any]:
-    """The sweep on the text ``data`` (``text_of``: tinyshakespeare by default). One torch thread per run: these
-    small models are dispatch-bound (on a loaded 2-core machine a second thread made each step ~50x slower,
-    3.0 s vs 0.06 s at d_model 48)."""
+def run(out: Path, quick: bool = False, data: Path | None = None, device: str = "cpu") -> dict[str, Any]:
+    """The sweep on the text ``data`` (``text_of``: tinyshakespeare by default), every run trained on ``device``.
+    One torch thread per run: these small models are dispatch-bound (on a loaded 2-core machine a second thread
+    made each step ~50x slower, 3.0 s vs 0.06 s at d_model 48)."""
     with runtime.settings(threads=1):
-        return _run(out, quick, data)
+        return _run(out, quick, data, device)
 
 
 def char_data(context: int, text: str) -> tuple[dict[str, torch.Tensor], int]:
@@ -149,7 +156,7 @@ def char_data(context: int, text: str) -> tuple[dict[str, torch.Tensor], int]:
     return data, len(chars)
 
 
-def _run(out: Path, quick: bool, given: Path | None) -> dict[str, Any]:
+def _run(out: Path, quick: bool, given: Path | None, device: str = "cpu") -> dict[str, Any]:
     started = time.perf_counter()
     s = QUICK if quick else FULL
     text, about = text_of(given, s["context"])
@@ -159,9 +166,9 @@ def _run(out: Path, quick: bool, given: Path | None) -> dict[str, Any]:
     protocol = Protocol(seeds=[0, 1, 2], budget={"steps": list(s["steps"]), "tokens_per_step": tokens_per_step,
                                                  "schedule": "warmup 20, cosine to 10% at each cell's own end"},
                         lr_sweep={name: rates(d) for name, (_, d, _) in cells.items()},
-                        verdict_rule=_rules_text(), select_on="val_loss", higher_is_better=False)
+                        verdict_rule=rule(), select_on="val_loss", higher_is_better=False)
     arms = run_arms({name: (lambda seed, lr, c=c: train_point(data, vocab, c[0], c[1], c[2], s["batch"],
-                                                                 s["context"], lr, seed))
+                                                                 s["context"], lr, seed, device))
                      for name, c in cells.items()}, protocol, log=lambda line: None)
     points = [{"cell": name, "layers": L, "d_model": d, "steps": steps, "N": int(arms[name]["N"]["mean"]),
                "D": steps * tokens_per_step, "losses": arms[name]["test_loss"]["values"]}
@@ -176,10 +183,13 @@ def _run(out: Path, quick: bool, given: Path | None) -> dict[str, Any]:
                                                    "hoffmann_alpha": HOFFMANN_ALPHA, "hoffmann_beta": HOFFMANN_BETA}}
     _plot(points, fits, out)
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, about, points, arms, fits, outcomes, ns),
-                         started, quick, protocol=protocol.as_dict())
+                         started, quick, protocol=protocol.as_dict(), data=Path(about["file"]),
+                         device=device)
 
 
-def _rules_text() -> list[str]:
+def rule() -> list[str]:
+    """The verdict rule every run records (it does not depend on the settings): the Kaplan exponent, then the
+    Hoffmann exponents for every pinned E."""
     return ["alpha_N > 0 (Kaplan's L(N) at the largest D): held if its bootstrap 95% interval lies wholly above 0, "
             "not held if at or below 0, else not decidable",
             "alpha > 0 in L(N, D) = E + A/N^alpha + B/D^beta for every pinned E in " + str(list(E_GRID)),
@@ -188,13 +198,13 @@ def _rules_text() -> list[str]:
 
 def _decide(fits: dict[str, Any]) -> list[dict[str, Any]]:
     k = fits["kaplan"]
-    out = [{"rule": _rules_text()[0], "verdict": above_zero(k["ci95"]["alpha_N"]), "mean": k["alpha_N"],
+    out = [{"rule": rule()[0], "verdict": above_zero(k["ci95"]["alpha_N"]), "mean": k["alpha_N"],
             "interval": k["ci95"]["alpha_N"]}]
     for i, p in ((1, "alpha"), (2, "beta")):
         per_e = [{"E": f["E"], "verdict": above_zero(f["ci95"][p]), "mean": f[p], "interval": f["ci95"][p]}
                  for f in fits["pinned"].values()]
         lows, highs = [x["interval"][0] for x in per_e], [x["interval"][1] for x in per_e]
-        out.append({"rule": _rules_text()[i], "verdict": verdict_of(per_e), "per_E": per_e,
+        out.append({"rule": rule()[i], "verdict": verdict_of(per_e), "per_E": per_e,
                     "mean": statistics.fmean(x["mean"] for x in per_e), "interval": [min(lows), max(highs)]})
     return out
 
@@ -227,7 +237,7 @@ def _report(s, text, points, arms, fits, outcomes, ns) -> str:
     k, free = fits["kaplan"], fits["free"]
     fit_rows = "\n".join(f"| E pinned at {f['E']:g} | {ci(f, 'alpha')} | {ci(f, 'beta')} | {f['rmse']:.4f} |"
                          for f in fits["pinned"].values())
-    return f"""**Verdict rule, fixed before the run.** {'; '.join(_rules_text())}. Seeds 0, 1, 2 per cell.
+    return f"""**Verdict rule, fixed before the run.** {'; '.join(rule())}. Seeds 0, 1, 2 per cell.
 
 **Setup.** Char-level on {text['file']} ({text['chars']:,} chars, 80/10/10 split), GPT with learned positions, 2
 heads, context {s['context']},

@@ -129,17 +129,22 @@ def attention_state(model: RetrievalAttention, keys: Tensor, values: Tensor, tar
             "grad_norm_q_median": q.grad[:, 0].norm(dim=-1).median().item()}
 
 
-def train_retrieval(scale_on: bool, d_k: int, steps: int, seed: int = 0, lr: float = 1e-3) -> dict[str, Any]:
+def train_retrieval(scale_on: bool, d_k: int, steps: int, seed: int = 0, lr: float = 1e-3,
+                    device: str = "cpu") -> dict[str, Any]:
     """Train the key-value retrieval attention with or without the 1/sqrt(d_k) scale at learning rate ``lr``.
 
     Validation (2048 sequences of a fixed generator) is scored every 25 steps for the accuracy curve and the
-    first step at 99%; test (2048 sequences of another generator) once, at the end."""
+    first step at 99%; test (2048 sequences of another generator) once, at the end. The model is made on the CPU
+    under ``seed`` and trained on ``device``; every batch is drawn on the CPU and moved there."""
+    def moved(batch: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        return tuple(t.to(device) for t in batch)
+
     torch.manual_seed(seed)
-    model = RetrievalAttention(N_KEYS, N_VALUES, d_k, 1 / math.sqrt(d_k) if scale_on else 1.0)
+    model = RetrievalAttention(N_KEYS, N_VALUES, d_k, 1 / math.sqrt(d_k) if scale_on else 1.0).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed + 1)
-    val = retrieval_batch(2048, N_PAIRS, N_KEYS, N_VALUES, torch.Generator().manual_seed(12345))
-    test = retrieval_batch(2048, N_PAIRS, N_KEYS, N_VALUES, torch.Generator().manual_seed(54321))
+    val = moved(retrieval_batch(2048, N_PAIRS, N_KEYS, N_VALUES, torch.Generator().manual_seed(12345)))
+    test = moved(retrieval_batch(2048, N_PAIRS, N_KEYS, N_VALUES, torch.Generator().manual_seed(54321)))
     at_init = attention_state(model, *val)
     curve: list[tuple[int, float]] = []
 
@@ -153,7 +158,7 @@ def train_retrieval(scale_on: bool, d_k: int, steps: int, seed: int = 0, lr: flo
             curve.append((step + 1, score(val)[1]))
             model.train()
 
-    losses = fit(model, opt, lambda step: retrieval_batch(BATCH, N_PAIRS, N_KEYS, N_VALUES, g),
+    losses = fit(model, opt, lambda step: moved(retrieval_batch(BATCH, N_PAIRS, N_KEYS, N_VALUES, g)),
                  lambda b: F.cross_entropy(model(b[0], b[1]), b[2]), steps, after_step=after_step).losses
     val_loss, val_acc = score(val)
     test_loss, test_acc = score(test)
@@ -163,8 +168,15 @@ def train_retrieval(scale_on: bool, d_k: int, steps: int, seed: int = 0, lr: flo
             "init": at_init, "end": attention_state(model, *val), "chance_accuracy": 1 / N_VALUES}
 
 
-def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: fewer trials, steps and rates); writes results.json, report.md and the figures."""
+def rule() -> list[str]:
+    """The verdict rule every run records (it does not depend on the settings): part 1's checks, then part 2's
+    two comparisons."""
+    return ["part 1: every statistics check below", f"part 2: {SPEED.describe()}", f"part 2: {QUALITY.describe()}"]
+
+
+def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
+    """Run the experiment (quick: fewer trials, steps and rates); writes results.json, report.md and the figures.
+    Part 1's statistics are computed on the CPU (float64); part 2 trains on ``device``."""
     started = time.perf_counter()
     g = torch.Generator().manual_seed(0)
     n_trials, n_keys = (500, 64) if quick else (1000, 64)
@@ -188,12 +200,11 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     protocol = Protocol(
         seeds=[0, 1, 2], budget={"steps": steps, "batch": BATCH, "d_k": train_dk},
         lr_sweep={"scaled": sweep, "unscaled": sweep},
-        verdict_rule=["part 1: every statistics check below", f"part 2: {SPEED.describe()}",
-                      f"part 2: {QUALITY.describe()}"],
+        verdict_rule=rule(),
         select_on="val_loss", higher_is_better=False, confirm_seeds=[3])
     def arm(label: str) -> Any:
         def train(seed: int, lr: float) -> dict[str, Any]:
-            r = train_retrieval(label == "scaled", train_dk, steps, seed, lr)
+            r = train_retrieval(label == "scaled", train_dk, steps, seed, lr, device)
             return {"val_curve": r["val_curve"],
                     **{k: r[k] for k in ("val_loss", "val_accuracy", "test_loss", "test_accuracy", "steps_to_99")},
                     **{f"{when}_{k}": v for when in ("init", "end") for k, v in r[when].items()}}
@@ -216,7 +227,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     _plot(stats, curves, arms, out)
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(stats, checks, part1, arms, outcomes, part2,
                                                                      protocol, n_trials, n_keys, un, sc),
-                         started, quick, protocol=protocol.as_dict())
+                         started, quick, protocol=protocol.as_dict(), device=device)
 
 
 def _report(stats, checks, part1, arms, outcomes, part2, protocol, n_trials, n_keys, un, sc) -> str:

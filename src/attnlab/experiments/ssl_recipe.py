@@ -36,9 +36,9 @@ import torch
 
 from attnlab.core import runtime
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
-from attnlab.experiments.partial import kept_arms, kept_tensors, run_parts
+from attnlab.experiments.partial import run_parts
 from attnlab.experiments.study import Difference, Protocol, edge_text, fmt, outcome_lines, run_arms, verdict_of
-from attnlab.experiments.vit_vs_cnn import at_budget, train_and_test
+from attnlab.experiments.vit_vs_cnn import at_budget, data_files, train_and_test
 from attnlab.training.loop import fit
 
 NAME = "ssl-recipe"
@@ -79,8 +79,9 @@ def splits(d: dict[str, Any], fraction: float = 1.0) -> dict[str, Any]:
                        n_generated=d.get("n_generated", 6000))
 
 
-def pretrain(s: dict[str, Any], d: dict[str, Any], seed: int, lr: float) -> dict[str, Any]:
-    """One MAE on the training images (labels unused): its encoder's tensors and its last step's loss."""
+def pretrain(s: dict[str, Any], d: dict[str, Any], seed: int, lr: float, device: str = "cpu") -> dict[str, Any]:
+    """One MAE on the training images (labels unused): its encoder's tensors (on the CPU) and its last step's loss.
+    The MAE is made on the CPU under ``seed`` and trained on ``device``; batches are drawn on the CPU and moved."""
     from attnlab.data.images import augment, channel_stats, normalize
     from attnlab.models import build_model
 
@@ -88,54 +89,77 @@ def pretrain(s: dict[str, Any], d: dict[str, Any], seed: int, lr: float) -> dict
     train = data["train"]
     mean, std = channel_stats(train.images)
     torch.manual_seed(seed)
-    mae = build_model(vit_config(s, d, 0, "mae"))
+    mae = build_model(vit_config(s, d, 0, "mae")).to(device)
     opt = torch.optim.AdamW(mae.parameters(), lr=lr, weight_decay=0.05, betas=(0.9, 0.95))
     gen, steps = torch.Generator().manual_seed(seed), s["pretrain_steps"]
 
     def batch(step: int) -> torch.Tensor:
         i = torch.randint(len(train), (s["batch_size"],), generator=gen)
-        return normalize(augment(train.images[i], gen, 1, True), mean, std)
+        return normalize(augment(train.images[i], gen, 1, True), mean, std).to(device)
 
     result = fit(mae, opt, batch, lambda x: mae(x), steps, grad_clip=1.0,
                  lr=lambda step: lr * min(1.0, (step + 1) / max(1, steps // 10)))
-    return {"encoder": {k: v.clone() for k, v in mae.state_dict().items() if not k.startswith("decoder")},
+    return {"encoder": {k: v.to("cpu", copy=True) for k, v in mae.state_dict().items() if not k.startswith("decoder")},
             "final_loss": result.final_loss, "mean": mean, "std": std}
 
 
 @torch.no_grad()
 def probe(mae_state: dict[str, Any], s: dict[str, Any], d: dict[str, Any], fraction: float, c: float,
-          n_classes: int) -> dict[str, Any]:
-    """Frozen features of the pre-trained encoder and a logistic regression with inverse regularisation ``c``."""
+          n_classes: int, device: str = "cpu") -> dict[str, Any]:
+    """Frozen features of the pre-trained encoder (computed on ``device``, brought back to the CPU) and a logistic
+    regression with inverse regularisation ``c`` (scikit-learn, on the CPU)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from attnlab.inspect.image_probe import image_features
+    from attnlab.data.images import normalize
     from attnlab.models import build_model
 
     mae = build_model(vit_config(s, d, n_classes, "mae"))
     mae.load_state_dict(mae_state["encoder"], strict=False)
+    mae.to(device).eval()
     data = splits(d, fraction)
-    feats = {k: image_features(mae, data[k].images, mae_state["mean"], mae_state["std"]).numpy()
-             for k in ("train", "val", "test")}
+
+    def features(images: torch.Tensor, batch: int = 256) -> Any:  # inspect.image_probe.image_features, on device
+        return torch.cat([mae.features(normalize(images[i:i + batch], mae_state["mean"], mae_state["std"])
+                                       .to(device)).float().cpu() for i in range(0, len(images), batch)]).numpy()
+
+    feats = {k: features(data[k].images) for k in ("train", "val", "test")}
     clf = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=3000))
     clf.fit(feats["train"], data["train"].labels.numpy())
     return {**{f"{k}_accuracy": float((clf.predict(feats[k]) == data[k].labels.numpy()).mean())
                for k in ("val", "test")}, "n_train": len(data["train"])}
 
 
-def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
+def dataset_rules(smallest: int) -> list[Difference]:
+    """One dataset's rule at its smallest label budget: the probe beats the ViT from scratch, and the CNN."""
+    return [Difference(f"probe@{smallest}", f"{other}@{smallest}", "test_accuracy") for other in ("scratch", "cnn")]
+
+
+def rule(settings: dict[str, Any] | None = None, datasets: dict[str, Any] | None = None,
+         smallest: dict[str, int] | None = None) -> list[str]:
+    """The verdict rule a run with ``settings`` on ``datasets`` (default: the full run's) records: each dataset's
+    ``dataset_rules``, named by the dataset. ``smallest``: each dataset's smallest label budget as the run found it
+    (a budget above a training split is all of it); by default the settings' first, which fits in every full
+    dataset (500 labels)."""
+    s, datasets = FULL if settings is None else settings, DATASETS if datasets is None else datasets
+    smallest = {name: (smallest or {}).get(name, s["labels"][0]) for name in datasets}
+    return [f"{name}: {r.describe()}" for name in datasets for r in dataset_rules(smallest[name])]
+
+
+def run(out: Path, quick: bool = False, resume: bool = False, device: str = "cpu") -> dict[str, Any]:
     """Pre-train, then every method at every label budget on every dataset; results.json, report.md, recipe.png.
     Each finished dataset is kept in ``out/partial.json`` and, within a dataset, each pre-trained encoder and each
     single run in ``out/.runs/``; ``resume``: take what is kept there (same settings) as it is and run only the
-    rest (a long run may span sittings; its wall time adds up)."""
+    rest (a long run may span sittings; its wall time adds up). Every model trains on ``device`` (the probe's
+    logistic regression on the CPU)."""
     s, datasets = (QUICK, QUICK_DATASETS) if quick else (FULL, DATASETS)
     for d in datasets.values():  # every data set readable before any work (Fashion-MNIST was found missing
         splits(d)                # only after the micrographs' five hours)
     with runtime.settings(threads=1):
         tables, spent, started = run_parts(out, NAME, s, quick, datasets,
-                                           lambda name, keep: _dataset(name, datasets[name], s, keep), resume,
-                                           keep_runs=True)
+                                           lambda name, keep: _dataset(name, datasets[name], s, keep, device),
+                                           resume, keep_runs=True)
     outcomes = [o for t in tables.values() for o in t["outcomes"]]
     verdict = verdict_of(outcomes)
     _plot(tables, out)
@@ -144,14 +168,16 @@ def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
                "dataset_wall_time_s": spent}
     first = next(iter(tables.values()))["protocol"]  # seeds and budget are the same for every dataset
     protocol = {**first, "lr_sweep": {name: t["protocol"]["lr_sweep"] for name, t in tables.items()},
-                "verdict_rule": [f"{name}: {rule}" for name, t in tables.items()
-                                 for rule in t["protocol"]["verdict_rule"]]}
+                "verdict_rule": rule(s, datasets, {name: t["budgets"][0] for name, t in tables.items()})}
+    files = [f for d in datasets.values() for f in data_files(d["data"]) or []]
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, datasets, tables, outcomes), started, quick,
-                         protocol=protocol)
+                         protocol=protocol, data=files or None, device=device)
 
 
-def _dataset(name: str, d: dict[str, Any], s: dict[str, Any], keep: Path | None = None) -> dict[str, Any]:
-    """Every arm of one dataset under the protocol; ``keep``: the folder where its encoders and runs are kept."""
+def _dataset(name: str, d: dict[str, Any], s: dict[str, Any], keep: Path | None = None,
+             device: str = "cpu") -> dict[str, Any]:
+    """Every arm of one dataset under the protocol, trained on ``device``; ``keep``: the folder where its encoders
+    and runs are kept."""
     from attnlab.models import build_model
     from attnlab.models.cnn import match_width
 
@@ -162,9 +188,8 @@ def _dataset(name: str, d: dict[str, Any], s: dict[str, Any], keep: Path | None 
     pre = Protocol(seeds=seeds + confirm, budget={"steps": s["pretrain_steps"]}, lr_sweep={"mae": [s["pretrain_lr"]]},
                    verdict_rule=["(pre-training, no verdict)"], select_on="final_loss", higher_is_better=False)
     record: dict[tuple[str, float, int], dict[str, Any]] = {}
-    mae = (lambda seed, lr: pretrain(s, d, seed, lr)) if keep is None else \
-        (lambda seed, lr: kept_tensors(keep, f"mae_{lr:g}_{seed}", lambda: pretrain(s, d, seed, lr)))
-    run_arms({"mae": mae}, pre, log=lambda line: None, record=record)
+    run_arms({"mae": lambda seed, lr: pretrain(s, d, seed, lr, device)}, pre, log=lambda line: None, record=record,
+             keep=keep)
     encoders = {seed: r for (_, _, seed), r in record.items()}
     vit = vit_config(s, d, n_classes)
     cnn = match_width(vit, cnn_stages=3 if d["image_size"] >= 16 else 2, cnn_blocks=1)
@@ -175,21 +200,21 @@ def _dataset(name: str, d: dict[str, Any], s: dict[str, Any], keep: Path | None 
 
         def one(seed: int, lr: float) -> dict[str, Any]:
             if method == "probe":
-                return probe(encoders[seed], s, d, fraction, lr, n_classes)
+                return probe(encoders[seed], s, d, fraction, lr, n_classes, device)
             init = encoders[seed]["encoder"] if method == "finetune" else None
-            r = train_and_test(cnn if method == "cnn" else vit, train_settings, fraction, seed, lr, init=init)
+            r = train_and_test(cnn if method == "cnn" else vit, train_settings, fraction, seed, lr, init=init,
+                               device=device)
             return {k: v for k, v in r.items() if k != "curve"}
         return one
 
     arms = {f"{m}@{n}": arm(m, n) for n in budgets for m in METHODS}
     sweep = {f"{m}@{n}": list(s["probe_c"] if m == "probe" else s["lrs"]) for n in budgets for m in METHODS}
-    rules = [Difference(f"probe@{budgets[0]}", f"{other}@{budgets[0]}", "test_accuracy")
-             for other in ("scratch", "cnn")]
+    rules = dataset_rules(budgets[0])
     budget_keys = ("epochs", "min_steps", "max_steps", "eval_every", "patience", "batch_size", "pretrain_steps")
     protocol = Protocol(seeds=seeds, budget={k: s[k] for k in budget_keys if k in s},
                         lr_sweep=sweep, verdict_rule=[r.describe() for r in rules], select_on="val_accuracy",
                         confirm_seeds=confirm)
-    summary = run_arms(kept_arms(arms, keep), protocol, log=lambda line: None)
+    summary = run_arms(arms, protocol, log=lambda line: None, keep=keep)
     outcomes = [{**r.decide(summary), "dataset": name} for r in rules]
     params = {"vit": build_model(vit).num_parameters(), "cnn": build_model(cnn).num_parameters()}
     return {"budgets": budgets, "n_classes": n_classes, "params": params, "arms": summary, "outcomes": outcomes,

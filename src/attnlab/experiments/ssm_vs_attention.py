@@ -180,13 +180,15 @@ def lm_config(mixer: str, s: dict[str, Any], d_model: int) -> GPTConfig:
 
 
 def train_lm(mixer: str, s: dict[str, Any], d_model: int, data: dict[str, torch.Tensor], seed: int,
-             lr: float) -> dict[str, Any]:
+             lr: float, device: str = "cpu") -> dict[str, Any]:
     """One language model at context ``context``: validation and test loss (nats/char), and the validation loss
-    two thirds of the way through (how much the last third still gained)."""
+    two thirds of the way through (how much the last third still gained). The model is made on the CPU under
+    ``seed`` and trained on ``device``; the windows are drawn on the CPU and moved there."""
     torch.manual_seed(seed)
     model = GPT(lm_config(mixer, s, d_model))
-    if mixer == "ssm":  # the SSM trains with the C++ scan: the chunked form's numbers, faster on a CPU
-        accelerate(model, ("scan",))
+    if mixer == "ssm" and torch.device(device).type == "cpu":
+        accelerate(model, ("scan",))  # the C++ scan: the chunked form's numbers, faster on a CPU (elsewhere: chunked)
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed + 1)
     T, B, steps, train = s["context"], s["batch"], s["steps"], data["train"]
@@ -196,17 +198,22 @@ def train_lm(mixer: str, s: dict[str, Any], d_model: int, data: dict[str, torch.
         if step + 1 == (2 * steps) // 3:
             early["val_loss_two_thirds"] = evaluate(model, data["val"], data["val_starts"], T, B)
 
-    fit(model, opt, lambda step: windows(train, torch.randint(len(train) - T - 1, (B,), generator=g), T),
-        lambda b: model(b[0], targets=b[1]), steps, grad_clip=1.0, after_step=two_thirds,
+    def batch_at(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = windows(train, torch.randint(len(train) - T - 1, (B,), generator=g), T)
+        return x.to(device), y.to(device)
+
+    fit(model, opt, batch_at, lambda b: model(b[0], targets=b[1]), steps, grad_clip=1.0, after_step=two_thirds,
         lr=lambda step: lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))))
     return {**early, "val_loss": evaluate(model, data["val"], data["val_starts"], T, B),
             "test_loss": evaluate(model, data["test"], data["test_starts"], T, B),
             "params": sum(p.numel() for p in model.parameters())}
 
 
-def run(out: Path, quick: bool = False, data: Path | None = None) -> dict[str, Any]:
+def run(out: Path, quick: bool = False, data: Path | None = None, device: str = "cpu") -> dict[str, Any]:
     """Run both parts (quick: short lengths, a tiny model, 30 steps), part 2 on the text ``data``
-    (``scaling.text_of``: tinyshakespeare by default); writes results.json, report.md, cost.png."""
+    (``scaling.text_of``: tinyshakespeare by default); writes results.json, report.md, cost.png. Part 1 measures
+    the CPU's time and memory (the claim's), whatever ``device``; part 2 trains on ``device`` (the SSM with the
+    C++ scan on the CPU, the chunked scan elsewhere: the same function)."""
     started = time.perf_counter()
     s = QUICK if quick else FULL
     text, about = text_of(data, s["context"])  # before part 1: a missing text is told before any work
@@ -214,14 +221,14 @@ def run(out: Path, quick: bool = False, data: Path | None = None) -> dict[str, A
     splits, _ = char_data(s["context"], text)
     widths = {"attention": s["d_model"], "ssm": matched_ssm_width(s)}
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "context")},
-                        lr_sweep={m: list(s["lrs"]) for m in widths}, verdict_rule=_rules_text(),
+                        lr_sweep={m: list(s["lrs"]) for m in widths}, verdict_rule=rule(),
                         select_on="val_loss", higher_is_better=False, confirm_seeds=[3],
                         extend_edges=0 if quick else 1)
-    arms = run_arms({m: (lambda seed, lr, m=m: train_lm(m, s, widths[m], splits, seed, lr)) for m in widths},
-                    protocol, log=lambda line: None)
+    arms = run_arms({m: (lambda seed, lr, m=m: train_lm(m, s, widths[m], splits, seed, lr, device))
+                     for m in widths}, protocol, log=lambda line: None)
     raw = {"settings": s, "text": about, "slope_from": SLOPE_FROM["quick" if quick else "full"], "cost": measured,
            "cost_threads": threads, "widths": widths, "arms": arms}
-    return _conclude(out, raw, protocol, started, quick)
+    return _conclude(out, raw, protocol, started, quick, data=Path(about["file"]), device=device)
 
 
 def reanalyse(out: Path, note: str) -> dict[str, Any]:
@@ -231,13 +238,15 @@ def reanalyse(out: Path, note: str) -> dict[str, Any]:
     record = json.loads((out / "results.json").read_text())
     raw = {k: record["results"][k] for k in ("settings", "slope_from", "cost", "cost_threads", "widths", "arms",
                                               "text") if k in record["results"]}  # "text": runs since --data
-    protocol = Protocol(**{**record["protocol"], "verdict_rule": _rules_text()})
+    protocol = Protocol(**{**record["protocol"], "verdict_rule": rule()})
     return _conclude(out, {**raw, "reanalysed": note}, protocol, time.perf_counter() - record["wall_time_s"],
                      record["quick"])
 
 
-def _conclude(out: Path, raw: dict[str, Any], protocol: Protocol, started: float, quick: bool) -> dict[str, Any]:
-    """Slopes, intervals, the rule outcomes and the verdict from the raw measurements; writes the outputs."""
+def _conclude(out: Path, raw: dict[str, Any], protocol: Protocol, started: float, quick: bool,
+              data: Path | None = None, device: str | None = None) -> dict[str, Any]:
+    """Slopes, intervals, the rule outcomes and the verdict from the raw measurements; writes the outputs
+    (``data``: the text part 2 read, ``device``: where it trained, for the record's provenance)."""
     s, start, measured, arms = raw["settings"], raw["slope_from"], raw["cost"], raw["arms"]
     fitted = {m: {k: slopes(measured[m], k, start) for k in ("seconds", "peak_mib")} for m in measured}
     loss_rule = Difference("ssm", "attention", "test_loss", higher_is_better=False,
@@ -250,7 +259,7 @@ def _conclude(out: Path, raw: dict[str, Any], protocol: Protocol, started: float
     if raw.get("reanalysed"):
         report += f"\n\n**Re-analysed** from this run's raw measurements: {raw['reanalysed']}"
     return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, report, started, quick,
-                         protocol=protocol.as_dict())
+                         protocol=protocol.as_dict(), data=data, device=device)
 
 
 def cost_outcomes(fitted: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -267,7 +276,8 @@ def cost_outcomes(fitted: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             slope_rule("eager memory quadratic", "eager", "peak_mib", fitted["eager"]["peak_mib"], above=True)]
 
 
-def _rules_text() -> list[str]:
+def rule() -> list[str]:
+    """The verdict rule every run records (it does not depend on the settings): four cost rules, then the loss."""
     return ["the SSM's time slope against T below 1.5 (with each scan)", "SDPA attention's time slope above 1.5",
             "the SSM's memory slope below 1.5 (with each scan)",
             "eager attention's memory slope above 1.5 (each by its 95% interval over T >= 2k: times by the bootstrap "
@@ -293,7 +303,7 @@ def _report(s, start, measured, fitted, widths, arms, outcomes, protocol, thread
     slope_rows = "\n".join(f"| {m} | {slope_text(fitted[m]['seconds'])} | {slope_text(fitted[m]['peak_mib'])} |"
                            for m in mixers)
     a, ss = arms["attention"], arms["ssm"]
-    return f"""**Verdict rule, fixed before the run.** {'; '.join(_rules_text())}. All {len(outcomes)} parts must hold.
+    return f"""**Verdict rule, fixed before the run.** {'; '.join(rule())}. All {len(outcomes)} parts must hold.
 
 **Part 1, cost.** One forward + backward of a 1-layer GPT (d_model 64, 4 heads, FFN 4d, no positions, batch 1,
 {threads} torch thread{'s' if threads > 1 else ''}), median of {s['reps']} interleaved repeats; peak: the resident

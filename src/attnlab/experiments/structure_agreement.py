@@ -24,6 +24,9 @@ preference is
 - probe accuracy       a logistic-regression probe for the noun's number from the residual stream at p,
                        fit on one set of sentences and scored on another, at the embedding and after each
                        block.
+
+The sentences are made on the CPU and the model runs on its own device (its parameters'): the inputs go there,
+and the logits and activations that are scored come back to the CPU.
 """
 
 from __future__ import annotations
@@ -65,6 +68,15 @@ def parse_head(name: str) -> tuple[int, int]:
     return int(layer), int(index)
 
 
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _logits(model: nn.Module, ids: Tensor) -> Tensor:
+    """The model's logits (n, T, V) for CPU ids, run on its device and brought back to the CPU."""
+    return model(ids.to(_device(model))).logits.cpu()
+
+
 def _heads(model: nn.Module) -> list[tuple[int, int]]:
     cfg = model.config
     return [(layer, h) for layer in range(cfg.n_layer) for h in range(cfg.n_head)]
@@ -78,8 +90,8 @@ def top_head(model: nn.Module, grammar: str, n: int, seed: int) -> tuple[str, di
     for depth in DEPTHS:
         s = agreement_sentences(grammar, depth, n, seed + depth)
         with capture(model, "blocks.*.mixer.hook_pattern") as seen:
-            model(s["ids"])
-        probs = torch.stack([p for p in seen.values()])  # (L, n, H, T, T)
+            model(s["ids"].to(_device(model)))
+        probs = torch.stack([p for p in seen.values()]).cpu()  # (L, n, H, T, T)
         for _, p, noun in long_range_pairs(s["order"], depth):
             total += probs[:, :, :, p, noun].sum(1)
             count += n
@@ -97,20 +109,21 @@ def causal_tests(model: nn.Module, grammar: str, top: str, n: int, seed: int) ->
     ablation: dict[str, list[Tensor]] = {head_name(layer, h): [] for layer, h in _heads(model)}
     for depth in DEPTHS:
         s = agreement_sentences(grammar, depth, n, seed + depth)
-        out, cache = run_with_cache(model, s["ids"], "blocks.*.mixer.hook_z")
+        out, cache = run_with_cache(model, s["ids"].to(_device(model)), "blocks.*.mixer.hook_z")
+        clean_logits = out.logits.cpu()
         pairs = long_range_pairs(s["order"], depth)
         for name in ablation:
             with ablated(model, [head(*parse_head(name))], how="mean", reference=cache):
-                logits = model(s["ids"]).logits
+                logits = _logits(model, s["ids"])
             ablation[name] += [preference(logits[:, p], s["plural"][:, s["order"][j]], verbs) for j, p, _ in pairs]
         for j, p, noun in pairs:
             plural = s["plural"][:, s["order"][j]]
             ids = s["ids"].clone()
             ids[:, noun] = swap[ids[:, noun]]
-            clean.append(preference(out.logits[:, p], plural, verbs))
-            flipped.append(preference(model(ids).logits[:, p], plural, verbs))
+            clean.append(preference(clean_logits[:, p], plural, verbs))
+            flipped.append(preference(_logits(model, ids)[:, p], plural, verbs))
             with patched(model, [top_site], cache):
-                patched_pref.append(preference(model(ids).logits[:, p], plural, verbs))
+                patched_pref.append(preference(_logits(model, ids)[:, p], plural, verbs))
     clean_t, flipped_t, patched_t = torch.cat(clean), torch.cat(flipped), torch.cat(patched_pref)
     accuracy = float((clean_t > 0).float().mean())
     shares = {name: (accuracy - float((torch.cat(p) > 0).float().mean())) / max(accuracy - 0.5, 1e-9)
@@ -140,11 +153,11 @@ def number_probe(model: nn.Module, grammar: str, n: int, seeds: tuple[int, int])
         labels: list[Tensor] = []
         for depth in DEPTHS:
             s = agreement_sentences(grammar, depth, n, seed + depth)
-            _, cache = run_with_cache(model, s["ids"], list(points.values()))
+            _, cache = run_with_cache(model, s["ids"].to(_device(model)), list(points.values()))
             for j, p, _ in long_range_pairs(s["order"], depth):
                 labels.append(s["plural"][:, s["order"][j]])
                 for k, point in points.items():
-                    feats[k].append(cache[point][:, p])
+                    feats[k].append(cache[point][:, p].cpu())
         y = torch.cat(labels).numpy()
         data.append({k: (torch.cat(v).numpy(), y) for k, v in feats.items()})
     accuracy = {}

@@ -71,18 +71,19 @@ AGREEMENT_COLUMNS = ("grammar", "agreement acc.", "flip rate", "probe: embedding
 AGREEMENT_HEADER = "| " + " | ".join(AGREEMENT_COLUMNS) + " |\n" + "|---" * len(AGREEMENT_COLUMNS) + "|"
 
 
-def train_gpt(grammar: str, s: dict[str, Any], seed: int, lr: float) -> tuple[GPT, list[float]]:
-    """Train a 2-layer GPT on a stream of ``train_tokens`` from ``grammar``; (model, training losses)."""
+def train_gpt(grammar: str, s: dict[str, Any], seed: int, lr: float, device: str = "cpu") -> tuple[GPT, list[float]]:
+    """Train a 2-layer GPT on a stream of ``train_tokens`` from ``grammar``; (model, training losses). The model is
+    made on the CPU under ``seed`` and trained on ``device``; the windows are drawn on the CPU and moved there."""
     train = stream(grammar, s["train_tokens"], seed=seed + 1)
     cfg = GPTConfig(vocab_size=len(vocabulary(grammar)), block_size=s["context"], n_layer=2, n_head=4, d_model=64,
                     positions="learned", attn_backend="sdpa", dropout=0.0)
     torch.manual_seed(seed)
-    model = GPT(cfg)
+    model = GPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=s["steps"], pct_start=0.05,
                                                 final_div_factor=30)
     g = torch.Generator().manual_seed(seed + 2)
-    curve = fit(model, opt, lambda step: windows(train, s["batch"], s["context"], g)[:2],
+    curve = fit(model, opt, lambda step: tuple(t.to(device) for t in windows(train, s["batch"], s["context"], g)[:2]),
                 lambda b: model(b[0], targets=b[1]), s["steps"], grad_clip=1.0,
                 after_step=lambda step, r: sched.step()).losses  # b = (x, y)
     return model.eval(), curve
@@ -98,22 +99,25 @@ def held_out_stream(grammar: str, data_seed: int) -> dict[str, Tensor]:
 @torch.no_grad()
 def stream_scores(model: GPT, grammar: str, s: dict[str, Any], data_seed: int) -> dict[str, Any]:
     """Loss on windows of a fresh stream against the floor over the same targets, and (agreement grammars) the
-    excess loss on verbs that agree with a noun."""
+    excess loss on verbs that agree with a noun. The windows are drawn on the CPU and scored on the model's
+    device; the per-token losses come back to the CPU."""
     data = held_out_stream(grammar, data_seed)
     x, y, floor_nll, begin = windows(data, s["eval_windows"], s["context"], torch.Generator().manual_seed(5))
-    out = model(x, targets=y)
+    device = next(model.parameters()).device
+    out = model(x.to(device), targets=y.to(device))
     result = {"loss": out.loss.item(), "floor_same_targets": floor_nll.mean().item()}
     result["ratio_to_floor"] = result["loss"] / result["floor_same_targets"]
     if grammar != "regular":
-        model_nll = F.cross_entropy(out.logits.transpose(1, 2), y, reduction="none")  # (B, T)
+        model_nll = F.cross_entropy(out.logits.transpose(1, 2), y.to(device), reduction="none").cpu()  # (B, T)
         verbs = data["agree"][begin[:, None] + torch.arange(1, s["context"] + 1)] >= 0
         result["excess_nll_on_verbs"] = (model_nll[verbs] - floor_nll[verbs]).mean().item()
     return result
 
 
-def seed_run(grammar: str, s: dict[str, Any], seed: int, lr: float) -> dict[str, Any]:
-    """One trained model: validation loss (chooses the rate), test scores, agreement tests, and the curves."""
-    model, curve = train_gpt(grammar, s, seed, lr)
+def seed_run(grammar: str, s: dict[str, Any], seed: int, lr: float, device: str = "cpu") -> dict[str, Any]:
+    """One trained model: validation loss (chooses the rate), test scores, agreement tests, and the curves; trained
+    and scored on ``device``."""
+    model, curve = train_gpt(grammar, s, seed, lr, device)
     val, test = stream_scores(model, grammar, s, VAL_STREAM), stream_scores(model, grammar, s, TEST_STREAM)
     result: dict[str, Any] = {"val_loss": val["loss"], "test_loss": test["loss"],
                               "floor_same_targets": test["floor_same_targets"],
@@ -133,20 +137,26 @@ def example_map(model: GPT, grammar: str, top: str) -> dict[str, Any]:
     x = windows(data, 1, 24, torch.Generator().manual_seed(5))[0]
     layer, h = parse_head(top)
     with capture(model, f"blocks.{layer}.mixer.hook_pattern") as seen:
-        model(x)
+        model(x.to(next(model.parameters()).device))
     return {"tokens": [vocabulary(grammar)[i] for i in x[0].tolist()],
-            "map": next(iter(seen.values()))[0, h].tolist()}
+            "map": next(iter(seen.values()))[0, h].cpu().tolist()}
 
 
-def run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the experiment (quick: fewer steps, tokens and sentences); writes results.json, report.md, plots."""
+def rule() -> list[str]:
+    """The verdict rule every run records (it does not depend on the settings): ``RULES``, described."""
+    return [r.describe() for r in RULES]
+
+
+def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
+    """Run the experiment (quick: fewer steps, tokens and sentences); writes results.json, report.md, plots. Every
+    model is trained and scored on ``device``."""
     started = time.perf_counter()
     s = QUICK if quick else FULL
     protocol = Protocol(seeds=[0, 1, 2], budget={k: s[k] for k in ("steps", "batch", "context", "train_tokens")},
-                        lr_sweep={g: list(s["lrs"]) for g in GRAMMARS}, verdict_rule=[r.describe() for r in RULES],
+                        lr_sweep={g: list(s["lrs"]) for g in GRAMMARS}, verdict_rule=rule(),
                         select_on="val_loss", higher_is_better=False, confirm_seeds=[3])
     record: dict[tuple[str, float, int], dict[str, Any]] = {}
-    arms = run_arms({g: (lambda seed, lr, g=g: seed_run(g, s, seed, lr)) for g in GRAMMARS}, protocol,
+    arms = run_arms({g: (lambda seed, lr, g=g: seed_run(g, s, seed, lr, device)) for g in GRAMMARS}, protocol,
                     log=lambda line: None, record=record)
     runs = {g: [record[(g, arms[g]["lr"], seed)] for seed in protocol.seeds] for g in GRAMMARS}
     outcomes = [rule.decide(arms) for rule in RULES]
@@ -161,7 +171,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
                "arms": arms, "agreement": agreement, "outcomes": outcomes}
     _plot(runs, arms, agreement, out)
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, protocol, arms, agreement, outcomes),
-                         started, quick, protocol=protocol.as_dict())
+                         started, quick, protocol=protocol.as_dict(), device=device)
 
 
 def _report(s: dict[str, Any], protocol: Protocol, arms: dict[str, Any], agreement: dict[str, Any],

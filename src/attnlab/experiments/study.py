@@ -19,14 +19,17 @@ reported next to the selection's.
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
+import hashlib
+import json
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from attnlab.core.fileio import atomic_path, atomic_write_text
+from attnlab.experiments import engine
 from attnlab.experiments.verdicts import (
     COMBINATION,
     HELD,
@@ -43,8 +46,8 @@ from attnlab.experiments.verdicts import (
 )
 
 # the rules are re-exported: every experiment imports its protocol and its rules from here
-__all__ = ["HELD", "NOT_HELD", "UNDECIDED", "Contrast", "Difference", "Protocol", "Threshold", "contrast_interval",
-           "edge_text", "fmt", "mean_interval", "outcome_lines", "parallel_runs", "plateaued", "run_arms",
+__all__ = ["HELD", "NOT_HELD", "UNDECIDED", "Batched", "Contrast", "Difference", "Protocol", "Threshold",
+           "contrast_interval", "edge_text", "fmt", "mean_interval", "outcome_lines", "plateaued", "run_arms",
            "summarize", "verdict_of", "welch_interval"]
 
 
@@ -88,23 +91,39 @@ class Protocol:
 ArmFn = Callable[[int, float], Mapping[str, Any]]
 
 
-def run_arms(arms: Mapping[str, ArmFn], protocol: Protocol, log: Callable[[str], None] = print,
+@dataclass(frozen=True)
+class Batched:
+    """An arm whose seeds train together, as one batched model (``experiments/seeds.py``): ``fn(seeds, lr)``
+    returns one result per seed, each what that seed's own run would return. ``run_arms`` gives one task up to
+    ``group`` seeds of one rate that are not kept yet."""
+
+    fn: Callable[[list[int], float], Sequence[Mapping[str, Any]]]
+    group: int = 8
+
+
+def run_arms(arms: Mapping[str, ArmFn | Batched], protocol: Protocol, log: Callable[[str], None] = print,
              record: dict[tuple[str, float, int], dict[str, Any]] | None = None,
-             workers: int | None = None) -> dict[str, Any]:
+             keep: Path | None = None) -> dict[str, Any]:
     """Every arm at every rate of its sweep with every seed (interleaved: seed-major, then arm, then rate);
     per arm the rate with the best mean ``select_on``, summaries of every metric at that rate (and per rate),
     and the confirmation seeds at that rate. Each run's wall seconds are recorded as metric ``seconds``.
 
-    ``record``, when given, receives every run's whole result (non-numeric values such as curves included)
-    under ``(arm, lr, seed)``: an arm function returns what it measured instead of storing it aside, so it
-    can run in another process. ``workers`` (default: the ``parallel_runs`` setting, 1) runs that many
-    runs at a time in forked processes of one torch thread each; results are the same as run one by one
-    (every run seeds itself), but the runs share the machine, so their ``seconds`` are not for comparison."""
-    workers = _WORKERS if workers is None else workers
+    The runs run on the engine in force (``engine.using``; by default one by one in this process; under
+    ``attnlab experiment``, as Ray tasks), each in whatever process or machine the engine gives it: an arm
+    function returns what it measured and stores nothing aside. ``record``, when given, receives every run's
+    whole result (non-numeric values such as curves included) under ``(arm, lr, seed)``.
+
+    ``keep``: the folder where each run is kept as it finishes (on this machine, whichever ran it), so that a
+    study cut off or killed resumes without running a finished run again; by default, a folder of its own
+    under the engine's ``keep_root`` when it has one. A run seeds itself, so a kept result is what running it
+    again would give."""
     record = {} if record is None else record
+    runner = engine.current()
+    if keep is None and getattr(runner, "keep_root", None) is not None:
+        keep = study_folder(runner.keep_root, arms, protocol, runner.taken)
 
     def collect(grid: list[tuple[str, float, int]], label: str) -> Iterator[tuple[str, float, dict[str, Any]]]:
-        for (arm, lr, seed), result in zip(grid, _execute(arms, grid, workers)):  # as each run finishes
+        for (arm, lr, seed), result in zip(grid, _execute(arms, grid, keep)):  # in the grid's order
             log(f"  {arm} lr {lr:g} {label} {seed}: " + _brief(result))
             record[(arm, lr, seed)] = result
             yield arm, lr, result
@@ -158,53 +177,75 @@ def _beyond_edge(chosen: Mapping[str, Any], protocol: Protocol) -> float | None:
     return float(f"{pick * pick / float(inner):.3g}")
 
 
-_WORKERS = 1
-_JOBS: list[tuple[ArmFn, int, float]] = []  # what forked workers run, by index (closures do not pickle)
+def _execute(arms: Mapping[str, ArmFn | Batched], grid: list[tuple[str, float, int]], keep: Path | None
+             ) -> Iterator[dict[str, Any]]:
+    """The results of ``grid``'s runs, in its order, run on the engine in force (``engine.current()``); with
+    ``keep``, each run is kept there as it finishes and a run kept there already is read back, not run again.
+    The seeds of a ``Batched`` arm go to one task per rate, ``group`` at a time."""
+    done: dict[int, dict[str, Any]] = {}
+    if keep is not None:
+        done = {i: read_run(keep, *run) for i, run in enumerate(grid) if run_file(keep, *run).exists()}
+    where: list[list[int]] = []  # the grid positions each job computes: one, or a Batched arm's group of seeds
+    open_groups: dict[tuple[str, float], list[int]] = {}
+    for i in (i for i in range(len(grid)) if i not in done):
+        arm, lr, _ = grid[i]
+        if not isinstance(fn := arms[arm], Batched):
+            where.append([i])
+            continue
+        group = open_groups.get((arm, lr))
+        if group is None or len(group) == fn.group:
+            group = open_groups[(arm, lr)] = []
+            where.append(group)
+        group.append(i)
+    finished = engine.current().results([_job(arms, grid, at) for at in where])
+    for position in range(len(grid)):
+        while position not in done:
+            j, result = next(finished)
+            for i, one in zip(where[j], result if isinstance(result, list) else [result]):
+                done[i] = one
+                if keep is not None:
+                    write_run(keep, *grid[i], one)
+        yield done.pop(position)
 
 
-@contextlib.contextmanager
-def parallel_runs(workers: int) -> Iterator[None]:
-    """Within the block, ``run_arms`` runs ``workers`` runs at a time (``attnlab experiment --workers``)."""
-    global _WORKERS
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    before, _WORKERS = _WORKERS, workers
-    try:
-        yield
-    finally:
-        _WORKERS = before
+def _job(arms: Mapping[str, ArmFn | Batched], grid: list[tuple[str, float, int]], at: list[int]
+         ) -> tuple[Any, Any, float]:
+    """The engine's job for the grid positions ``at``: (fn, seed, lr), or a Batched arm's (fn, seeds, lr)."""
+    arm, lr, seed = grid[at[0]]
+    fn = arms[arm]
+    return (fn.fn, tuple(grid[i][2] for i in at), lr) if isinstance(fn, Batched) else (fn, seed, lr)
 
 
-def _execute(arms: Mapping[str, ArmFn], grid: list[tuple[str, float, int]], workers: int) -> Iterator[dict[str, Any]]:
-    """The results of ``grid``'s runs, in its order: here one by one, or in a pool of forked processes."""
-    global _JOBS
-    if workers <= 1 or len(grid) < 2:
-        yield from (_timed(arms[arm], seed, lr) for arm, lr, seed in grid)
-        return
-    _JOBS = [(arms[arm], seed, lr) for arm, lr, seed in grid]
-    try:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(grid)), initializer=_one_thread) as pool:
-            yield from pool.imap(_job, range(len(grid)), chunksize=1)
-    finally:
-        _JOBS = []
+def run_file(keep: Path, arm: str, lr: float, seed: int) -> Path:
+    """Where a finished run of (arm, lr, seed) is kept."""
+    return keep / f"{arm}_{lr:g}_{seed}.pt"
 
 
-def _one_thread() -> None:
+def write_run(keep: Path, arm: str, lr: float, seed: int, result: Mapping[str, Any]) -> None:
+    """Keep a finished run's result (tensors included) and the time it finished (``partial.begin_sitting``)."""
     import torch
 
-    torch.set_num_threads(1)
+    keep.mkdir(parents=True, exist_ok=True)
+    with atomic_path(run_file(keep, arm, lr, seed)) as tmp:
+        torch.save(dict(result), tmp)
+    atomic_write_text(run_file(keep, arm, lr, seed).with_suffix(".json"), json.dumps({"finished_at": time.time()}))
 
 
-def _job(index: int) -> dict[str, Any]:
-    fn, seed, lr = _JOBS[index]
-    return _timed(fn, seed, lr)
+def read_run(keep: Path, arm: str, lr: float, seed: int) -> dict[str, Any]:
+    """A kept run's result, as it was returned (loaded with ``weights_only=True``)."""
+    import torch
+
+    return torch.load(run_file(keep, arm, lr, seed), weights_only=True)
 
 
-def _timed(fn: ArmFn, seed: int, lr: float) -> dict[str, Any]:
-    started = time.perf_counter()
-    result = dict(fn(seed, lr))
-    result.setdefault("seconds", time.perf_counter() - started)
-    return result
+def study_folder(root: Path, arms: Mapping[str, Any], protocol: Protocol, taken: set[str]) -> Path:
+    """The folder under ``root`` for the runs of one ``run_arms`` call: named by its arms and protocol, and by
+    how many calls of the same arms and protocol came before it in this experiment (``taken``)."""
+    key = json.dumps({"arms": sorted(arms), "protocol": protocol.as_dict()}, sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    name = next(f"study-{digest}-{k}" for k in range(len(taken) + 1) if f"study-{digest}-{k}" not in taken)
+    taken.add(name)
+    return root / name
 
 
 def _summaries(results: list[dict[str, float]]) -> dict[str, dict[str, Any]]:

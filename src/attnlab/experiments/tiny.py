@@ -51,9 +51,10 @@ class TinyEncoder(nn.Module):
         """Token embeddings x (B, T, C) -> final normalised states (B, T, C).
 
         ``positions`` (T,) are the position ids fed to the scheme (default 0..T-1); increasing but
-        gapped ids give randomized positional encodings (Ruoss et al. 2023).
+        gapped ids give randomized positional encodings (Ruoss et al. 2023). Ids made on the CPU are moved to
+        x's device.
         """
-        pos = torch.arange(x.size(1), device=x.device) if positions is None else positions  # (T,)
+        pos = torch.arange(x.size(1), device=x.device) if positions is None else positions.to(x.device)  # (T,)
         pe = self.positions.embed(pos)
         if pe is not None:
             x = x + pe

@@ -30,7 +30,7 @@ import torch
 
 from attnlab.core import runtime
 from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
-from attnlab.experiments.partial import kept_arms, run_parts
+from attnlab.experiments.partial import run_parts
 from attnlab.experiments.study import (
     Contrast,
     Difference,
@@ -96,13 +96,15 @@ def budget(settings: dict[str, Any], n_train: int) -> int:
 
 def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: float, seed: int,
                    lr: float, init: dict[str, torch.Tensor] | None = None,
-                   then: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> dict[str, Any]:
+                   then: Callable[[torch.nn.Module], dict[str, Any]] | None = None,
+                   device: str = "cpu") -> dict[str, Any]:
     """Train one model on ``fraction`` of the training split to a plateau; validation and test accuracy of
     the best validation checkpoint, steps used and the validation curve. ``init``: tensors to start from (those
     whose names and shapes fit, e.g. a masked autoencoder's encoder; the rest start fresh). ``then(model)``:
     more measurements of the best checkpoint (in eval mode), merged into the result. ``settings``: data,
     batch_size, epochs, (min_steps,) max_steps, eval_every, patience, (flip: random horizontal flips,) and for
-    generated data n_generated."""
+    generated data n_generated. The model is made (and ``init`` loaded) on the CPU under ``seed``, then trained
+    and scored on ``device``; batches are drawn on the CPU and moved there; ``then`` gets the model there."""
     from attnlab.models.registry import build_model
     from attnlab.training.config import ImageOptions, TrainConfig
     from attnlab.training.optim import make_optimizer
@@ -123,6 +125,7 @@ def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: f
         own = model.state_dict()
         loaded = {k: v for k, v in init.items() if k in own and own[k].shape == v.shape}
         model.load_state_dict(loaded, strict=False)
+    model.to(device)
     optimizer = make_optimizer(model, cfg)
     gen = torch.Generator().manual_seed(seed)
     curve: list[tuple[int, float]] = []
@@ -140,10 +143,12 @@ def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: f
             best.update(accuracy=curve[-1][1], state=copy.deepcopy(model.state_dict()), step=step + 1)
         return annealing(step + 1, steps) and plateaued([a for _, a in curve], settings["patience"], 0.002)
 
+    def batch_at(step: int) -> dict[str, torch.Tensor]:  # drawn on the CPU, moved to the device
+        return {k: v.to(device) for k, v in task.batch("train", cfg.batch_size, gen).items()}
+
     started = time.perf_counter()
-    fit(model, optimizer, lambda step: task.batch("train", cfg.batch_size, gen), lambda batch: model(**batch),
-        steps, lr=lambda step: lr_at(step, lr, lr / 20, max(1, steps // 20), steps), grad_clip=1.0,
-        after_step=check)
+    fit(model, optimizer, batch_at, lambda batch: model(**batch), steps,
+        lr=lambda step: lr_at(step, lr, lr / 20, max(1, steps // 20), steps), grad_clip=1.0, after_step=check)
     model.load_state_dict(best["state"])
     result = {"val_accuracy": best["accuracy"], "test_accuracy": accuracy("test"), "best_step": best["step"],
               "steps": curve[-1][0], "budget": steps, "n_train": len(task.data["train"]),
@@ -152,13 +157,26 @@ def train_and_test(model_cfg: ModelConfig, settings: dict[str, Any], fraction: f
     return result | (then(model.eval()) if then is not None else {})
 
 
-def run(out: Path, quick: bool = False, resume: bool = False) -> dict[str, Any]:
-    """Train every arm (family x fraction) over its rates and seeds; write results.json, the plot and report.md.
-    Each fraction (both families) is kept in ``out/partial.json`` as it finishes, and each single run in
-    ``out/.runs/``; ``resume``: take the fractions and runs kept there (same settings) and run only the rest."""
+def run(out: Path, quick: bool = False, resume: bool = False, device: str = "cpu") -> dict[str, Any]:
+    """Train every arm (family x fraction) over its rates and seeds on ``device``; write results.json, the plot
+    and report.md. Each fraction (both families) is kept in ``out/partial.json`` as it finishes, and each single
+    run in ``out/.runs/``; ``resume``: take the fractions and runs kept there (same settings) and run only the
+    rest."""
     settings = QUICK if quick else FULL
     with runtime.settings(threads=1):  # small models: on a shared machine, more threads only wait
-        return _run(out, quick, settings, resume)
+        return _run(out, quick, settings, resume, device)
+
+
+def data_files(source: str) -> list[Path] | None:
+    """The files an image data set is read from, for a record's provenance: Fashion-MNIST's four idx files; None
+    for the others (generated, or shipped inside a Python package)."""
+    from attnlab.data.images import FASHION_MNIST_DIR, FASHION_MNIST_FILES
+
+    if source != "fashion-mnist" and not source.startswith("fashion-mnist:"):
+        return None
+    folder = Path(source.split(":", 1)[1]) if ":" in source else FASHION_MNIST_DIR
+    return [next((p for p in (folder / (stem + ".gz"), folder / stem) if p.is_file()), folder / stem)
+            for stem in FASHION_MNIST_FILES.values()]
 
 
 def rules(fractions: list[float]) -> list[Any]:
@@ -169,7 +187,13 @@ def rules(fractions: list[float]) -> list[Any]:
                      "test_accuracy", "the gap (CNN - ViT) shrinks from the smallest to the largest fraction")]
 
 
-def _run(out: Path, quick: bool, settings: dict[str, Any], resume: bool) -> dict[str, Any]:
+def rule(settings: dict[str, Any] | None = None) -> list[str]:
+    """The verdict rule a run with ``settings`` (default: the full run's) records: ``rules`` of its fractions,
+    described."""
+    return [r.describe() for r in rules((FULL if settings is None else settings)["fractions"])]
+
+
+def _run(out: Path, quick: bool, settings: dict[str, Any], resume: bool, device: str = "cpu") -> dict[str, Any]:
     from attnlab.data.images import load_splits
     from attnlab.models.registry import build_model
 
@@ -182,15 +206,16 @@ def _run(out: Path, quick: bool, settings: dict[str, Any], resume: bool) -> dict
     budget_keys = ("epochs", "min_steps", "max_steps", "eval_every", "patience", "batch_size")
     protocol = Protocol(seeds=[0, 1, 2], budget={k: settings[k] for k in budget_keys if k in settings},
                         lr_sweep={a: list(settings["lrs"]) for a in arms},
-                        verdict_rule=[r.describe() for r in rule_list], select_on="val_accuracy", confirm_seeds=[3],
+                        verdict_rule=rule(settings), select_on="val_accuracy", confirm_seeds=[3],
                         extend_edges=settings.get("extend_edges", 0))
 
     def one_fraction(name: str, keep: Path) -> dict[str, Any]:  # both families, interleaved seed by seed
         fraction = float(name)
         record: dict[tuple[str, float, int], dict[str, Any]] = {}
-        fns = {f"{f}@{name}": (lambda seed, lr, f=f: train_and_test(configs[f], settings, fraction, seed, lr))
+        fns = {f"{f}@{name}": (lambda seed, lr, f=f: train_and_test(configs[f], settings, fraction, seed, lr,
+                                                                     device=device))
                for f in FAMILIES}
-        summary = run_arms(kept_arms(fns, keep), protocol, log=lambda line: None, record=record)
+        summary = run_arms(fns, protocol, log=lambda line: None, record=record, keep=keep)
         curves = {arm: [record[(arm, a["lr"], seed)]["curve"] for seed in protocol.seeds]
                   for arm, a in summary.items()}  # the chosen rate's validation curve, per seed
         return {"arms": summary, "curves": curves}
@@ -207,7 +232,7 @@ def _run(out: Path, quick: bool, settings: dict[str, Any], resume: bool) -> dict
                "gaps": gaps, "outcomes": outcomes, "val_curves": curves}
     return write_outputs(out, NAME, CLAIM, verdict, results, _report(settings, summary, gaps, outcomes, params,
                                                                      configs, protocol, curves), started, quick,
-                         protocol=protocol.as_dict())
+                         protocol=protocol.as_dict(), data=data_files(settings["data"]), device=device)
 
 
 def annealing(step: int, steps: int) -> bool:

