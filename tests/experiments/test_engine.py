@@ -66,12 +66,20 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """sqrt-dk --quick through embedded Ray, no address given: the reference every other run must equal."""
-    out = tmp_path_factory.mktemp("embedded")
-    log = _finish(_experiment(out))
-    assert "embedded on this machine" in log
+    """sqrt-dk --quick through embedded Ray, no address given: the reference every other run must equal (made
+    once for all the suite's workers: the first to need it runs it under a lock, the others read it)."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # the same folder for every xdist worker of this session
+    out = shared / "sqrt-dk-embedded"
+    with FileLock(str(shared / "sqrt-dk-embedded.lock")):
+        if not (out / "results.json").exists():
+            log = _finish(_experiment(out))
+            assert "embedded on this machine" in log
+            (shared / "sqrt-dk-embedded.log").write_text(log)
+    assert "embedded on this machine" in (shared / "sqrt-dk-embedded.log").read_text()
     return json.loads((out / "results.json").read_text())
 
 
@@ -85,16 +93,19 @@ def test_embedded_ray_runs_the_study_with_its_provenance(undisturbed):
 def test_a_ray_worker_killed_mid_run_is_retried_and_the_results_are_unchanged(undisturbed, tmp_path):
     out = tmp_path / "killed"
     proc = _experiment(out)
-    killed = None
+    killed, exposed = None, []
     deadline = time.monotonic() + 300
     while killed is None and proc.poll() is None and time.monotonic() < deadline:
-        busy = [pid for pid, cmd in _descendants(proc.pid) if cmd.startswith("ray::timed")]  # a worker in a run
+        below = _descendants(proc.pid)
+        busy = [pid for pid, cmd in below if cmd.startswith("ray::timed")]  # a worker in a run
         if busy:
+            exposed = _exposed({proc.pid, *(pid for pid, _ in below)})  # embedded Ray, up and busy
             os.kill(busy[0], signal.SIGKILL)
             killed = busy[0]
         time.sleep(0.05)
     _finish(proc)
     assert killed is not None, "no Ray worker was seen running a task"
+    assert not exposed, exposed  # every socket the embedded cluster listens on is on loopback
     assert _numbers(json.loads((out / "results.json").read_text())) == _numbers(undisturbed)
 
 
@@ -126,6 +137,13 @@ def test_a_killed_driver_resumes_without_redoing_a_finished_run(undisturbed, tmp
     assert not (out / ".runs").exists()  # forgotten once every run is in results.json
 
 
+def _exposed(pids: set[int]) -> list[str]:
+    """The listening TCP sockets of ``pids`` that are not on a loopback address (``ss``)."""
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in listening if any(f"pid={p}," in line for p in pids)
+            and not line.split()[3].startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:"))]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -149,16 +167,12 @@ def test_a_second_ray_cluster_given_by_address(undisturbed, tmp_path):
             time.sleep(0.2)
         time.sleep(2)
         out = tmp_path / "cluster"
-        log = _finish(_experiment(out, "--address", address, env=LOOPBACK))
+        log = _finish(_experiment(out, "--address", address))  # attnlab keeps its own side on loopback
         assert f"at {address}" in log
         record = json.loads((out / "results.json").read_text())
         assert record["provenance"]["engine"].startswith("ray ")
         assert _numbers(record) == _numbers(undisturbed)
-        listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
-        ours = {str(pid) for pid, _ in _descendants(head.pid)} | {str(head.pid)}
-        exposed = [line for line in listening if any(f"pid={p}," in line for p in ours)
-                   and not line.split()[3].startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:"))]
-        assert not exposed, exposed
+        assert not (exposed := _exposed({head.pid, *(pid for pid, _ in _descendants(head.pid))})), exposed
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         try:

@@ -239,11 +239,18 @@ def test_quick_run_is_consistent(tmp_path, monkeypatch):
     assert main(["experiment", "chomsky", "--resume", "--out", str(tmp_path)]) == 2
 
 
-def test_resume_of_an_experiment_without_parts_runs_it(tmp_path):
-    """--resume keeps the single runs a cut-off run finished (the runner keeps them, for every experiment); an
-    experiment with nothing kept (hand-trace trains nothing) simply runs."""
-    assert main(["experiment", "hand-trace", "--resume", "--out", str(tmp_path / "h")]) == 0
-    assert json.loads((tmp_path / "h" / "results.json").read_text())["experiment"] == "hand-trace"
+def test_a_resume_with_nothing_to_resume_is_refused_and_a_quick_one_never_replaces_a_full_run(tmp_path, capsys):
+    """--resume keeps the single runs a cut-off run finished (the runner keeps them, for every experiment); where
+    nothing is kept it says so instead of running afresh, and a --quick --resume into a full run's folder is
+    refused (it replaced a committed full result, exit 0)."""
+    assert main(["experiment", "hand-trace", "--resume", "--out", str(tmp_path / "h")]) == 2
+    assert "holds no unfinished run of hand-trace to resume" in capsys.readouterr().err
+    (tmp_path / "full").mkdir()
+    full = {"experiment": "sqrt-dk", "quick": False, "verdict": "held"}
+    (tmp_path / "full" / "results.json").write_text(json.dumps(full))
+    assert main(["experiment", "sqrt-dk", "--quick", "--resume", "--out", str(tmp_path / "full")]) == 2
+    assert "a --quick run would overwrite it" in capsys.readouterr().err
+    assert json.loads((tmp_path / "full" / "results.json").read_text()) == full
 
 
 def test_a_low_score_decides_only_from_a_model_that_stopped_learning():

@@ -67,16 +67,29 @@ def test_a_full_run_under_an_unregistered_rule_is_refused_before_any_work(tmp_pa
     assert len(err.splitlines()) == 1 and "is not the one registered in rules.json" in err
 
 
+def test_a_full_run_with_the_registry_uncommitted_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    from attnlab.cli import main
+    from attnlab.experiments import provenance
+
+    module = load("hand-trace")
+    monkeypatch.setattr(module, "run", lambda *a, **k: pytest.fail("the experiment ran"))
+    monkeypatch.setattr(provenance, "_git", lambda *args: " M src/attnlab/experiments/rules.json"
+                        if args[0] == "status" else None)
+    assert main(["experiment", "hand-trace", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "has uncommitted changes" in err
+
+
 @pytest.mark.skipif(not HISTORY, reason="needs the repository's full git history")
 def test_a_rule_registered_without_a_written_commit_is_found_from_git(monkeypatch):
-    """An entry with ``fixed_at: null`` resolves to the commit that added its digest to the registry."""
+    """An entry with ``fixed_at: null`` resolves to the newest commit that added its digest to the registry."""
     entry = dict(registered()["sqrt-dk"])
     log = _git("log", "--format=%H", "-S", entry["sha256"], "--", str(REGISTRY.relative_to(ROOT))).stdout.split()
     if not log:
         pytest.skip("the registry is not committed yet")
     monkeypatch.setattr("attnlab.experiments.provenance.registered",
                         lambda: {"sqrt-dk": {**entry, "fixed_at": None}})
-    assert rule_commit("sqrt-dk") == log[-1]
+    assert rule_commit("sqrt-dk") == log[0]
 
 
 def test_a_new_record_names_its_commit_data_and_engine(tmp_path):

@@ -190,8 +190,9 @@ def test_a_run_that_raises_stops_the_study_with_its_own_error_and_the_finished_r
             raise ArithmeticError(f"seed {seed} diverged")
         return _arm(seed, lr)
 
-    with RayEngine(num_cpus=2, max_in_flight=1) as ray, using(ray), pytest.raises(ArithmeticError, match="seed 2"):
+    with RayEngine(num_cpus=2, max_in_flight=1) as ray, using(ray), pytest.raises(ArithmeticError) as raised:
         run_arms({"a": arm}, Protocol(**{**PROTOCOL, "lr_sweep": {"a": [0.1]}}), log=lambda _: None, keep=tmp_path)
+    assert str(raised.value) == "seed 2 diverged"  # its own message, not Ray's traceback of the worker
     assert sorted(f.name for f in tmp_path.glob("*.pt")) == ["a_0.1_0.pt", "a_0.1_1.pt"]
 
 
@@ -211,6 +212,23 @@ def test_kept_runs_are_read_back_instead_of_run_again(tmp_path):
     assert calls == [(2, 1.0)]
     assert first["a"]["seconds"]["values"][:2] == again["a"]["seconds"]["values"][:2]  # read back, not re-timed
     assert _without_timing(first) == _without_timing(again)
+
+
+def test_a_kept_run_that_cannot_be_read_is_named_and_a_result_that_cannot_be_kept_is_refused(tmp_path):
+    import numpy as np
+
+    from attnlab.core.errors import ConfigError
+
+    protocol = Protocol(**{**PROTOCOL, "confirm_seeds": []})
+    run_arms({"a": _arm}, Protocol(**{**PROTOCOL, "lr_sweep": {"a": [0.1]}, "confirm_seeds": []}),
+             log=lambda _: None, keep=tmp_path)
+    (tmp_path / "a_0.1_1.pt").write_bytes(b"cut off while written")
+    with pytest.raises(ConfigError, match=r"cannot read the kept run .*a_0.1_1.pt"):
+        run_arms({"a": _arm}, Protocol(**{**PROTOCOL, "lr_sweep": {"a": [0.1]}, "confirm_seeds": []}),
+                 log=lambda _: None, keep=tmp_path)
+    with pytest.raises(ValueError, match="cannot be kept"):
+        run_arms({"b": lambda seed, lr: {"val": np.float64(seed), "test": 0.0}}, protocol, log=lambda _: None,
+                 keep=tmp_path / "other")
 
 
 def test_each_study_of_an_experiment_keeps_its_runs_in_a_folder_of_its_own(tmp_path):

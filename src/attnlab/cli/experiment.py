@@ -80,12 +80,12 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
                                   f"(or give --address of a larger Ray cluster)")
     out = Path(args.out) if args.out else Path("runs") / "experiments" / args.name
     check_writable_folder(out, "the output folder", ConfigError)  # before any work
-    from attnlab.experiments.partial import RUNS, forget_runs, refuse_foreign_files, refuse_to_overwrite
+    from attnlab.experiments.partial import RUNS, forget_runs, refuse_to_overwrite, refuse_to_resume
 
     if not args.resume:  # a fresh run never destroys unfinished or full-run work kept in OUT, nor one's own files
         refuse_to_overwrite(out, args.name, args.quick)
     else:
-        refuse_foreign_files(out, args.name)
+        refuse_to_resume(out, args.name, args.quick)
     module = load(args.name)
     import inspect
 
@@ -99,14 +99,21 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         raise ConfigError(f"experiment {args.name!r} trains nothing (it measures on this machine's CPU); leave out "
                           f"--device")
     if not args.quick:  # a full run decides by a rule fixed and committed before it
-        from attnlab.experiments.provenance import check_registered
+        from attnlab.experiments.provenance import check_committed, check_registered
 
         check_registered(args.name, module.rule())
+        check_committed()
     from attnlab.experiments.engine import InProcess, RayEngine, using
+    from attnlab.experiments.provenance import sha256_of
 
-    runner = InProcess(keep_root=out / RUNS, device=args.device) if args.in_process else \
-        RayEngine(address=address, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
-                  max_in_flight=args.workers, device=args.device, keep_root=out / RUNS)
+    # what names the kept runs beside each study's protocol: a resume with other data or threads takes none
+    context = {"experiment": args.name, "quick": args.quick, "threads": args.cpus_per_run,
+               "data": sha256_of(Path(args.data)) if args.data is not None else None}
+    if args.in_process or "device" not in takes:  # an experiment that trains nothing has no runs to spread
+        runner = InProcess(keep_root=out / RUNS, device=args.device, context=context)
+    else:
+        runner = RayEngine(address=address, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
+                           max_in_flight=args.workers, device=args.device, keep_root=out / RUNS, context=context)
     with runner, using(runner):
         print(f"{args.name}: {runner.describe()}")
         options = {"quick": args.quick, **({"resume": True} if args.resume and "resume" in takes else {}),

@@ -6,7 +6,7 @@ line instead of an ImportError traceback.
     extra          packages                     what needs them
     web            fastapi, uvicorn             attnlab explore
     inspect        captum, scikit-learn         attributions, linear probes, data=digits
-    experiments    scipy, scikit-learn, sacrebleu, captum   experiments' fits, BLEU of seq2seq runs
+    experiments    scipy, scikit-learn, sacrebleu, captum, ray   experiments' fits, BLEU, the study engine
     tensorboard    tensorboard                  logger=tensorboard
     audio          librosa, soundfile, espeakng-loader   WAV data, log-mel frames, spoken-word synthesis
     materials      pyxtal (with pymatgen)       XRD patterns of generated crystals
@@ -24,7 +24,8 @@ from attnlab.core.errors import AttnlabError
 EXTRAS: dict[str, tuple[str, str]] = {
     "fastapi": ("fastapi", "web"), "uvicorn": ("uvicorn", "web"), "captum": ("captum", "inspect"),
     "sklearn": ("scikit-learn", "inspect"), "scipy": ("scipy", "experiments"),
-    "sacrebleu": ("sacrebleu", "experiments"), "tensorboard": ("tensorboard", "tensorboard"),
+    "sacrebleu": ("sacrebleu", "experiments"), "ray": ("ray", "experiments"),
+    "tensorboard": ("tensorboard", "tensorboard"),
     "librosa": ("librosa", "audio"), "soundfile": ("soundfile", "audio"),
     "espeakng_loader": ("espeakng-loader", "audio"), "pyxtal": ("pyxtal", "materials"),
 }

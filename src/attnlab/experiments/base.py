@@ -54,7 +54,14 @@ def write_outputs(out: Path, name: str, claim: str, held: bool | str, results: d
 
 
 def rerun_line(name: str) -> str:
-    """How to run the full study again, on this machine, a GPU node or a Ray cluster (the last line of a report)."""
+    """How to run the full study again, on this machine, a GPU node or a Ray cluster (the last line of a report;
+    an experiment that trains nothing measures on this machine)."""
+    import inspect
+
+    from attnlab.experiments import load
+
+    if "device" not in inspect.signature(load(name).run).parameters:
+        return f"Run it: `attnlab experiment {name} --out DIR` (it trains nothing: it measures on this machine)."
     return (f"Run it: `attnlab experiment {name} --out DIR` (add `--device cuda` on a GPU node, `--address "
             f"HOST:PORT` to spread it over a Ray cluster, `--resume` to continue a run cut off).")
 

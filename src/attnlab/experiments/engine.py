@@ -11,11 +11,13 @@ Ray schedules the tasks over the cluster's CPUs and GPUs: each asks for ``cpus_p
 count) and, on a GPU, ``gpus_per_run`` of one GPU (a fraction packs several small runs on one GPU); at most
 ``max_in_flight`` runs are submitted at a time (``attnlab experiment --workers``; default: as many as the
 cluster fits). A worker process that dies mid-run (killed, out of memory, a lost node) is retried by Ray
-(``max_retries``); every run seeds itself, so the retried result is the same. An exception raised by the run
-itself is not retried: it stops the study, and the runs finished before it stay kept (``run_arms(keep=...)``).
+(``max_retries``); every run seeds itself, so on the same kind of device and thread count the retried result is
+the same. An exception raised by the run itself is not retried: it stops the study with its own message, and the
+runs finished before it stay kept (``run_arms(keep=...)``).
 
-Embedded Ray binds to the loopback interface only (127.0.0.1), its dashboard off; joining a cluster on another
-machine uses that cluster's addresses.
+Embedded Ray, and a cluster joined at a loopback address, take 127.0.0.1 as the node's address (Ray's own
+switch, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, set before Ray is first imported in this process), its
+dashboard off; joining a cluster on another machine uses that cluster's addresses.
 
 ``using(engine)`` makes ``engine`` the one ``run_arms`` uses within a block (``attnlab experiment`` sets it);
 ``current()`` is the engine in force.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import os
 import socket
 import time
@@ -67,7 +70,9 @@ class InProcess:
 
     engine = "in-process"
 
-    def __init__(self, keep_root: Path | None = None, device: str = "cpu") -> None:
+    def __init__(self, keep_root: Path | None = None, device: str = "cpu",
+                 context: dict[str, Any] | None = None) -> None:
+        self.context = context  # what names this run's kept runs beside each study's protocol (study_folder)
         if device == "auto":
             import torch
 
@@ -104,19 +109,23 @@ class RayEngine:
 
     def __init__(self, address: str | None = None, cpus_per_run: int = 1, gpus_per_run: float | None = None,
                  max_in_flight: int | None = None, device: str = "cpu", num_cpus: int | None = None,
-                 max_retries: int = 3, keep_root: Path | None = None) -> None:
+                 max_retries: int = 3, keep_root: Path | None = None, context: dict[str, Any] | None = None) -> None:
         if cpus_per_run < 1:
             raise ConfigError(f"cpus per run must be at least 1, got {cpus_per_run}")
         if max_in_flight is not None and max_in_flight < 1:
             raise ConfigError(f"--workers must be at least 1, got {max_in_flight}")
         if device not in ("cpu", "cuda", "auto"):
             raise ConfigError(f"--device must be cpu, cuda or auto, got {device!r}")
-        if gpus_per_run is not None and (gpus_per_run < 0 or (gpus_per_run > 1 and gpus_per_run % 1)):
-            raise ConfigError(f"--gpus-per-run must be a fraction of one GPU or a whole number, got {gpus_per_run}")
+        if gpus_per_run is not None and not (math.isfinite(gpus_per_run) and gpus_per_run > 0
+                                             and (gpus_per_run <= 1 or gpus_per_run % 1 == 0)):
+            raise ConfigError(f"--gpus-per-run must be a share of one GPU (0 < g <= 1) or a whole number of GPUs, "
+                              f"got {gpus_per_run}")
+        self.flag = "--address" if address else "RAY_ADDRESS"  # where the address came from, for the messages
         self.address = address or os.environ.get("RAY_ADDRESS") or None
         self.cpus_per_run, self.gpus_per_run, self.max_in_flight = cpus_per_run, gpus_per_run, max_in_flight
         self.device, self.num_cpus, self.max_retries, self.keep_root = device, num_cpus, max_retries, keep_root
         self.engine = "ray"
+        self.context = context  # what names this run's kept runs beside each study's protocol (study_folder)
         self.taken: set[str] = set()  # the folders under keep_root given to studies so far (study.study_folder)
         self._ray: Any = None
 
@@ -128,7 +137,8 @@ class RayEngine:
                 raise ConfigError("--device cuda: this machine has no GPU; use --device cpu, or --address of a "
                                   "Ray cluster with GPUs")
         if self.address is not None:
-            reachable(self.address)
+            if self.address != "auto":  # auto: the cluster `ray start` left on this machine, found by Ray
+                reachable(self.address, self.flag)
             if os.environ.get("RAY_AUTH_TOKEN") or (Path.home() / ".ray" / "auth_token").is_file():
                 # as `ray start` does on the head: a token at hand means the cluster was started with it (Ray's
                 # client sends it to an explicit address only when told to)
@@ -136,8 +146,9 @@ class RayEngine:
         loopback = self.address is None or self.address.rsplit(":", 1)[0].strip("[]") in LOOPBACK
         if loopback:  # Ray's own switch: every server of a local cluster on 127.0.0.1, nothing on other addresses
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        import ray
+        from attnlab.core.extras import require
 
+        ray = require("ray", "the study engine (or run with --in-process)")
         # Ray says on every start that it turned on token authentication for the new cluster (the cluster stays
         # on loopback and keeps it on): its notes are for Ray's own log, not for the study's
         logging.getLogger("ray").setLevel(logging.ERROR)
@@ -151,20 +162,38 @@ class RayEngine:
         try:
             ray.init(**options)
         except (ConnectionError, ValueError, RuntimeError) as e:
-            raise ConfigError(f"cannot reach the Ray cluster at {self.address}: {str(e).splitlines()[0]}") from None
+            where = "start Ray on this machine" if self.address is None else f"join the Ray cluster at {self.address}"
+            raise ConfigError(f"cannot {where}: {str(e).splitlines()[0]}") from None
+        try:
+            self._check_resources(ray)
+        except ConfigError:
+            ray.shutdown()
+            self._ray = None
+            raise
+        self.engine = f"ray {ray.__version__}"
+        return self
+
+    def _check_resources(self, ray: Any) -> None:
+        """Resolve ``auto`` and the GPU share; ConfigError where no node of the cluster could ever run a run
+        (Ray would wait for one for ever)."""
         gpus = ray.cluster_resources().get("GPU", 0)
         if self.device == "auto":
             self.device = "cuda" if gpus > 0 else "cpu"
         if self.device == "cuda" and gpus == 0:
-            ray.shutdown()
             raise ConfigError("--device cuda: the Ray cluster has no GPU; use --device cpu (or auto)")
         if self.gpus_per_run is None:
             self.gpus_per_run = 0.25 if self.device == "cuda" else 0.0  # four small runs share a GPU
         if self.device == "cpu" and self.gpus_per_run:
-            ray.shutdown()
             raise ConfigError("--gpus-per-run applies to --device cuda")
-        self.engine = f"ray {ray.__version__}"
-        return self
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        most_cpus = max((n.get("CPU", 0) for n in nodes), default=0)
+        most_gpus = max((n.get("GPU", 0) for n in nodes), default=0)
+        if self.cpus_per_run > most_cpus:
+            raise ConfigError(f"--cpus-per-run {self.cpus_per_run}: no node of the Ray cluster has more than "
+                              f"{most_cpus:g} CPUs")
+        if self.gpus_per_run > most_gpus:
+            raise ConfigError(f"--gpus-per-run {self.gpus_per_run:g}: no node of the Ray cluster has more than "
+                              f"{most_gpus:g} GPUs")
 
     def __exit__(self, *exc: Any) -> None:
         if self._ray is not None:
@@ -203,24 +232,26 @@ class RayEngine:
                     try:
                         result = ray.get(ref)
                     except ray.exceptions.RayTaskError as e:  # the run's own exception, as it was raised
-                        raise e.as_instanceof_cause() from None
+                        raise (e.cause if isinstance(e.cause, BaseException) else e) from None
                     yield index, result
         finally:
             for ref in pending:
                 ray.cancel(ref, force=True)
 
 
-def reachable(address: str, timeout: float = 10.0) -> None:
-    """ConfigError unless ``address`` is HOST:PORT and something answers there (Ray itself would wait and retry
-    for minutes before it says so)."""
+def reachable(address: str, flag: str = "--address", timeout: float = 10.0) -> None:
+    """ConfigError unless ``address`` (given by ``flag``) is HOST:PORT and something answers there (Ray itself
+    would wait and retry for minutes before it says so)."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or "/" in address:
-        raise ConfigError(f"--address {address!r}: give the Ray cluster's HOST:PORT (as `ray start --head` prints it)")
+        hint = (" (an http:// address is the dashboard's, for `ray job submit`)" if "://" in address else "")
+        raise ConfigError(f"{flag} {address!r}: give the Ray cluster's HOST:PORT, as `ray start --head` prints it, "
+                          f"or auto for the cluster started on this machine{hint}")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as e:
-        raise ConfigError(f"--address {address}: nothing answers there ({e.strerror or e}); start the cluster with "
-                          f"`ray start --head`, or leave --address out to run on this machine") from None
+        raise ConfigError(f"{flag} {address}: nothing answers there ({e.strerror or e}); start the cluster with "
+                          f"`ray start --head`, or leave the address out to run on this machine") from None
 
 
 _ENGINE: contextvars.ContextVar[Any] = contextvars.ContextVar("attnlab_study_engine", default=None)

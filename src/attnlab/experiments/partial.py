@@ -110,6 +110,21 @@ def refuse_to_overwrite(out: Path, name: str, quick: bool) -> None:
     refuse_foreign_files(out, name)
 
 
+def refuse_to_resume(out: Path, name: str, quick: bool) -> None:
+    """ConfigError, before any work, where ``--resume`` into ``out`` has nothing of experiment ``name`` to take
+    up (no kept single runs, no partial.json of it), would overwrite a full run with a ``quick`` one, or would
+    write among files that are not a run of ``name``."""
+    refuse_foreign_files(out, name)
+    partial, results = _record(out / FILE), _record(out / RESULTS)
+    for record, file in ((partial, FILE), (results, RESULTS)):
+        if record is not None and record.get("experiment") == name and quick and record.get("quick") is False:
+            raise ConfigError(f"{out} holds a full run of {name} ({file}); a --quick run would overwrite it: "
+                              f"choose another --out")
+    runs = sum(1 for f in (out / RUNS).glob("*/*.json") if f.name != SITTINGS)
+    if not runs and (partial is None or partial.get("experiment") != name):  # parts kept, even all: taken as they are
+        raise ConfigError(f"{out} holds no unfinished run of {name} to resume; run it without --resume")
+
+
 def refuse_foreign_files(out: Path, name: str) -> None:
     """ConfigError, before any work, where ``out`` holds files but no record of experiment ``name`` (its
     partial.json or results.json, or kept single runs): a run writes report.md, results.json and its figures

@@ -9,7 +9,7 @@
 Pre-registration: each experiment's rule (``module.rule()``, the ``verdict_rule`` a full run records) is
 registered in ``rules.json`` beside this module, ``{name: {"rule": [...], "fixed_at": commit or null}}``. A rule
 registered with ``fixed_at: null`` was fixed in the commit that registered it, found from git
-(``git log -S`` of its digest); ``fixed_at`` is written out for rules fixed before the registry existed. A full
+(``git log -S`` of its digest: the newest commit that added it); ``fixed_at`` is written out for rules fixed before the registry existed. A full
 run whose rule is not the registered one is refused before any work (``check_registered``), so a rule cannot
 be changed after seeing a result without the change showing in git, and in ``rule_commit``.
 """
@@ -53,14 +53,15 @@ def registered() -> dict[str, dict[str, Any]]:
 
 def rule_commit(name: str) -> str | None:
     """The commit at which experiment ``name``'s registered rule was fixed: written in the registry, or the
-    oldest commit whose change to the registry added the rule's digest; None without git or registration."""
+    newest commit that changed how often the registry holds the rule's digest (the registry holds it now, so that
+    change added it: a rule changed and changed back counts from its return); None without git or registration."""
     entry = registered().get(name)
     if entry is None:
         return None
     if entry.get("fixed_at"):
         return entry["fixed_at"]
     found = _git("log", "--format=%H", "-S", entry["sha256"], "--", str(REGISTRY.relative_to(SOURCE)))
-    return found.split()[-1] if found else None
+    return found.split()[0] if found else None
 
 
 def check_registered(name: str, rule: Sequence[str]) -> None:
@@ -70,6 +71,13 @@ def check_registered(name: str, rule: Sequence[str]) -> None:
         raise ConfigError(f"the verdict rule of {name} in the code is not the one registered in {REGISTRY.name}: "
                           f"a full run decides by a rule fixed and committed before it runs; register it with "
                           f"scripts/register_rules.py and commit, or run --quick")
+
+
+def check_committed() -> None:
+    """ConfigError, in a checkout, where the registry has changes that are not committed: a full run's
+    ``rule_commit`` must name the commit that fixed its rule."""
+    if _git("status", "--porcelain", "--", str(REGISTRY.relative_to(SOURCE))):
+        raise ConfigError(f"{REGISTRY} has uncommitted changes: commit the registered rules before a full run")
 
 
 def sha256_of(path: Path) -> str:

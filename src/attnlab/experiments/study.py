@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.core.errors import ConfigError
 from attnlab.core.fileio import atomic_path, atomic_write_text
 from attnlab.experiments import engine
 from attnlab.experiments.verdicts import (
@@ -120,7 +121,8 @@ def run_arms(arms: Mapping[str, ArmFn | Batched], protocol: Protocol, log: Calla
     record = {} if record is None else record
     runner = engine.current()
     if keep is None and getattr(runner, "keep_root", None) is not None:
-        keep = study_folder(runner.keep_root, arms, protocol, runner.taken)
+        context = {**(getattr(runner, "context", None) or {}), "device": runner.device}
+        keep = study_folder(runner.keep_root, arms, protocol, runner.taken, context)
 
     def collect(grid: list[tuple[str, float, int]], label: str) -> Iterator[tuple[str, float, dict[str, Any]]]:
         for (arm, lr, seed), result in zip(grid, _execute(arms, grid, keep)):  # in the grid's order
@@ -222,26 +224,46 @@ def run_file(keep: Path, arm: str, lr: float, seed: int) -> Path:
 
 
 def write_run(keep: Path, arm: str, lr: float, seed: int, result: Mapping[str, Any]) -> None:
-    """Keep a finished run's result (tensors included) and the time it finished (``partial.begin_sitting``)."""
+    """Keep a finished run's result (tensors included) and the time it finished (``partial.begin_sitting``);
+    ValueError if the result holds what cannot be read back safely (``weights_only``: a numpy value, an object)."""
+    import io
+
     import torch
 
+    buffer = io.BytesIO()
+    torch.save(dict(result), buffer)
+    try:
+        torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    except Exception as e:  # the arm's result, not the user's input: a programming error, said plainly
+        raise ValueError(f"the result of {arm} lr {lr:g} seed {seed} cannot be kept: give plain numbers, lists, "
+                         f"dicts and tensors ({str(e).splitlines()[0]})") from None
     keep.mkdir(parents=True, exist_ok=True)
     with atomic_path(run_file(keep, arm, lr, seed)) as tmp:
-        torch.save(dict(result), tmp)
+        tmp.write_bytes(buffer.getvalue())
     atomic_write_text(run_file(keep, arm, lr, seed).with_suffix(".json"), json.dumps({"finished_at": time.time()}))
 
 
 def read_run(keep: Path, arm: str, lr: float, seed: int) -> dict[str, Any]:
-    """A kept run's result, as it was returned (loaded with ``weights_only=True``)."""
+    """A kept run's result, as it was returned (loaded with ``weights_only=True``); ConfigError naming the file
+    where it cannot be read (cut off while written elsewhere, damaged)."""
     import torch
 
-    return torch.load(run_file(keep, arm, lr, seed), weights_only=True)
+    path = run_file(keep, arm, lr, seed)
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as e:
+        raise ConfigError(f"cannot read the kept run {path} ({type(e).__name__}); remove it and --resume again "
+                          f"(that run alone is run again)") from None
 
 
-def study_folder(root: Path, arms: Mapping[str, Any], protocol: Protocol, taken: set[str]) -> Path:
-    """The folder under ``root`` for the runs of one ``run_arms`` call: named by its arms and protocol, and by
-    how many calls of the same arms and protocol came before it in this experiment (``taken``)."""
-    key = json.dumps({"arms": sorted(arms), "protocol": protocol.as_dict()}, sort_keys=True, default=str)
+def study_folder(root: Path, arms: Mapping[str, Any], protocol: Protocol, taken: set[str],
+                 context: Mapping[str, Any] | None = None) -> Path:
+    """The folder under ``root`` for the runs of one ``run_arms`` call: named by its arms, its protocol and the
+    ``context`` of the experiment's run (``attnlab experiment`` gives the experiment, mode, data digest, device
+    and threads, so a resume with other data or another device never takes these runs), and by how many calls
+    of the same came before it in this experiment (``taken``)."""
+    key = json.dumps({"arms": sorted(arms), "protocol": protocol.as_dict(), "context": context}, sort_keys=True,
+                     default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     name = next(f"study-{digest}-{k}" for k in range(len(taken) + 1) if f"study-{digest}-{k}" not in taken)
     taken.add(name)
