@@ -8,10 +8,11 @@
 
 Pre-registration: each experiment's rule (``module.rule()``, the ``verdict_rule`` a full run records) is
 registered in ``rules.json`` beside this module, ``{name: {"rule": [...], "fixed_at": commit or null}}``. A rule
-registered with ``fixed_at: null`` was fixed in the commit that registered it, found from git
-(``git log -S`` of its digest: the newest commit that added it); ``fixed_at`` is written out for rules fixed before the registry existed. A full
-run whose rule is not the registered one is refused before any work (``check_registered``), so a rule cannot
-be changed after seeing a result without the change showing in git, and in ``rule_commit``.
+registered with ``fixed_at: null`` was fixed in the commit that registered it, found from git (``git log -S``
+of its digest: the newest commit that added it); ``fixed_at`` is written out for rules fixed before the registry
+existed. A full run whose rule is not the registered one, or with the registry not committed, is refused before
+any work (``check_registered``, ``check_committed``), so a rule cannot be changed after seeing a result without
+the change showing in git, and in ``rule_commit``.
 """
 
 from __future__ import annotations
