@@ -195,3 +195,20 @@ def test_a_folder_of_ones_own_files_is_refused_before_any_work(tmp_path):
     (tmp_path / "own" / "notes.md").write_text("beside a run of x")
     refuse_to_overwrite(tmp_path / "own", "x", quick=False)  # a run of x with a note beside it may run again
     refuse_foreign_files(tmp_path / "empty", "x")  # missing or empty: fine
+
+
+def test_the_single_runs_of_a_part_are_kept_apart_by_device_and_threads(tmp_path):
+    """A chomsky resumed with --device cuda (or other threads) must not take the runs its CPU sitting kept."""
+    from attnlab.experiments.engine import InProcess, using
+    from attnlab.experiments.partial import runs_folder
+
+    plain_here = runs_folder(tmp_path, "x", {"a": 1}, False, "p")
+    with using(InProcess(context={"threads": 1})):
+        one = runs_folder(tmp_path, "x", {"a": 1}, False, "p")
+    with using(InProcess(context={"threads": 2})):
+        two = runs_folder(tmp_path, "x", {"a": 1}, False, "p")
+    engine = InProcess(context={"threads": 1})
+    engine.device = "cuda"  # as on a GPU machine
+    with using(engine):
+        gpu = runs_folder(tmp_path, "x", {"a": 1}, False, "p")
+    assert len({plain_here, one, two, gpu}) == 4 and all(f.name.startswith("p-") for f in (one, two, gpu))

@@ -31,6 +31,7 @@ from typing import Any
 
 from attnlab.core.errors import ConfigError
 from attnlab.core.fileio import atomic_write_text
+from attnlab.experiments import engine
 
 FILE = "partial.json"
 RUNS = ".runs"
@@ -182,8 +183,13 @@ def run_parts(out: Path, name: str, settings: dict[str, Any], quick: bool, names
 
 
 def runs_folder(out: Path, name: str, settings: dict[str, Any], quick: bool, part: str) -> Path:
-    """Where the single runs of ``part`` of experiment ``name`` with these settings are kept."""
-    key = json.dumps({"experiment": name, "quick": quick, "settings": plain(settings)}, sort_keys=True)
+    """Where the single runs of ``part`` of experiment ``name`` with these settings are kept: named by them and by
+    the engine's context (``attnlab experiment``'s data digest and threads, and the device), so that a resume on
+    another device or with other threads never takes these runs."""
+    runner = engine.current()
+    context = {**(getattr(runner, "context", None) or {}), "device": runner.device}
+    key = json.dumps({"experiment": name, "quick": quick, "settings": plain(settings), "context": plain(context)},
+                     sort_keys=True)
     return out / RUNS / f"{part}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
