@@ -33,6 +33,15 @@ def _numbers(node: Any) -> Any:
     return node
 
 
+def _differences(a: Any, b: Any, at: str = "") -> list[str]:
+    """Where two records differ (paths), for a failure message that says which numbers moved."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{at}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{at}[{i}]")]
+    return [] if a == b else [f"{at}: {a!r} != {b!r}"[:200]]
+
+
 def _experiment(out: Path, *extra: str, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
     return subprocess.Popen([*ATTNLAB, "experiment", "sqrt-dk", "--quick", "--out", str(out), *extra],
                             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -106,7 +115,8 @@ def test_a_ray_worker_killed_mid_run_is_retried_and_the_results_are_unchanged(un
     _finish(proc)
     assert killed is not None, "no Ray worker was seen running a task"
     assert not exposed, exposed  # every socket the embedded cluster listens on is on loopback
-    assert _numbers(json.loads((out / "results.json").read_text())) == _numbers(undisturbed)
+    moved = _differences(_numbers(json.loads((out / "results.json").read_text())), _numbers(undisturbed))
+    assert not moved, moved[:8]
 
 
 def test_a_killed_driver_resumes_without_redoing_a_finished_run(undisturbed, tmp_path):

@@ -103,12 +103,12 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 
         check_registered(args.name, module.rule())
         check_committed()
+    from attnlab.core.manifest import sha256
     from attnlab.experiments.engine import InProcess, RayEngine, using
-    from attnlab.experiments.provenance import sha256_of
 
     # what names the kept runs beside each study's protocol: a resume with other data or threads takes none
     context = {"experiment": args.name, "quick": args.quick, "threads": args.cpus_per_run,
-               "data": sha256_of(Path(args.data)) if args.data is not None else None}
+               "data": sha256(Path(args.data)) if args.data is not None else None}
     if args.in_process or "device" not in takes:  # an experiment that trains nothing has no runs to spread
         runner = InProcess(keep_root=out / RUNS, device=args.device, context=context)
     else:

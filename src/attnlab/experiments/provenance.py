@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.core.errors import ConfigError
+from attnlab.core.manifest import sha256
 
 REGISTRY = Path(__file__).with_name("rules.json")
 SOURCE = Path(__file__).resolve().parents[3]  # the checkout attnlab runs from, when it is one
@@ -81,20 +82,11 @@ def check_committed() -> None:
         raise ConfigError(f"{REGISTRY} has uncommitted changes: commit the registered rules before a full run")
 
 
-def sha256_of(path: Path) -> str:
-    """The SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def provenance(name: str, data: Path | Sequence[Path] | None, device: str, engine: str) -> dict[str, Any]:
     """The provenance record of a run of experiment ``name`` that read the files ``data`` (see the module
     docstring)."""
     files = [data] if isinstance(data, str | Path) else list(data or [])
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
-            "data_sha256": {Path(f).name: sha256_of(Path(f)) for f in files} or None, "device": device,
+            "data_sha256": {Path(f).name: sha256(Path(f)) for f in files} or None, "device": device,
             "engine": engine, "rule_commit": rule_commit(name)}
