@@ -83,13 +83,20 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """sqrt-dk --quick through embedded Ray, no address given: the reference every other run must equal (as
-    ``_differences`` compares them)."""
-    out = tmp_path_factory.mktemp("embedded")
-    log = _finish(_experiment(out))
-    assert "embedded on this machine" in log
+    ``_differences`` compares them). Made once per test session: the first worker to ask makes it, under a file
+    lock, and the others read its results.json."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = shared / "sqrt-dk-embedded"
+    with FileLock(str(shared / "sqrt-dk-embedded.lock")):
+        if not (out / "results.json").is_file():
+            log = _finish(_experiment(out))
+            assert "embedded on this machine" in log
     return json.loads((out / "results.json").read_text())
 
 
