@@ -52,8 +52,8 @@ def load_benchmark(name: str):
 
 def bench_here(name: str, *argv: str) -> int:
     """``python benchmarks/NAME.py ARGV`` run in this process; its exit status. ``attnlab bench`` starts a new
-    interpreter for the script, and that start (an import of torch, ~2 s) is most of what a refusal costs, so
-    the refusals are checked here; the runs that do work go through ``attnlab bench`` itself."""
+    interpreter for the script, and that start (an import of torch, ~2 s) is much of what a short run costs, so
+    the benchmark tests run their scripts here; ``tests/cli/test_cli.py`` checks ``attnlab bench`` itself."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
     path = [str(script.parent), *sys.path]  # as `python script.py` sets it; a script may add to it
     with mock.patch.object(sys, "argv", [str(script), *argv]), mock.patch.object(sys, "path", path):

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 
-from attnlab.cli import main
 from tests.helpers import bench_here
 
 
 def test_option_sets_compile_and_match_eager(tmp_path, capfd):
-    assert main(["bench", "compile_options", "--only", "gpt2: base", "gpt2: moe_experts", "gpt2: positions=alibi",
-                 "--results", str(tmp_path)]) == 0
+    assert bench_here("compile_options", "--only", "gpt2: base", "gpt2: moe_experts", "gpt2: positions=alibi",
+                      "--results", str(tmp_path)) == 0
     rows = {r["options"]: r for r in json.loads((tmp_path / "compile_options.json").read_text())["rows"]}
     assert set(rows) == {"gpt2: positions=alibi", next(n for n in rows if n.startswith("gpt2: moe_experts"))}
     for r in rows.values():

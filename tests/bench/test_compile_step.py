@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
-from attnlab.cli import main
 from tests.helpers import bench_here
 
 
 def test_one_variant_is_compiled_without_a_break_and_timed_against_eager(tmp_path, capfd):
     out = tmp_path / "compile_step.json"
-    assert main(["bench", "compile_step", "--variants", "learned", "--rounds", "2", "--steps", "1", "--warmup", "0",
-                 "--threads", "1", "--out", str(out)]) == 0
+    assert bench_here("compile_step", "--variants", "learned", "--rounds", "2", "--steps", "1", "--warmup", "0",
+                      "--threads", "1", "--out", str(out)) == 0
     (row,) = json.loads(out.read_text())["results"]
     assert row["variant"] == "learned" and row["graph_breaks"] == 0
     assert len(row["per_round_ms"]["eager"]) == len(row["per_round_ms"]["compiled"]) == 2
@@ -22,8 +21,8 @@ def test_one_variant_is_compiled_without_a_break_and_timed_against_eager(tmp_pat
 
 def test_eval_times_an_evaluation_in_eval_mode(tmp_path):
     out = tmp_path / "compile_step.json"
-    assert main(["bench", "compile_step", "--variants", "learned", "--rounds", "2", "--steps", "1", "--warmup", "0",
-                 "--threads", "1", "--eval", "--out", str(out)]) == 0
+    assert bench_here("compile_step", "--variants", "learned", "--rounds", "2", "--steps", "1", "--warmup", "0",
+                      "--threads", "1", "--eval", "--out", str(out)) == 0
     record = json.loads(out.read_text())
     (row,) = record["results"]
     assert record["meta"]["timed"] == row["timed"] == "eval"

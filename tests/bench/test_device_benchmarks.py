@@ -8,13 +8,12 @@ import json
 
 import pytest
 
-from attnlab.cli import main
 from tests.helpers import bench_here, load_benchmark
 
 
 def test_parallel_time_measures_both_arms_and_applies_the_long_range_rule(tmp_path, capfd):
-    assert main(["bench", "parallel_time", "--device", "cpu", "--lengths", "16", "32", "64", "--repeats", "3",
-                 "--results", str(tmp_path)]) == 0
+    assert bench_here("parallel_time", "--device", "cpu", "--lengths", "16", "32", "64", "--repeats", "3",
+                      "--results", str(tmp_path)) == 0
     record = json.loads((tmp_path / "parallel_time_cpu.json").read_text())
     assert set(record["forward_seconds"]) == {"lstm", "transformer"}
     assert all(len(v) == 3 and all(len(r) == 3 for r in v.values()) for v in record["forward_seconds"].values())
@@ -26,8 +25,8 @@ def test_parallel_time_measures_both_arms_and_applies_the_long_range_rule(tmp_pa
 
 
 def test_long_context_cost_records_every_mixer_and_the_cost_rules(tmp_path):
-    assert main(["bench", "long_context_cost", "--device", "cpu", "--lengths", "64", "128", "256", "--reps", "2",
-                 "--max-step-s", "5", "--results", str(tmp_path)]) == 0
+    assert bench_here("long_context_cost", "--device", "cpu", "--lengths", "16", "32", "64", "--reps", "2",
+                      "--max-step-s", "5", "--results", str(tmp_path)) == 0
     record = json.loads((tmp_path / "long_context_cost_cpu.json").read_text())
     assert set(record["cost"]) == {"eager", "sdpa", "tiled", "ssm", "ssm-fused"}  # on a CPU: the C++ scan too
     assert all(len(v["seconds"]) == 2 and v["peak_mib"] is not None

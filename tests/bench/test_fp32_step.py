@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from attnlab.cli import main
 from tests.helpers import bench_here
 
 STAND_IN = '''
@@ -53,9 +52,9 @@ def checkout(tmp_path):
 
 def test_every_contender_is_timed_in_every_round_and_compared_with_nanogpt(checkout, capfd):
     out = checkout / "fp32_step.json"
-    assert main(["bench", "fp32_step", "--nanogpt", str(checkout / "nanogpt"), "--data", str(checkout / "text.txt"),
-                 "--contenders", "nanogpt", "attnlab", "matmuls-only", "--rounds", "2", "--block", "2", "--warmup", "1",
-                 "--out", str(out)]) == 0
+    assert bench_here("fp32_step", "--nanogpt", str(checkout / "nanogpt"), "--data", str(checkout / "text.txt"),
+                      "--contenders", "nanogpt", "attnlab", "matmuls-only", "--rounds", "2", "--block", "2", "--warmup",
+                      "1", "--out", str(out)) == 0
     record = json.loads(out.read_text())
     rows = {r["contender"]: r for r in record["results"]}
     assert set(rows) == {"nanogpt", "attnlab", "matmuls-only"}

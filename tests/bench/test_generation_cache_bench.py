@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import json
 
-from attnlab.cli import main
 from attnlab.nn.attention.latent import MultiHeadLatentAttention
-from tests.helpers import load_benchmark
+from tests.helpers import bench_here, load_benchmark
 
 
 def test_every_variant_decodes_with_its_cache_as_the_full_pass_does(tmp_path):
     out = tmp_path / "gc.json"
-    assert main(["bench", "generation_cache", "--contexts", "16", "32", "--d-model", "32", "--heads", "4",
-                 "--n-layer", "2", "--steps", "3", "--rounds", "1", "--warmup", "1", "--check-context", "8",
-                 "--check-tokens", "4", "--out", str(out)]) == 0
+    assert bench_here("generation_cache", "--contexts", "16", "32", "--d-model", "32", "--heads", "4",
+                      "--n-layer", "2", "--steps", "3", "--rounds", "1", "--warmup", "1", "--check-context", "8",
+                      "--check-tokens", "4", "--out", str(out)) == 0
     rows = {r["variant"]: r for r in json.loads(out.read_text())["variants"]}
     assert set(rows) == {"MHA", "GQA (2 kv)", "MQA (1 kv)", "MLA", "MLA absorbed", "SSM", "hybrid (SSM+MHA)"}
     assert all(r["cache_equivalence_max_abs_diff"] < 1e-4 for r in rows.values()), rows

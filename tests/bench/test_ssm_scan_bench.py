@@ -1,6 +1,6 @@
 """benchmarks/ssm_scan.py: the C++ selective scan against the chunked form, timed alternately. Tiny shapes here:
 the table and the JSON it writes (every round of both, what autograd keeps), and a bad shape refused in one
-line before any work."""
+line before any work. The scripts run in this process (``bench_here``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import shutil
 
 import pytest
+import torch
 
-from attnlab.cli import main
 from attnlab.cpu import scan as cpu_scan
 from tests.helpers import bench_here
 
@@ -17,8 +17,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the kernel 
 
 
 def test_times_both_scans_and_records_what_autograd_keeps(tmp_path, capfd):
-    assert main(["bench", "ssm_scan", "--rounds", "3", "--shapes", "2x70x8", "1x130x4", "--results",
-                 str(tmp_path)]) == 0
+    assert bench_here("ssm_scan", "--rounds", "3", "--shapes", "2x70x8", "1x130x4", "--results", str(tmp_path)) == 0
     record = json.loads((tmp_path / "ssm_scan.json").read_text())
     assert [r["shape"] for r in record["rows"]] == [[2, 70, 8], [1, 130, 4]]
     for row in record["rows"]:
@@ -30,8 +29,9 @@ def test_times_both_scans_and_records_what_autograd_keeps(tmp_path, capfd):
 def test_the_compiled_form_is_a_third_contender_with_peak_memory(tmp_path, capfd):
     """--compiled adds the chunked form under torch.compile; every contender's peak memory is recorded beside what
     the decay matrices would take stored whole at --chunk (4 bytes x B x ceil(T / l) x l x l x d x N)."""
-    assert main(["bench", "ssm_scan", "--rounds", "3", "--shapes", "2x70x8", "--chunk", "16", "--compiled",
-                 "--results", str(tmp_path)]) == 0
+    torch._dynamo.reset()  # the script runs in this process: it compiles from a clean slate, as in a process of its own
+    assert bench_here("ssm_scan", "--rounds", "3", "--shapes", "2x70x8", "--chunk", "16", "--compiled",
+                      "--results", str(tmp_path)) == 0
     record = json.loads((tmp_path / "ssm_scan.json").read_text())
     row = record["rows"][0]
     assert record["chunk"] == row["chunk"] == 16 and record["compiled"]
@@ -48,8 +48,8 @@ def test_another_version_of_the_kernel_is_a_third_contender(tmp_path, capfd):
     other = tmp_path / "older.cpp"
     other.write_text(cpu_scan.SOURCE.read_text() + "// another version\n")
     out = tmp_path / "out"
-    assert main(["bench", "ssm_scan", "--rounds", "3", "--shapes", "1x70x8", "--against", str(other), "--results",
-                 str(out)]) == 0
+    assert bench_here("ssm_scan", "--rounds", "3", "--shapes", "1x70x8", "--against", str(other), "--results",
+                      str(out)) == 0
     row = json.loads((out / "ssm_scan.json").read_text())["rows"][0]
     assert set(row["seconds"]) == {"chunked (chunk 4)", "cpu-fused", "cpu-fused (--against)"}
     assert row["speedup_over_against"] > 0 and "its time / cpu-fused's" in capfd.readouterr().out
@@ -80,7 +80,7 @@ def test_an_against_kernel_that_cannot_serve_is_one_line_and_exit_2(tmp_path, ca
 def test_no_compiler_is_one_line_and_exit_2(tmp_path, capfd, monkeypatch):
     """benchmarks/ run through cli.errors.run_script: a kernel that cannot be built here is a user error."""
     monkeypatch.setenv("CXX", "no-such-compiler")
-    # a new process: this one may have loaded the kernel already
-    assert main(["bench", "ssm_scan", "--rounds", "3", "--shapes", "1x10x4", "--results", str(tmp_path)]) == 2
+    monkeypatch.setattr(cpu_scan, "_LOADED", {})  # as in a new process: this one may have loaded the kernel already
+    assert bench_here("ssm_scan", "--rounds", "3", "--shapes", "1x10x4", "--results", str(tmp_path)) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ssm_scan: ") and "C++ compiler" in err[0], err
