@@ -22,8 +22,9 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the kernels 
 
 
 def _hybrid() -> GPTConfig:
-    """Four blocks: SSM, attention, SSM, attention, each with a dense GELU FFN; heads of 16."""
-    return GPTConfig(vocab_size=50, block_size=32, n_layer=4, n_head=2, d_model=32, dropout=0.0, bias=False,
+    """Four blocks: SSM, attention, SSM, attention, each with a dense GELU FFN; heads of 32 (the head size
+    tests/cpu/test_attention.py builds the attention kernel for: each size is a build of its own)."""
+    return GPTConfig(vocab_size=50, block_size=32, n_layer=4, n_head=2, d_model=64, dropout=0.0, bias=False,
                      mixer="hybrid")
 
 

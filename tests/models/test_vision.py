@@ -297,8 +297,8 @@ def test_rollout_finds_the_one_patch_that_decides_the_class():
 
 
 def test_train_eval_inspect_through_the_cli(tmp_path, capsys):
-    tiny = ["max_iters=30", "eval_interval=30", "log_interval=10", "batch_size=32", "progress=false",
-            f"out_dir={tmp_path}", "warmup_iters=5", "model.n_layer=1", "model.d_model=32"]
+    tiny = ["max_iters=10", "eval_interval=10", "log_interval=5", "batch_size=32", "progress=false",
+            f"out_dir={tmp_path}", "warmup_iters=2", "model.n_layer=1", "model.d_model=32"]
     assert main(["train", "configs/vit-digits.yaml", "name=vit", *tiny]) == 0
     run = tmp_path / "vit"
     labels = json.loads((run / "labels.json").read_text())

@@ -86,11 +86,12 @@ def test_two_processes_take_the_steps_of_one_process_with_the_global_batch(tmp_p
     out = tmp_path / "runs"
     extra = dict(max_iters=12, dropout=0.0, threads=1, device="cpu", eval_interval=12)
     _torchrun(preset, tiny_overrides(corpus, out, name="two", batch_size=4, **extra), tmp_path)
-    Trainer(tiny_config(corpus, out, name="one", batch_size=8, **extra)).train()
+    trainer = Trainer(tiny_config(corpus, out, name="one", batch_size=8, **extra))
+    init = {k: v.clone() for k, v in trainer.model.state_dict().items()}  # the weights both runs start from
+    trainer.train()
     two, one = _weights(out / "two"), _weights(out / "one")
     worst = max((two[k] - one[k]).abs().max().item() for k in one)
     assert worst < 1e-5, worst
-    init = Trainer(tiny_config(corpus, out, name="init", batch_size=8, **extra)).model.state_dict()
     assert max((one[k] - init[k]).abs().max().item() for k in one) > 1e-3  # and training did move them
 
 

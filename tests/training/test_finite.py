@@ -171,15 +171,24 @@ def test_resume_still_refuses_a_folder_whose_checkpoints_are_all_damaged(corpus,
     assert "no valid checkpoint" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def swap_run(tmp_path_factory, _session_cache) -> Path:
+    """A 10-step run with a checkpoint every 5 and its best/, trained once for the module."""
+    root = tmp_path_factory.mktemp("swap")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNLAB_CACHE_DIR", str(_session_cache))
+        cfg = tiny_config(write_corpus(root / "corpus.txt"), root / "runs", name="swap", max_iters=10, eval_interval=5)
+        return Trainer(cfg).train().run_dir
+
+
 @pytest.mark.parametrize("left", ["old", "tmp", "both"])
-def test_a_kill_inside_the_best_swap_loses_nothing(corpus, tmp_path, left):
+def test_a_kill_inside_the_best_swap_loses_nothing(swap_run, tmp_path, left):
     """best/ is swapped in by two renames (best -> .old-best, .tmp-best -> best); killed between them, the
-    next resume used to delete both complete copies. Now it puts one back."""
+    next resume used to delete both complete copies. Now it puts one back (each case on a copy of one run)."""
     from attnlab.training.checkpoint import best_checkpoint, remove_stale_temporaries
 
-    trainer = Trainer(tiny_config(corpus, tmp_path / "runs", name="swap", max_iters=10, eval_interval=5))
-    trainer.train()
-    root = trainer.run_dir / "checkpoints"
+    run = Path(shutil.copytree(swap_run, tmp_path / "swap"))
+    root = run / "checkpoints"
     best = root / "best"
     if left in ("tmp", "both"):
         shutil.copytree(best, root / ".tmp-best-999")
@@ -187,8 +196,8 @@ def test_a_kill_inside_the_best_swap_loses_nothing(corpus, tmp_path, left):
         best.rename(root / ".old-best-999")
     else:
         shutil.rmtree(best)
-    remove_stale_temporaries(trainer.run_dir)
-    assert best_checkpoint(trainer.run_dir) == best and not list(root.glob(".*"))
+    remove_stale_temporaries(run)
+    assert best_checkpoint(run) == best and not list(root.glob(".*"))
 
 
 def test_links_and_occupied_folders_are_refused(corpus, tmp_path, capsys):

@@ -5,7 +5,9 @@ naming it; a folder written before manifests loads with a one-line warning."""
 from __future__ import annotations
 
 import json
+import shutil
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -15,9 +17,19 @@ from attnlab.training.checkpoint import list_checkpoints
 from tests.helpers import train_tiny_run
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, _session_cache):
+    """One tiny run (10 steps, a checkpoint every 5) trained once for the module, in the tests' cache folder."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNLAB_CACHE_DIR", str(_session_cache))
+        return train_tiny_run(tmp_path_factory.mktemp("manifests"), max_iters=10, eval_interval=5)
+
+
 @pytest.fixture
-def run(tmp_path):
-    return train_tiny_run(tmp_path, max_iters=10, eval_interval=5)
+def run(trained, tmp_path):
+    """A copy of the module's run for one test to alter (resume takes a run's name and out_dir from the folder it
+    is given, so the copy is a run of its own)."""
+    return Path(shutil.copytree(trained, tmp_path / "runs" / trained.name))
 
 
 def flip_signs(weights, fraction: float = 0.3) -> None:

@@ -64,7 +64,7 @@ def test_sigkill_at_random_points_then_resume_is_bit_identical(corpus, tmp_path)
     """Kill a training subprocess with SIGKILL at random steps (some mid-checkpoint-write),
     resume, and compare final weights and logged losses with an uninterrupted run."""
     out = tmp_path / "runs"
-    extra = dict(max_iters=24, checkpoint_interval=1, eval_interval=8, dropout=0.1, threads=1, **EXACT)
+    extra = dict(max_iters=12, checkpoint_interval=1, eval_interval=4, dropout=0.1, threads=1, **EXACT)
     Trainer(tiny_config(corpus, out, name="reference", **extra)).train()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     preset = tmp_path / "defaults.yaml"  # the same defaults the in-process runs use
@@ -82,7 +82,7 @@ def test_sigkill_at_random_points_then_resume_is_bit_identical(corpus, tmp_path)
                 *tiny_overrides(corpus, out, name=name, **extra)]
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            target = rng.randint(2, 20)
+            target = rng.randint(2, 10)
             assert _wait(lambda t=target, r=run: _steps_done(r) >= t), "training subprocess made no progress"
             if trial % 2 == 1:  # kill the moment the next checkpoint write is in progress
                 _wait(lambda r=run: any((r / "checkpoints").glob(".tmp-*")), timeout=5)
@@ -188,13 +188,23 @@ class _Exploit:
         return (Path.touch, (self.marker,))
 
 
-def _trained(corpus, tmp_path, name="victim") -> Path:
-    Trainer(tiny_config(corpus, tmp_path / "runs", name=name, max_iters=10)).train()
-    return tmp_path / "runs" / name
+@pytest.fixture(scope="module")
+def victim(tmp_path_factory, _session_cache) -> Path:
+    """A 10-step run trained once for the module (on the same corpus as the ``corpus`` fixture's)."""
+    root = tmp_path_factory.mktemp("victim")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNLAB_CACHE_DIR", str(_session_cache))
+        Trainer(tiny_config(write_corpus(root / "corpus.txt"), root / "runs", name="victim", max_iters=10)).train()
+    return root / "runs" / "victim"
 
 
-def test_malicious_pickle_trainer_state_is_refused(corpus, tmp_path):
-    run = _trained(corpus, tmp_path)
+def _trained(victim: Path, tmp_path: Path) -> Path:
+    """A copy of the module's 10-step run at ``tmp_path/runs/victim``, for one test to damage."""
+    return Path(shutil.copytree(victim, tmp_path / "runs" / "victim"))
+
+
+def test_malicious_pickle_trainer_state_is_refused(corpus, victim, tmp_path):
+    run = _trained(victim, tmp_path)
     newest = list_checkpoints(run)[-1]
     marker = tmp_path / "pwned"
     torch.save({"step": 10, "optimizer": _Exploit(marker)}, newest / "trainer_state.pt")
@@ -210,8 +220,8 @@ def test_malicious_pickle_trainer_state_is_refused(corpus, tmp_path):
     assert not marker.exists()
 
 
-def test_pickle_in_place_of_safetensors_is_refused(corpus, tmp_path):
-    run = _trained(corpus, tmp_path)
+def test_pickle_in_place_of_safetensors_is_refused(victim, tmp_path):
+    run = _trained(victim, tmp_path)
     marker = tmp_path / "pwned"
     (run / "attnlab_model.safetensors").write_bytes(pickle.dumps(_Exploit(marker)))
     with pytest.raises(CheckpointError) as e:
@@ -221,8 +231,8 @@ def test_pickle_in_place_of_safetensors_is_refused(corpus, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
-def test_corrupt_checkpoint_files_give_one_line_errors(corpus, tmp_path, damage, capsys):
-    run = _trained(corpus, tmp_path)
+def test_corrupt_checkpoint_files_give_one_line_errors(corpus, victim, tmp_path, damage, capsys):
+    run = _trained(victim, tmp_path)
     for name in ("attnlab_model.safetensors", "trainer_state.pt"):
         file = list_checkpoints(run)[-1] / name
         data = file.read_bytes()
