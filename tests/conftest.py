@@ -21,6 +21,12 @@ def _session_cache(tmp_path_factory):
     return base / "attnlab-cache"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_for_the_session(_session_cache):
+    """The private cache for session- and module-scoped fixtures too (they run before function fixtures)."""
+    os.environ["ATTNLAB_CACHE_DIR"] = str(_session_cache)
+
+
 @pytest.fixture(autouse=True)
 def _private_cache(_session_cache, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(_session_cache))
