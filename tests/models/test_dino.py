@@ -15,6 +15,7 @@ from attnlab.cli import main
 from attnlab.data.multicrop import multi_crop
 from attnlab.models import DINOConfig, build_model
 from attnlab.models.dino.model import backbone_features
+from tests.helpers import micrograph_folder
 
 SMALL = dict(image_size=16, local_size=8, patch_size=4, in_channels=1, n_layer=1, n_head=2, d_model=16, d_ff=32,
              out_dim=12, head_hidden=16, head_bottleneck=8)
@@ -80,26 +81,11 @@ def dino_run(tmp_path_factory):
     return next(out.iterdir())
 
 
-def _micrograph_folder(root, n: int = 60, size: int = 32):
-    """``n`` micrograph-type images (data/micrographs.py, the runs' own generated data) as a folder of class
-    sub-folders of PNGs: the probe reads them in place of ``data=generated:micrograph-types``, which would generate
-    6,000 images (~10 s) for it."""
-    from PIL import Image
-
-    from attnlab.data.micrographs import TASKS, generate
-
-    images, labels, _, _ = generate("type", n, size)
-    for i, (image, label) in enumerate(zip(images, labels)):
-        (root / TASKS["type"][label]).mkdir(parents=True, exist_ok=True)
-        Image.fromarray(image[0]).save(root / TASKS["type"][label] / f"{i}.png")
-    return root
-
-
 def test_a_dino_run_is_probed_fine_tuned_and_starts_a_vit(dino_run, tmp_path, capsys):
     records = [json.loads(line) for line in (dino_run / "metrics.jsonl").read_text().splitlines()]
     assert any("val_teacher_entropy" in r for r in records)
     capsys.readouterr()
-    assert main(["probe", str(dino_run), f"data={_micrograph_folder(tmp_path / 'types')}", "n_labels=12"]) == 0
+    assert main(["probe", str(dino_run), f"data={micrograph_folder(tmp_path / 'types')}", "n_labels=12"]) == 0
     assert "logistic probe on 12 labelled images" in capsys.readouterr().out
     assert main(["finetune", str(dino_run), "data=generated:micrograph-types", "images.n_generated=60",
                  "max_iters=2", "eval_interval=2", "eval_iters=1", f"out_dir={tmp_path / 'ft'}",

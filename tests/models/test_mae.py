@@ -11,6 +11,7 @@ import torch
 from attnlab.cli import main
 from attnlab.models import MAEConfig, ViTConfig, build_model
 from attnlab.models.mae.model import patchify, unpatchify
+from tests.helpers import micrograph_folder
 
 SMALL = dict(image_size=16, patch_size=4, in_channels=1, n_layer=2, n_head=2, d_model=32, d_ff=64)
 
@@ -53,21 +54,6 @@ def mae_run(tmp_path_factory):
     return next(out.iterdir())
 
 
-def _micrograph_folder(root, n: int = 60, size: int = 32):
-    """``n`` micrograph-type images (data/micrographs.py, the runs' own generated data) as a folder of class
-    sub-folders of PNGs: the probe reads them in place of ``data=generated:micrograph-types``, which would generate
-    6,000 images (~10 s) for it."""
-    from PIL import Image
-
-    from attnlab.data.micrographs import TASKS, generate
-
-    images, labels, _, _ = generate("type", n, size)
-    for i, (image, label) in enumerate(zip(images, labels)):
-        (root / TASKS["type"][label]).mkdir(parents=True, exist_ok=True)
-        Image.fromarray(image[0]).save(root / TASKS["type"][label] / f"{i}.png")
-    return root
-
-
 def test_pre_training_logs_a_reconstruction_loss_and_draws_reconstructions(mae_run, capsys):
     records = [json.loads(line) for line in (mae_run / "metrics.jsonl").read_text().splitlines()]
     assert any("val_loss" in r for r in records) and not any("val_accuracy" in r for r in records)
@@ -77,7 +63,7 @@ def test_pre_training_logs_a_reconstruction_loss_and_draws_reconstructions(mae_r
 
 def test_probe_finetune_and_init_from_read_the_pre_trained_encoder(mae_run, tmp_path, capsys):
     capsys.readouterr()
-    assert main(["probe", str(mae_run), f"data={_micrograph_folder(tmp_path / 'types')}", "n_labels=12"]) == 0
+    assert main(["probe", str(mae_run), f"data={micrograph_folder(tmp_path / 'types')}", "n_labels=12"]) == 0
     out = capsys.readouterr().out
     assert "logistic probe on 12 labelled images" in out and "test accuracy" in out
     assert main(["finetune", str(mae_run), "data=generated:micrograph-types", "images.n_generated=60",
