@@ -234,7 +234,7 @@ def test_quick_run_is_consistent(tmp_path, monkeypatch):
     assert again["results"] == json.loads(json.dumps(r)) and abs(again["wall_time_s"] - record["wall_time_s"]) < 0.02
     # resuming a finished run trains nothing; a full-size resume into a quick run's folder is refused in one line
     monkeypatch.setattr(c, "run_task", lambda task, s: (_ for _ in ()).throw(AssertionError("trained")))
-    assert main(["experiment", "chomsky", "--quick", "--resume", "--out", str(tmp_path)]) == 0
+    assert main(["experiment", "chomsky", "--quick", "--resume", "--in-process", "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "results.json").read_text())["results"]["tasks"] == r["tasks"]
     assert main(["experiment", "chomsky", "--resume", "--out", str(tmp_path)]) == 2
 

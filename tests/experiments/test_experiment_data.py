@@ -36,7 +36,7 @@ def test_data_is_refused_where_it_means_nothing_or_is_missing(tmp_path, capsys, 
     (tmp_path / "binary").write_bytes(bytes(range(256)))
     (tmp_path / "short.txt").write_text("hello world\n")
     for path, said in (("binary", "is not UTF-8 text (byte 128 cannot be read)"), ("short.txt", "has 12 characters")):
-        assert main(["experiment", "scaling", "--quick", "--data", str(tmp_path / path),
+        assert main(["experiment", "scaling", "--quick", "--in-process", "--data", str(tmp_path / path),
                      "--out", str(tmp_path / "o")]) == 2  # were a UnicodeDecodeError and a RuntimeError, exit 1
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and said in err, err
@@ -57,7 +57,8 @@ def test_a_given_text_reaches_the_experiment(tmp_path, capsys, monkeypatch, text
         return {"claim_held": True, "verdict": "held", "wall_time_s": 0.0}
 
     monkeypatch.setattr(scaling, "_run", fake_run)
-    assert main(["experiment", "scaling", "--quick", "--data", str(text_file), "--out", str(tmp_path / "o")]) == 0
+    assert main(["experiment", "scaling", "--quick", "--in-process", "--data", str(text_file),
+                 "--out", str(tmp_path / "o")]) == 0
     assert seen == [text_file]
 
 

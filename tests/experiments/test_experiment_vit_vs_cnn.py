@@ -13,7 +13,8 @@ from tests.helpers import verdicts_follow_their_intervals
 
 
 def test_vit_vs_cnn_quick(tmp_path):
-    assert main(["experiment", "vit-vs-cnn", "--quick", "--out", str(tmp_path)]) == 0
+    # the runs in this process, one after another (a study through Ray: test_engine.py)
+    assert main(["experiment", "vit-vs-cnn", "--quick", "--in-process", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "results.json").read_text())
     r = record["results"]
     assert record["quick"] is True and record["experiment"] == "vit-vs-cnn"
@@ -48,7 +49,7 @@ def test_vit_vs_cnn_quick(tmp_path):
     kept = json.loads((tmp_path / "partial.json").read_text())
     assert list(kept["parts"]) == [f"{x:g}" for x in s["fractions"]]
     (tmp_path / "results.json").unlink()
-    assert main(["experiment", "vit-vs-cnn", "--quick", "--resume", "--out", str(tmp_path)]) == 0
+    assert main(["experiment", "vit-vs-cnn", "--quick", "--resume", "--in-process", "--out", str(tmp_path)]) == 0
     again = json.loads((tmp_path / "results.json").read_text())["results"]
     assert again["arms"] == r["arms"] and again["outcomes"] == r["outcomes"]
 

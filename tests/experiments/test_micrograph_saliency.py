@@ -19,7 +19,7 @@ def test_region_patches_are_the_patches_a_mask_touches():
 
 def test_a_quick_run_cut_off_resumes_from_its_kept_runs_and_scores_every_map(tmp_path, monkeypatch):
     """The first sitting ends during the 4th of the 8 runs; --resume runs the other 5 and writes the whole record,
-    checked as a quick run's (one run serves both checks: each sitting trains for ~5 s). The runs run in this
+    checked as a quick run's (one run serves both checks: each sitting trains for a few seconds). The runs run in this
     process (the default engine), where the replaced ``seed_run`` counts them."""
     done: list[tuple[str, int, float]] = []
     real = ms.seed_run
@@ -50,7 +50,8 @@ def test_a_quick_run_cut_off_resumes_from_its_kept_runs_and_scores_every_map(tmp
         assert 0 <= row["pointing"]["mean"] <= 1 and 0 < row["chance"]["mean"] < 1 and len(row["auc"]["values"]) == 3
     for arm in ("vit", "cnn"):  # each model trained to its budget or a plateau, with a held-out seed
         a = results["arms"][arm]
-        assert a["steps"]["values"] == [20, 20, 20] and len(a["confirmation"]["test_accuracy"]["values"]) == 1
+        assert a["steps"]["values"] == [ms.QUICK["max_steps"]] * 3
+        assert len(a["confirmation"]["test_accuracy"]["values"]) == 1
         assert results["methods"]["gradcam" if arm == "cnn" else "rollout"]["accuracy"] == a["test_accuracy"]
     assert {o["rule"].split("'")[0] for o in results["outcomes"]} == {"attention", "rollout", "gradcam"}
     assert not (tmp_path / ".runs").exists()  # the kept runs (and seed 0's weights) go once the run is whole

@@ -47,7 +47,7 @@ def test_ssl_recipe_resumes_by_dataset(tmp_path, monkeypatch):
     from attnlab.core.errors import ConfigError
     from attnlab.experiments import ssl_recipe
 
-    tiny = {**ssl_recipe.QUICK, "labels": (60,), "pretrain_steps": 5, "max_steps": 5, "epochs": 1}
+    tiny = {**ssl_recipe.QUICK, "labels": (60,), "pretrain_steps": 5, "max_steps": 5, "eval_every": 5, "epochs": 1}
     two = {"a": ssl_recipe.QUICK_DATASETS["digits"], "b": ssl_recipe.QUICK_DATASETS["digits"]}
     monkeypatch.setattr(ssl_recipe, "QUICK", tiny)
     monkeypatch.setattr(ssl_recipe, "QUICK_DATASETS", two)
@@ -92,7 +92,7 @@ def test_ssl_recipe_resumes_a_cut_off_dataset_run_by_run(tmp_path, monkeypatch):
     from attnlab.experiments import ssl_recipe
 
     monkeypatch.setattr(ssl_recipe, "QUICK", {**ssl_recipe.QUICK, "labels": (60,), "pretrain_steps": 5,
-                                              "max_steps": 5, "epochs": 1})
+                                              "max_steps": 5, "eval_every": 5, "epochs": 1})
     pretrained: list[int] = []
     trained: list[int] = []
     real_pretrain, real_train = ssl_recipe.pretrain, ssl_recipe.train_and_test

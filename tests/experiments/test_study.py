@@ -21,10 +21,17 @@ from attnlab.experiments.study import (
     welch_interval,
 )
 
-scipy_stats = pytest.importorskip("scipy.stats")
+pytest.importorskip("scipy")  # the intervals' t quantiles
 
 
-def test_summaries_and_welchs_interval_match_scipy():
+@pytest.fixture
+def scipy_stats():
+    """scipy.stats, the reference of the intervals, imported by the tests that use it (a Ray worker that loads this
+    module for its arms then starts without it)."""
+    return pytest.importorskip("scipy.stats")
+
+
+def test_summaries_and_welchs_interval_match_scipy(scipy_stats):
     a, b = summarize([1.0, 1.2, 0.9, 1.1]), summarize([0.5, 0.9, 0.4])
     assert a["mean"] == pytest.approx(1.05) and a["sd"] == pytest.approx(0.12909944) and a["n"] == 4
     assert (a["min"], a["max"]) == (0.9, 1.2)
@@ -247,7 +254,7 @@ def test_each_study_of_an_experiment_keeps_its_runs_in_a_folder_of_its_own(tmp_p
     assert len({n.rsplit("-", 1)[0] for n in twins}) == 1 and sorted(runs.values()) == [3, 9, 9]
 
 
-def test_a_contrast_of_two_arms_is_welchs_interval_and_a_gap_contrast_adds_the_variances():
+def test_a_contrast_of_two_arms_is_welchs_interval_and_a_gap_contrast_adds_the_variances(scipy_stats):
     from attnlab.experiments.study import Contrast, contrast_interval
 
     a, b = summarize([1.0, 1.2, 0.9, 1.1]), summarize([0.5, 0.9, 0.6])
@@ -272,7 +279,7 @@ def _miss(a_vals, b_vals):
     return Difference("a", "b", "acc").decide({"a": {"acc": summarize(a_vals)}, "b": {"acc": summarize(b_vals)}})
 
 
-def test_a_part_that_misses_at_95_percent_but_not_family_wise_does_not_refute_a_claim_of_several():
+def test_a_part_that_misses_at_95_percent_but_not_family_wise_does_not_refute_a_claim_of_several(scipy_stats):
     """With K parts each at 95%, one misses by chance up to K times as often: the claim is refuted only by a part
     whose interval at 1 - 0.05/K (Bonferroni) still lies wholly short; held still needs every part held at 95%."""
     from attnlab.experiments.verdicts import family_interval, refutes

@@ -45,7 +45,7 @@ CLAIM = ("On images whose class depends on a known region, a ViT's [CLS] attenti
          "weights are randomised).")
 METHODS = ("attention", "rollout", "gradient_x_input", "integrated_gradients", "random")
 FULL = dict(steps=1500, n_test=100, ig_steps=32)
-QUICK = dict(steps=100, n_test=8, ig_steps=8)
+QUICK = dict(steps=40, n_test=8, ig_steps=8)
 RULES = [rule for m in ("attention", "rollout") for rule in (
     Threshold(m, "pointing", 0.25), Threshold(m, "auc", 0.5), Threshold(m, "rank_corr_random", 0.5, above=False))]
 

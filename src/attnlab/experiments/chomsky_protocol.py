@@ -94,8 +94,8 @@ FULL: dict[str, Any] = {
 QUICK: dict[str, Any] = {
     **FULL, "tasks": ("parity_check", "reverse_string"), "models": ("rnn", "lstm", "tf-none", "tf-rope"),
     "max_test_length": 50, "n_test_lengths": 2, "eval_strings": {"single": 64, "sequence": 8},
-    "val_strings": {"single": 32, "sequence": 8}, "steps": {"rnn": 60, "lstm": 60, "transformer": 40},
-    "check_every": 20, "patience": 2, "lrs": [3e-3], "d_model": 16, "hidden": 16,
+    "val_strings": {"single": 32, "sequence": 8}, "steps": {"rnn": 30, "lstm": 30, "transformer": 20},
+    "check_every": 10, "patience": 2, "lrs": [3e-3], "d_model": 16, "hidden": 16,
 }
 SEEDS, CONFIRM_SEEDS = [0, 1, 2], [3]
 

@@ -55,8 +55,8 @@ SETTINGS = {
     # the validation inputs only choose the two methods compared; 10 per seed (40 over the 4 seeds) suffice
     "full": {"vit_steps": 1500, "vit_lrs": [1e-3, 3e-3], "vit_val": 10, "vit_test": 40, "text_train": 1000,
              "text_heldout": 200, "text_cs": [1.0, 10.0, 100.0], "text_val": 10, "text_test": 40, "n_samples": 200},
-    "quick": {"vit_steps": 100, "vit_lrs": [2e-3], "vit_val": 1, "vit_test": 1, "text_train": 100,
-              "text_heldout": 20, "text_cs": [10.0], "text_val": 1, "text_test": 1, "n_samples": 16},
+    "quick": {"vit_steps": 100, "vit_lrs": [2e-3], "vit_val": 1, "vit_test": 1, "text_train": 40,
+              "text_heldout": 10, "text_cs": [10.0], "text_val": 1, "text_test": 1, "n_samples": 16},
 }
 
 

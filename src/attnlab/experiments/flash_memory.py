@@ -49,7 +49,7 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     """Run the experiment (quick: shorter contexts); writes results.json, report.md and the figures to ``out``."""
     started = time.perf_counter()
     B, H, D, block = 1, 4, 64, 128
-    lengths = [256, 512, 1024, 2048] if quick else [256, 512, 1024, 1536, 2048, 3072, 4096]
+    lengths = [256, 512, 1024, 1536] if quick else [256, 512, 1024, 1536, 2048, 3072, 4096]
     max_mib = 3 * 1024
     budget = 0.1 if quick else 0.5
     impls = bench.make_impls(block)

@@ -47,7 +47,7 @@ NAME = "grokking"
 CLAIM = ("On modular addition (mod 97) a transformer trained with weight decay reaches 100% training accuracy long "
          "before validation accuracy, then generalises; without weight decay validation stays low.")
 FULL = dict(p=97, steps=5000, eval_every=100, batch=512, d_model=128, n_layer=2, lrs=[1e-3, 3e-3], converged_evals=5)
-QUICK = dict(p=23, steps=150, eval_every=25, batch=128, d_model=64, n_layer=1, lrs=[3e-3], converged_evals=4)
+QUICK = dict(p=23, steps=60, eval_every=10, batch=128, d_model=64, n_layer=1, lrs=[3e-3], converged_evals=4)
 WEIGHT_DECAY = {"wd": 1.0, "no-wd": 0.0}
 RULES = [Threshold("wd", "test_accuracy", 0.95, above=True),
          Threshold("wd", "log10_delay", math.log10(2.0), above=True),

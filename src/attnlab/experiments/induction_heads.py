@@ -58,7 +58,7 @@ CLAIM = ("A 2-layer transformer on sequences with repeats learns in context in a
 # 12,000 steps: a first full run with 5,000 (docs/experiments/induction-heads-5000) was not decidable, one seed still
 # in its transition at the end (gain 0.43 nats, induction score 0.11); the budget was raised before this run
 FULL = dict(alphabet=64, length=64, steps=12000, eval_every=200, batch=32, d_model=64, lr=1e-3)
-QUICK = dict(alphabet=16, length=32, steps=150, eval_every=25, batch=32, d_model=32, lr=3e-3)
+QUICK = dict(alphabet=16, length=32, steps=60, eval_every=10, batch=32, d_model=32, lr=3e-3)
 RULES = [Threshold("model", "icl_gain", 1.0, above=True),
          Threshold("model", "lag_fraction", 0.1, above=False),
          Threshold("model", "ablation_removed", 0.5, above=True),
@@ -175,7 +175,7 @@ def _removed(model: torch.nn.Module, seqs: Tensor, kinds: Tensor, heads: list[in
 
 
 def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
-    """Run the experiment (quick: a smaller model and alphabet, 150 steps; ``device``: where the models train and
+    """Run the experiment (quick: a smaller model and alphabet, 60 steps; ``device``: where the models train and
     are evaluated, a torch device string); writes results.json, report.md, plots."""
     started = time.perf_counter()
     s = QUICK if quick else FULL

@@ -81,7 +81,7 @@ ARMS = ("rnn", "lstm", "transformer", "transformer-no-positions")
 FULL = dict(ks=(8, 16, 32, 64, 128), lrs=[1e-3, 3e-3], max_steps=3000, eval_every=100, patience=5, batch=32,
             time_lengths=(64, 256, 1024, 4096), time_repeats=7, eval_sequences=1000,
             grad_ks=(8, 16, 32, 64, 128, 256, 512))
-QUICK = dict(ks=(8, 16), lrs=[3e-3], max_steps=100, eval_every=50, patience=2, batch=32,
+QUICK = dict(ks=(8, 16), lrs=[3e-3], max_steps=20, eval_every=10, patience=2, batch=32,
              time_lengths=(32, 128), time_repeats=3, eval_sequences=250, grad_ks=(8, 16, 32, 64))
 
 

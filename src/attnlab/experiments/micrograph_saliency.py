@@ -64,8 +64,8 @@ FULL: dict[str, Any] = dict(
     data="generated:micrograph-types", n_generated=4000, size=48, lrs=[1e-3, 3e-3], epochs=60, min_steps=1500,
     max_steps=6000, eval_every=250, patience=4, batch_size=32, flip=True, extend_edges=2, n_test=200)
 QUICK: dict[str, Any] = dict(
-    data="generated:micrograph-types", n_generated=120, size=32, lrs=[1e-3], epochs=20, max_steps=20,
-    eval_every=10, patience=3, batch_size=16, flip=True, n_test=8)
+    data="generated:micrograph-types", n_generated=120, size=32, lrs=[1e-3], epochs=20, max_steps=10,
+    eval_every=5, patience=3, batch_size=16, flip=True, n_test=8)
 RULES = [Threshold(m, "over_chance", 0.0) for m in ("attention", "rollout", "gradcam")]
 GRID = 8  # patches per side
 BUDGET_KEYS = ("epochs", "min_steps", "max_steps", "eval_every", "patience", "batch_size", "n_test")

@@ -51,7 +51,7 @@ ARMS = {"dense": dict(ffn=4), "dense-wide": dict(ffn=16), "moe-4-top1": dict(ffn
 # and may extend twice more, to 0.27 (or down to 2.7e-4).
 FULL = dict(n_layer=3, d_model=64, context=64, batch=32, steps=1500, eval_every=250, lrs=[3e-3, 1e-2, 3e-2],
             time_rounds=7, extend_edges=2)
-QUICK = dict(n_layer=1, d_model=32, context=32, batch=8, steps=40, eval_every=20, lrs=[3e-3], time_rounds=2)
+QUICK = dict(n_layer=1, d_model=32, context=32, batch=8, steps=20, eval_every=10, lrs=[3e-3], time_rounds=2)
 RULES = [Difference(arm, "dense", "test_loss", higher_is_better=False)
          for arm in ARMS if arm.startswith("moe") and arm.endswith("top1")]
 
@@ -136,7 +136,7 @@ def step_times(s: dict[str, Any], vocab: int) -> dict[str, list[float]]:
 
 def run(out: Path, quick: bool = False, resume: bool = False, data: Path | None = None,
         device: str = "cpu") -> dict[str, Any]:
-    """Run the experiment (quick: one tiny layer, 40 steps) on the text ``data`` (``scaling.text_of``:
+    """Run the experiment (quick: one tiny layer, 20 steps) on the text ``data`` (``scaling.text_of``:
     tinyshakespeare by default), every run trained on ``device`` (a torch device string; the step times are
     measured on the CPU); writes results.json, report.md and curves.png. Each single training run is kept in
     ``out/.runs/`` as it finishes; ``resume``: take the runs kept there (same settings, and with ``data`` the same

@@ -39,7 +39,7 @@ CLAIM = ("Attention without positions is permutation-equivariant (error ~1e-7 af
          "unsolvable (chance) without positions and solved with them.")
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
 FULL = dict(schemes=SCHEMES, steps=600, batch=128, lrs=[1e-3, 3e-3], n_eval=4000)
-QUICK = dict(schemes=("none", "rope"), steps=100, batch=128, lrs=[2e-3], n_eval=2000)
+QUICK = dict(schemes=("none", "rope"), steps=40, batch=64, lrs=[2e-3], n_eval=2000)
 EXACT, BROKEN = 1e-5, 1e-3  # equivariant to rounding / broken by positions (relative error)
 CHANCE, SOLVED = (0.45, 0.55), 0.9  # "at chance" band and "solved" bound of the sorted task's test accuracy
 

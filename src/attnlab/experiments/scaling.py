@@ -50,7 +50,7 @@ HOFFMANN_ALPHA, HOFFMANN_BETA = 0.34, 0.28
 E_GRID = (0.6, 0.8, 1.0, 1.2)  # nats/char: the plausible entropy of the text (below every measured loss)
 FULL = dict(sizes=((1, 8), (1, 16), (2, 16), (2, 32), (2, 48), (3, 64)), steps=(200, 400, 800, 1600, 3200),
             batch=16, context=64, n_boot=1000)
-QUICK = dict(sizes=((1, 8), (1, 16), (2, 16)), steps=(10, 20, 40), batch=16, context=64, n_boot=20)
+QUICK = dict(sizes=((1, 8), (1, 16), (2, 16)), steps=(5, 10, 20), batch=16, context=64, n_boot=10)
 
 
 def rates(d_model: int) -> list[float]:

@@ -55,7 +55,7 @@ DATASETS = {
 FULL = dict(labels=(500, 5000, None), pretrain_steps=2000, pretrain_lr=1.5e-3, epochs=30, min_steps=2000,
             max_steps=3000, eval_every=200, patience=4, batch_size=64, lrs=[1e-3, 3e-3], probe_c=[0.1, 1.0],
             vit=dict(d_model=64, n_layer=4, n_head=4, d_ff=128))
-QUICK = dict(labels=(60, None), pretrain_steps=30, pretrain_lr=1.5e-3, epochs=3, max_steps=30, eval_every=10,
+QUICK = dict(labels=(60, None), pretrain_steps=20, pretrain_lr=1.5e-3, epochs=3, max_steps=20, eval_every=10,
              patience=2, batch_size=32, lrs=[3e-3], probe_c=[1.0],
              vit=dict(d_model=32, n_layer=2, n_head=4, d_ff=64))
 QUICK_DATASETS = {"digits": dict(data="digits", image_size=8, patch_size=4)}

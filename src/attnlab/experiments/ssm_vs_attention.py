@@ -86,7 +86,7 @@ FULL = dict(lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536), reps=3, max_s
             max_mib=8192,
             context=256, batch=8, steps=3000, n_layer=2, d_model=64, lrs=[1e-3, 3e-3, 1e-2])
 QUICK = dict(lengths=(256, 512, 1024, 2048), reps=2, max_step_s=5.0, eager_max_mib=256, max_mib=2048, context=64,
-             batch=4, steps=30, n_layer=1, d_model=32, lrs=[3e-3])
+             batch=4, steps=15, n_layer=1, d_model=32, lrs=[3e-3])
 SLOPE_FROM = {"full": 2048, "quick": 512}  # lengths below are overhead-bound
 
 
@@ -210,7 +210,7 @@ def train_lm(mixer: str, s: dict[str, Any], d_model: int, data: dict[str, torch.
 
 
 def run(out: Path, quick: bool = False, data: Path | None = None, device: str = "cpu") -> dict[str, Any]:
-    """Run both parts (quick: short lengths, a tiny model, 30 steps), part 2 on the text ``data``
+    """Run both parts (quick: short lengths, a tiny model, 15 steps), part 2 on the text ``data``
     (``scaling.text_of``: tinyshakespeare by default); writes results.json, report.md, cost.png. Part 1 measures
     the CPU's time and memory (the claim's), whatever ``device``; part 2 trains on ``device`` (the SSM with the
     C++ scan on the CPU, the chunked scan elsewhere: the same function)."""

@@ -56,7 +56,9 @@ CLAIM = ("A small GPT learns grammars of known entropy: on the regular and the n
          "flip; ablating it removes most of the agreement).")
 FULL = dict(steps=1000, context=64, batch=32, train_tokens=300_000, eval_windows=1024, sentences=256,
             lrs=[1e-3, 3e-3])
-QUICK = dict(steps=60, context=32, batch=16, train_tokens=30_000, eval_windows=64, sentences=48, lrs=[3e-3])
+HELD_OUT_TOKENS = 60_000  # the validation and test streams' length, unless the settings give held_out_tokens
+QUICK = dict(steps=30, context=32, batch=16, train_tokens=10_000, eval_windows=64, sentences=48, lrs=[3e-3],
+             held_out_tokens=10_000)
 RULES = [Threshold("regular", "ratio_to_floor", 1.02, above=False),
          Threshold("nested", "ratio_to_floor", 1.02, above=False),
          Threshold("nested", "agreement_accuracy", 0.95),
@@ -90,10 +92,10 @@ def train_gpt(grammar: str, s: dict[str, Any], seed: int, lr: float, device: str
 
 
 @functools.lru_cache(maxsize=6)
-def held_out_stream(grammar: str, data_seed: int) -> dict[str, Tensor]:
-    """The validation or test stream of ``grammar`` (60,000 tokens), the same for every run: made once per
-    process (in pure Python it takes ~0.4 s) and only read."""
-    return stream(grammar, 60_000, seed=data_seed)
+def held_out_stream(grammar: str, data_seed: int, tokens: int = HELD_OUT_TOKENS) -> dict[str, Tensor]:
+    """The validation or test stream of ``grammar`` (``tokens`` long: 60,000, a quick run's 10,000), the same for
+    every run: made once per process (in pure Python 60,000 tokens take ~0.4 s) and only read."""
+    return stream(grammar, tokens, seed=data_seed)
 
 
 @torch.no_grad()
@@ -101,7 +103,7 @@ def stream_scores(model: GPT, grammar: str, s: dict[str, Any], data_seed: int) -
     """Loss on windows of a fresh stream against the floor over the same targets, and (agreement grammars) the
     excess loss on verbs that agree with a noun. The windows are drawn on the CPU and scored on the model's
     device; the per-token losses come back to the CPU."""
-    data = held_out_stream(grammar, data_seed)
+    data = held_out_stream(grammar, data_seed, s.get("held_out_tokens", HELD_OUT_TOKENS))
     x, y, floor_nll, begin = windows(data, s["eval_windows"], s["context"], torch.Generator().manual_seed(5))
     device = next(model.parameters()).device
     out = model(x.to(device), targets=y.to(device))

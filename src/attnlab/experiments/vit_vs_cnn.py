@@ -68,7 +68,7 @@ FULL: dict[str, Any] = dict(
 )
 # --quick: scikit-learn digits 8x8, 4x4 patches
 QUICK: dict[str, Any] = dict(
-    data="digits", fractions=[0.1, 1.0], lrs=[3e-3], epochs=20, max_steps=150, eval_every=25, patience=3,
+    data="digits", fractions=[0.1, 1.0], lrs=[3e-3], epochs=5, max_steps=40, eval_every=10, patience=3,
     batch_size=32,
     vit=dict(image_size=8, patch_size=4, d_model=32, n_layer=2, n_head=4, d_ff=64),
     cnn=dict(cnn_stages=2, cnn_blocks=1),
