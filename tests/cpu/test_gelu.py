@@ -108,12 +108,12 @@ def _pair(**extra):
 
 @pytest.mark.parametrize("extra", [{}, {"moe_experts": 2, "moe_top_k": 1}], ids=["dense", "moe"])
 def test_gpt_trains_the_same_eager_and_compiled(extra):
-    from attnlab.training.compiling import compile_forward
-
+    """Compiled: dynamo and AOTAutograd (aot_eager); inductor's C++ graphs are tests/cpu/test_compiled.py's."""
     stock, fused = _pair(**extra)
     assert isinstance(fused.blocks[0].ffn.act, CPUGELU) and type(stock.blocks[0].ffn.act) is Activation
     x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
-    forwards = [(stock, stock), (fused, fused)] + ([(compile_forward(fused, "cpu"), fused)] if not extra else [])
+    compiled = [(torch.compile(fused, backend="aot_eager"), fused)] if not extra else []
+    forwards = [(stock, stock), (fused, fused), *compiled]
     assert_trains_the_same(forwards, x, y, loss_tol=1e-6, grad_tol=1e-5)
 
 

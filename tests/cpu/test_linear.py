@@ -3,9 +3,9 @@
 and its GELU in one pass). Against float64 products, as close as torch's float32 products, for every tile shape the
 kernel has (rows not a multiple of its 6-row tiles, widths of 16-48 past its 64-column panels, one row, none); the
 same numbers on one thread and two; gradients of gradients right; every call it does not cover goes through
-F.linear; in a GPT, eager and compiled, the losses and gradients of torch's products, with the kernel's ops called
-from the compiled graphs; what it can never serve is refused before training; a run trained with it saves the model
-a run without it saves."""
+F.linear; in a GPT, eager and compiled (aot_eager; inductor's graphs in test_compiled.py), the losses and gradients
+of torch's products, with the kernel's ops called from the compiled graphs; what it can never serve is refused
+before training; a run trained with it saves the model a run without it saves."""
 
 import math
 
@@ -22,6 +22,8 @@ from attnlab.models import GPTConfig, build_model
 from attnlab.nn.ffn import FeedForward
 from attnlab.training.config import check_kernels
 from tests.helpers import assert_trains_the_same, tiny_config, write_corpus
+
+AOT = "aot_eager"  # dynamo and AOTAutograd without inductor's C++ build (that is tests/cpu/test_compiled.py's)
 
 
 def _products(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, layer) -> tuple[torch.Tensor, ...]:
@@ -141,26 +143,22 @@ def _pair(kernels=("linear",), **extra):
 @pytest.mark.parametrize("extra", [{}, {"bias": True, "kernels": ("attention", "gelu", "linear")}],
                          ids=["plain", "bias-and-the-other-kernels"])
 def test_gpt_trains_the_same_eager_and_compiled(extra):
-    from attnlab.training.compiling import compile_forward
-
     stock, fused = _pair(**extra)
     assert isinstance(fused.blocks[0].mixer.qkv_proj, linear_cpu.CPULinear)
     assert type(stock.blocks[0].mixer.qkv_proj) is nn.Linear and type(fused.lm_head) is nn.Linear
     assert stock.state_dict().keys() == fused.state_dict().keys()
     x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
-    forwards = [(stock, stock), (fused, fused), (compile_forward(fused, "cpu"), fused)]
+    forwards = [(stock, stock), (fused, fused), (torch.compile(fused, backend=AOT), fused)]
     assert_trains_the_same(forwards, x, y, loss_tol=1e-5, grad_tol=1e-5)
 
 
 def test_a_compiled_step_calls_the_kernel_in_both_passes():
-    """Inside the compiled graphs the products are the kernel's ops (forward, grad input, grad weight), called
-    from C++: none of the model's block products is left to aten::mm."""
+    """Inside the compiled graphs the products are the kernel's ops (forward, grad input, grad weight): none of
+    the model's block products is left to aten::mm (inductor's graphs: tests/cpu/test_compiled.py)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from attnlab.training.compiling import compile_forward
-
     _, fused = _pair()
-    forward = compile_forward(fused, "cpu")
+    forward = torch.compile(fused, backend=AOT)
     x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
     forward(idx=x, targets=y).loss.backward()  # compiled outside the profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -269,10 +267,8 @@ def test_the_ffn_fuses_only_where_nothing_is_skipped(monkeypatch):
 def test_a_compiled_ffn_calls_the_fused_op():
     from torch.profiler import ProfilerActivity, profile
 
-    from attnlab.training.compiling import compile_forward
-
     stock, fused = _pair(kernels=("gelu", "linear"))
-    forward = compile_forward(fused, "cpu")
+    forward = torch.compile(fused, backend=AOT)
     x, y = torch.randint(0, 50, (3, 32)), torch.randint(0, 50, (3, 32))
     expected = stock(idx=x, targets=y).loss
     forward(idx=x, targets=y).loss.backward()

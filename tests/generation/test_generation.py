@@ -340,7 +340,18 @@ def test_compiled_decode_step_gives_the_same_tokens_as_eager():
         assert torch.equal(generate(model, prompt, eager), generate(model, prompt, compiled))
 
 
-def test_compiled_decode_with_relative_positions_gives_the_eager_tokens():
+@pytest.fixture
+def traced_decode(monkeypatch):
+    """compile=True's step traced by dynamo and AOTAutograd only (the aot_eager backend): the graphs, guards and
+    recompiles the tests using it are about, without inductor's C++ build of each graph (several seconds each;
+    test_compiled_decode_step_gives_the_same_tokens_as_eager builds inductor's, as a user's compile=True does)."""
+    from attnlab.generation import sampling
+
+    step = torch.compile(sampling._decode_step, dynamic=True, backend="aot_eager")
+    monkeypatch.setattr(sampling, "_compiled_decode_step", step)
+
+
+def test_compiled_decode_with_relative_positions_gives_the_eager_tokens(traced_decode):
     """Relative positions evaluate their score term on each step's q and k (a callable bias): the compiled
     stream still gives the eager tokens, past the context into the sliding window, and the step takes no
     graph break (the term's distance range comes from the shapes, not from reading the positions)."""
@@ -355,7 +366,7 @@ def test_compiled_decode_with_relative_positions_gives_the_eager_tokens():
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
-def test_compiled_stream_stays_exact_across_prompts_models_and_the_window():
+def test_compiled_stream_stays_exact_across_prompts_models_and_the_window(traced_decode):
     """The compiled graphs are shared by every model in the process (dynamo picks one by its guards):
     prompts of 1 and 2 tokens (cache lengths 0 and 1 are specialised), two models of different widths
     alternating, and streams that run past the context into the sliding window all give the eager tokens."""

@@ -67,7 +67,7 @@ def test_compiled_sinusoidal_codes_take_no_graph_break_and_reach_past_the_table(
     value, which would break the graph): the table's values, beyond its planned length too."""
     torch._dynamo.utils.counters.clear()
     sin = SinusoidalPositions(8, max_len=4)
-    got = torch.compile(sin.embed)(torch.arange(2, 12))
+    got = torch.compile(sin.embed, backend="aot_eager")(torch.arange(2, 12))  # dynamo decides the breaks
     assert not torch._dynamo.utils.counters["graph_break"]
     torch.testing.assert_close(got, sinusoidal_table(12, 8)[2:], atol=1e-6, rtol=0)
 

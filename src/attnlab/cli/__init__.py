@@ -1,6 +1,7 @@
 """The command line: ``attnlab train | resume | sample | eval | inspect | heads | explore | bench |
 experiment | import-hf | export | embed | probe | finetune | translate``.
 
+A run folder argument may be ``runs/latest``: the newest finished run (``training.runs.resolve_run_dir``).
 Every user error (bad config, missing file, unknown character, corrupt checkpoint) ends with one
 line on stderr and exit status 2; ``--debug`` shows the traceback instead.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import select
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, or a usage error already printed on one line
         return int(e.code or 0)
     try:
+        if isinstance(getattr(args, "run_dir", None), str):  # every command's run folder: `runs/latest` too
+            from attnlab.training.runs import resolve_run_dir
+
+            resolved = resolve_run_dir(args.run_dir)
+            args.run_dir = args.run_dir if resolved == Path(args.run_dir) else str(resolved)
         return args.func(args)
     except AttnlabError as e:
         if args.debug:

@@ -13,7 +13,8 @@
 //
 // Built by attnlab/cpu/gelu.py through attnlab/cpu/build.py (-O3 -march=native, -DCK_NS=<op namespace>).
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // the Tensor type and its methods only, not every ATen function
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

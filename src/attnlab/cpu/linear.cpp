@@ -23,7 +23,9 @@
 // Built by attnlab/cpu/linear.py with -O3 -march=native and -DCK_NS=<op namespace>; GCC's vector
 // extensions give AVX-512 code where the CPU has it, narrower vectors elsewhere.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // the Tensor type and its methods only, not every ATen function
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

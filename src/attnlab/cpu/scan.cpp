@@ -28,7 +28,11 @@
 //
 // Built by attnlab/cpu/scan.py with -O3 -march=native and -DCK_NS=<op namespace>.
 
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>  // the Tensor type and its methods only, not every ATen function
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

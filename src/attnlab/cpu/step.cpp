@@ -34,7 +34,7 @@
 // Built by attnlab/cpu/step.py through attnlab/cpu/build.py (-O3 -march=native -fopenmp for the
 // simd pragmas, -DCK_NS=<op namespace>).
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // the Tensor type and its methods only, not every ATen function
 #include <torch/library.h>
 
 #include <chrono>

@@ -43,10 +43,10 @@ class Seq2SeqOptions:
 
     n_train: int = 20000  # generated tasks: training pairs
     n_eval: int = 1000  # generated tasks: val and test pairs (each)
-    min_len: int = 3  # reverse/sort: string lengths (addition: digits per operand) in train and val
-    max_len: int = 10
-    test_min_len: int | None = None  # None = max_len + 1: test strings longer than any in training
-    test_max_len: int | None = None  # None = 2 * max_len
+    min_len: int = 3  # reverse/sort: the shortest strings (addition: digits per operand) in train and val
+    max_len: int = 10  # reverse/sort: the longest strings (addition: digits per operand) in train and val
+    test_min_len: int | None = None  # the shortest test strings; None = max_len + 1 (longer than any trained on)
+    test_max_len: int | None = None  # the longest test strings; None = 2 * max_len
     test_book: int = 8  # bible: the held-out book (English numbering 1-66; 8 = Ruth)
     beam_size: int = 4  # eval report and samples: beam search width (1 = greedy only)
     length_penalty: float = 0.6  # GNMT alpha for beam search

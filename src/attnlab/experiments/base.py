@@ -75,22 +75,18 @@ def opening(claim: str, verdict: str, out: Path) -> str:
 
 
 def pyplot():
-    """matplotlib.pyplot on the file-only Agg backend (experiments never open windows)."""
-    import matplotlib
+    """What the experiments' figures are drawn with: pyplot's ``subplots`` and ``cm`` on ``Figure`` objects of their
+    own (``inspect.plots.Figures``), so a study run from a notebook leaves its backend alone."""
+    from attnlab.inspect.plots import FIGURES
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return FIGURES
 
 
 def save_figure(fig: Any, path: Path) -> None:
-    """Write ``fig`` to ``path`` (creating the folder) and release it."""
-    plt = pyplot()
+    """Write ``fig`` to ``path`` (creating the folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def label_axes(ax: Any, xlabel: str, ylabel: str, title: str | None = None, legend: int | None = 8) -> None:

@@ -116,12 +116,12 @@ Plot: `weights.png`.
 
 
 def _plot(traces: dict[str, Any], out: Path) -> None:
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.8), dpi=120)
+    fig = Figure(figsize=(8.4, 3.8), dpi=120)
+    FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+    axes = fig.subplots(1, 2)
     for ax, (label, t) in zip(axes, traces.items()):
         w = t["weights"]  # plain lists: matplotlib and numpy 2 prefer them to tensors
         ax.imshow(w, cmap="Blues", vmin=0, vmax=1)
@@ -134,4 +134,3 @@ def _plot(traces: dict[str, Any], out: Path) -> None:
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     fig.savefig(out / "weights.png")
-    plt.close(fig)

@@ -62,10 +62,8 @@ def inspect_audio(run_dir: str | Path, audio_path: str | Path, out_path: str | P
     T = frames.shape[0]
     t = np.arange(T) * HOP / SAMPLE_RATE  # seconds
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
     if rate != SAMPLE_RATE:
         import librosa
@@ -73,8 +71,9 @@ def inspect_audio(run_dir: str | Path, audio_path: str | Path, out_path: str | P
         x = librosa.resample(x, orig_sr=rate, target_sr=SAMPLE_RATE)
     wave = fit_length(x, round(front.seconds * SAMPLE_RATE))
     L = att["per_layer"].shape[0]
-    fig, axes = plt.subplots(3, 1, figsize=(7, 6), dpi=110, sharex=True,
-                             gridspec_kw={"height_ratios": [1, 1.6, 1.6]})
+    fig = Figure(figsize=(7, 6), dpi=110)
+    FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+    axes = fig.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [1, 1.6, 1.6]})
     axes[0].plot(np.arange(len(wave)) / SAMPLE_RATE, wave, lw=0.4, color="black")
     axes[0].set_ylabel("waveform")
     axes[1].imshow(frames.T.numpy(), origin="lower", aspect="auto", cmap="magma",

@@ -64,16 +64,16 @@ def gradcam(model: torch.nn.Module, image: Tensor, target: int | None = None) ->
 
 def render_gradcam(image: Tensor, cam: GradCAM, out_path, title: str = ""):
     """PNG: the image, and the Grad-CAM map over it with a colour bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
     from attnlab.inspect.plots import finish_figure
 
     C, H, W = image.shape
     shown = image[0].tolist() if C == 1 else image.permute(1, 2, 0).tolist()
-    fig, axes = plt.subplots(1, 2, figsize=(6.4, 3.2), dpi=110)
+    fig = Figure(figsize=(6.4, 3.2), dpi=110)
+    FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+    axes = fig.subplots(1, 2)
     for ax in axes:
         ax.axis("off")
     axes[0].imshow(shown, cmap="gray" if C == 1 else None)

@@ -1,5 +1,5 @@
-"""Attention figures with matplotlib (headless, Agg): each function returns a Figure; ``save``
-writes it as PNG and/or SVG.
+"""Attention figures with matplotlib, drawn on ``Figure`` objects (pyplot's backend is left alone): each function
+returns a Figure; ``save`` writes it as PNG and/or SVG.
 
 - ``heatmap``: one head's token x token probabilities with token labels;
 - ``head_grid``: every head of one layer side by side;
@@ -28,13 +28,49 @@ FORMATS: tuple[str, ...] = ("png", "svg")
 VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
 
 
-def _plt():
-    import matplotlib
+class Figures:
+    """The calls of ``matplotlib.pyplot`` that attnlab's figure code makes (``subplots``, ``figure``, ``close``,
+    ``cm``), on ``matplotlib.figure.Figure`` objects of their own: no global list of figures and no switch of the
+    backend, so a notebook keeps its own (and shows its figures) while these are written by ``fig.savefig``."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    GRID = ("sharex", "sharey", "squeeze", "width_ratios", "height_ratios", "subplot_kw", "gridspec_kw")
 
-    return plt
+    @staticmethod
+    def figure(**options) -> Figure:
+        """``Figure(**options)`` (figsize, dpi, layout, ...) on an Agg canvas of its own: drawn and measured by the
+        renderer that writes its PNG, as pyplot's Agg figures were."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(**options)
+        FigureCanvasAgg(fig)
+        return fig
+
+    def subplots(self, nrows: int = 1, ncols: int = 1, **options):
+        """``(fig, axes)`` as ``pyplot.subplots`` returns them: the grid options go to ``Figure.subplots``, the
+        rest (figsize, dpi, layout) to the Figure."""
+        grid = {key: options.pop(key) for key in self.GRID if key in options}
+        fig = self.figure(**options)
+        return fig, fig.subplots(nrows, ncols, **grid)
+
+    @staticmethod
+    def close(fig: Figure) -> None:
+        """Nothing to release: no figure manager holds ``fig``; it goes when its last reference does."""
+
+    @property
+    def cm(self):
+        """matplotlib's colour maps (``cm.viridis(...)``), as ``pyplot.cm``."""
+        import matplotlib.cm
+
+        return matplotlib.cm
+
+
+FIGURES = Figures()
+
+
+def _plt() -> Figures:
+    """The figure maker every figure of attnlab's is drawn with (``Figures``)."""
+    return FIGURES
 
 
 def _visible(c: str) -> str:
@@ -66,15 +102,12 @@ def save(fig: Figure, stem: Path, formats: Sequence[str] = FORMATS) -> list[Path
 
 def finish_figure(fig, out_path: str | Path, title: str = "") -> Path:
     """Title, tight layout, write ``out_path`` (creating its folder) and release the figure."""
-    import matplotlib.pyplot as plt
-
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_path)
-    plt.close(fig)
     return out_path
 
 

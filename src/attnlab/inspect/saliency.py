@@ -54,10 +54,8 @@ def saliency_maps(model: torch.nn.Module, images: Tensor, head_fusion: str = "me
 
 def render(image: Tensor, maps: SaliencyMaps, out_path: str | Path, title: str = "") -> Path:
     """PNG: the image, the rollout heatmap over it, and one map per layer (rows) and head (columns)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
     C, H, W = image.shape
     shown = image[0].tolist() if C == 1 else image.permute(1, 2, 0).tolist()  # plain lists for matplotlib
@@ -68,7 +66,9 @@ def render(image: Tensor, maps: SaliencyMaps, out_path: str | Path, title: str =
 
     L, n_heads = maps.per_head.shape[:2]
     cols = max(2, n_heads)
-    fig, axes = plt.subplots(L + 1, cols, figsize=(1.9 * cols, 1.9 * (L + 1)), dpi=110, squeeze=False)
+    fig = Figure(figsize=(1.9 * cols, 1.9 * (L + 1)), dpi=110)
+    FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+    axes = fig.subplots(L + 1, cols, squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     axes[0, 0].imshow(shown, cmap=cmap_img)

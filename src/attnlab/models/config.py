@@ -158,36 +158,38 @@ class AttentionOptions:
     """Heads: n_head, n_kv_head (grouped-query attention when fewer), the route that computes attention
     (``nn/attention/kernels.py``), and QK-norm (each head's queries and keys RMS-normalised, with a learned gain,
     before positions and scores)."""
-    n_head: int = 4
-    n_kv_head: int | None = None  # None = n_head (MHA); 1 = MQA; in between = GQA
-    attn_backend: Literal["eager", "sdpa", "tiled"] = "sdpa"  # the same function; tiled: O(T) memory
-    qk_norm: bool = False  # Dehghani et al. 2023 / OLMo 2: RMSNorm(q), RMSNorm(k) per head
+    n_head: int = 4  # attention heads per layer (each of d_model / n_head dimensions)
+    n_kv_head: int | None = None  # key/value heads: None = n_head (MHA); 1 = MQA; in between = GQA
+    # the route that computes attention, each the same function: eager (the reference), sdpa, tiled (O(T) memory)
+    attn_backend: Literal["eager", "sdpa", "tiled"] = "sdpa"
+    qk_norm: bool = False  # RMSNorm of each head's queries and keys (Dehghani et al. 2023, OLMo 2)
 
 
 @dataclass
 class NormOptions:
     """The normalisation: LayerNorm or RMSNorm, before (pre) or after (post) each sub-layer, and its epsilon."""
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    norm_position: Literal["pre", "post"] = "pre"
-    norm_eps: float = 1e-5
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # LayerNorm (centred, with a bias) or RMSNorm (scale only)
+    norm_position: Literal["pre", "post"] = "pre"  # pre: x + f(norm(x)) (GPT-2); post: norm(x + f(x)) (Vaswani)
+    norm_eps: float = 1e-5  # the epsilon under the norm's square root
 
 
 @dataclass
 class FFNOptions:
     """The feed-forward width (d_ff) and its activation."""
-    d_ff: int | None = None  # None = 4 d_model (gelu/relu) or 8/3 d_model (swiglu)
-    activation: Literal["gelu", "gelu_tanh", "relu", "relu2", "swiglu"] = "gelu"  # gelu_tanh: GPT-2's; relu2: ReLU^2
+    d_ff: int | None = None  # the feed-forward's hidden width; None = 4 d_model (gelu/relu) or 8/3 d_model (swiglu)
+    # the feed-forward's nonlinearity: gelu (exact), gelu_tanh (GPT-2's), relu, relu2 (ReLU^2), swiglu (gated)
+    activation: Literal["gelu", "gelu_tanh", "relu", "relu2", "swiglu"] = "gelu"
 
 
 @dataclass
 class TransformerOptions(AttentionOptions, NormOptions, FFNOptions):
     """What every transformer stack has: depth, width, heads, norms, feed-forward, dropout, init."""
 
-    n_layer: int = 4
-    d_model: int = 128
-    dropout: float = 0.0
-    bias: bool = True
-    init_std: float = 0.02
+    n_layer: int = 4  # blocks (each a mixer and a feed-forward)
+    d_model: int = 128  # width of the residual stream
+    dropout: float = 0.0  # dropout probability on the embeddings and each sub-layer's output; 0 = none
+    bias: bool = True  # biases in the linear layers and norms (nanoGPT's bias=False drops them)
+    init_std: float = 0.02  # standard deviation of the normal initialisation of the weights
 
     @property
     def head_dim(self) -> int:
@@ -234,8 +236,9 @@ class SequenceOptions:
 @dataclass
 class PositionOptions:
     """How positions enter: learned, sinusoidal, RoPE (with its base), ALiBi, relative, or none."""
+    # added to the embeddings (learned, sinusoidal), rotating q and k (rope), a score bias (alibi, relative), or none
     positions: Literal["learned", "sinusoidal", "rope", "alibi", "relative", "none"] = "learned"
-    rope_theta: float = 10000.0
+    rope_theta: float = 10000.0  # RoPE's base: pair i of a head rotates by position * theta^(-2i / head_dim)
 
     def check_positions(self, head_dim: int) -> None:
         """Range checks of the position options (RoPE needs an even ``head_dim``)."""
@@ -249,7 +252,7 @@ class PositionOptions:
 class VocabularyOptions:
     """Vocabulary size (filled from the tokenizer) and whether the output head is tied to the embedding."""
     vocab_size: int | None = None  # filled from the tokenizer when a run builds the model
-    tie_embeddings: bool = True
+    tie_embeddings: bool = True  # the output head reuses the token embedding matrix (its transpose)
 
 
 @dataclass
@@ -263,7 +266,7 @@ class ClassifierOptions:
 class ImageOptions:
     """Image size and number of channels."""
     image_size: int = 28  # side of the square input image, in pixels
-    in_channels: int = 1  # 1 grey-scale, 3 RGB
+    in_channels: int = 1  # colour channels: 1 grey-scale, 3 RGB
 
     def check_image(self, n_classes: int | None = None) -> None:
         """Range checks of the image options (and of ``n_classes``, for a classifier)."""
@@ -278,14 +281,14 @@ class MixerOptions:
     (Mamba), or a hybrid stack where every hybrid_attention_every-th layer is attention, the rest SSM. The
     SSM's sizes."""
 
-    mixer: Literal["attention", "latent", "ssm", "hybrid"] = "attention"
-    hybrid_attention_every: int = 2
+    mixer: Literal["attention", "latent", "ssm", "hybrid"] = "attention"  # each block's token mixer (see above)
+    hybrid_attention_every: int = 2  # mixer=hybrid: every k-th layer is attention, the others SSM
     d_latent: int | None = None  # MLA: compressed key/value size (None = 4 * head_dim)
     d_rope: int | None = None  # MLA: decoupled RoPE size per head (None = head_dim / 2)
     q_latent: int | None = None  # MLA: compressed query size (None = no query compression)
-    ssm_d_state: int = 16
-    ssm_d_conv: int = 4
-    ssm_expand: int = 2
+    ssm_d_state: int = 16  # SSM: state size N per channel
+    ssm_d_conv: int = 4  # SSM: width of the causal depthwise convolution before the scan
+    ssm_expand: int = 2  # SSM: inner width = ssm_expand * d_model
 
     def layer_mixer(self, index: int) -> str:
         """The token mixer of layer ``index``: "attention", "latent" or "ssm"."""
@@ -328,10 +331,10 @@ class MixerOptions:
 class MoEOptions:
     """moe_experts > 0 replaces the feed-forward of every moe_every-th block by a mixture of experts."""
 
-    moe_experts: int = 0
-    moe_top_k: int = 2
-    moe_capacity_factor: float | None = 1.25  # None = never drop tokens
-    moe_every: int = 1
+    moe_experts: int = 0  # experts per MoE layer; 0 = dense feed-forwards
+    moe_top_k: int = 2  # experts each token is routed to
+    moe_capacity_factor: float | None = 1.25  # an expert's capacity / its even share of tokens; None = never drop
+    moe_every: int = 1  # every k-th block has experts (1 = all)
     moe_aux_weight: float = 0.01  # load-balancing loss weight (Switch: 1e-2)
     moe_z_weight: float = 0.001  # router z-loss weight (ST-MoE: 1e-3)
 
@@ -361,7 +364,7 @@ class ResidualOptions:
     """How sub-layer outputs join the residual stream: x + f(norm(x)) ("standard"), hyper-connections
     (Zhu et al. 2024), manifold-constrained HC (mHC, DeepSeek 2025), attention residuals (Kimi 2026)."""
 
-    residual: Literal["standard", "hyper", "mhc", "attnres"] = "standard"
+    residual: Literal["standard", "hyper", "mhc", "attnres"] = "standard"  # how sub-layers join the stream (above)
     residual_streams: int = 4  # parallel streams for hyper / mhc
 
     def check_residual(self, norm_position: str) -> None:

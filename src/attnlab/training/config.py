@@ -52,11 +52,12 @@ class ProbeOptions:
     """``attnlab probe RUN_DIR key=value...``: a linear probe on frozen encoder features."""
 
     data: str = ""  # text: .csv / .tsv (text,label) or .jsonl; image runs: any image source (data/images.py)
+    # the feature per input: the mean of the encoder's output tokens, or its [CLS]
     pooling: Literal["mean", "cls"] = "mean"
-    test_fraction: float = 0.2
-    seed: int = 0
-    max_len: int = 128
-    kind: Literal["auto", "logistic", "ridge"] = "auto"  # auto: ridge when every label is a number
+    test_fraction: float = 0.2  # share of the rows held out to score the probe
+    seed: int = 0  # the seed of the held-out split and of the probe's fit
+    max_len: int = 128  # text: tokens per input, longer texts cut
+    kind: Literal["auto", "logistic", "ridge"] = "auto"  # logistic or ridge; auto: ridge when every label is a number
     n_labels: int | None = None  # image runs: train the probe on this many labelled images (class-balanced)
 
     def validate(self) -> None:
@@ -147,37 +148,37 @@ class TrainConfig:
     """A run: data, tokenizer, optimisation, evaluation, logging. YAML presets: attnlab/presets/."""
 
     name: str | None = None  # run folder name; default: preset name + timestamp
-    out_dir: str = "runs"
+    out_dir: str = "runs"  # the folder the run folder is made in: OUT_DIR/NAME (runs/latest: its newest)
     # what is trained (training/tasks/): None = the model family's default (gpt: lm)
     task: str | None = None
     data: str = "shakespeare"  # a text file, or a built-in corpus: "shakespeare", "repeated" (no download)
-    tokenizer: Literal["char", "bpe", "wordpiece"] = "char"  # wordpiece: vocab size = bpe_vocab_size
+    tokenizer: Literal["char", "bpe", "wordpiece"] = "char"  # characters, byte-level BPE or WordPiece (bpe_vocab_size)
     # a run or model folder of the same family: its weights start this run (every tensor whose name and shape
     # fit; a head of another size starts fresh) and its tokenizer is used; resume=true takes precedence
     init_from: str | None = None
-    bpe_vocab_size: int = 1024
-    val_fraction: float = 0.1
+    bpe_vocab_size: int = 1024  # tokenizer=bpe or wordpiece: the vocabulary size learnt from the training text
+    val_fraction: float = 0.1  # share of the data held out as the val split (text: its last part)
     # optimisation
-    batch_size: int = 12
-    grad_accum: int = 1
-    max_iters: int = 2000
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_iters: int = 100
-    lr_decay_iters: int | None = None  # None = max_iters
-    lr_schedule: Literal["cosine", "wsd"] = "cosine"  # wsd: warmup, constant, linear cooldown (schedule.py)
+    batch_size: int = 12  # examples (sequences, images, rows) per micro-batch; a step takes grad_accum of them
+    grad_accum: int = 1  # micro-batches per optimiser step, their gradients summed before the update
+    max_iters: int = 2000  # optimiser steps in all; a run is finished when it reaches them
+    lr: float = 1e-3  # peak learning rate, reached after warmup_iters
+    min_lr: float = 1e-4  # the learning rate at the end of the schedule (lr_decay_iters)
+    warmup_iters: int = 100  # steps of linear warmup from 0 to lr
+    lr_decay_iters: int | None = None  # the step where the rate reaches min_lr; None = max_iters
+    lr_schedule: Literal["cosine", "wsd"] = "cosine"  # cosine decay, or wsd: warmup, constant, linear cooldown
     cooldown_fraction: float = 0.2  # wsd: the last fraction of lr_decay_iters spent cooling down to min_lr
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0  # 0 disables clipping
+    weight_decay: float = 0.1  # AdamW's decoupled weight decay, on matrices and embeddings (not biases, norm gains)
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.99  # AdamW's second-moment decay
+    grad_clip: float = 1.0  # the largest gradient norm (larger ones are scaled down to it); 0 = no clipping
     optimizer: Literal["adamw", "muon"] = "adamw"  # muon: Muon for hidden matrices, AdamW for the rest
     muon_lr: float = 0.02  # Muon's peak learning rate (the schedule scales it like lr)
     # bfloat16 = autocast for matmuls; auto = bfloat16 where the device computes it natively (a GPU with bf16,
     # a CPU with AVX512-BF16 or AMX), else float32
     dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     compile: bool = False  # torch.compile the model (training/compiling.py: on a CPU with inductor's C++ wrapper)
-    seed: int = 1337
+    seed: int = 1337  # the seed of the weights, the batches, dropout and sampling (a run is reproducible from it)
     threads: int | None = None  # torch intra-op threads, at most the usable cores; None = torch's default
     # CPU: split each batch into this many parts whose passes run at once, one thread each, gradients summed
     # in a fixed order (training/threaded.py); for small models whose kernels are too short to share out
@@ -199,24 +200,24 @@ class TrainConfig:
     # sharded (FSDP2): each process keeps 1/N of weights, gradients and optimiser state
     parallel: Literal["ddp", "fsdp"] = "ddp"
     # evaluation, logging, checkpoints
-    eval_interval: int = 250
+    eval_interval: int = 250  # steps between evaluations on the val split (and at the last step)
     eval_iters: int = 100  # batches per evaluation
     eval_batch_size: int | None = None  # sequences per evaluation batch; None = batch_size
     eval_train: bool = True  # also estimate the loss on the train split at each evaluation
-    log_interval: int = 10
-    checkpoint_interval: int | None = None  # None = at every evaluation
-    keep_checkpoints: int = 2
-    resume: bool = False
+    log_interval: int = 10  # steps between lines of train loss, lr and throughput (metrics.jsonl and the log)
+    checkpoint_interval: int | None = None  # steps between checkpoints; None = at every evaluation
+    keep_checkpoints: int = 2  # newest checkpoints kept in RUN/checkpoints/ (besides best/)
+    resume: bool = False  # continue the run folder OUT_DIR/NAME from its newest valid checkpoint
     # numerical guards: a step whose loss or gradient norm is not finite is skipped (no update);
     # after max_nonfinite_steps such steps in a row the run stops, keeping the last good checkpoint
     on_nonfinite: Literal["skip", "stop"] = "skip"
-    max_nonfinite_steps: int = 10
-    progress: bool = True
+    max_nonfinite_steps: int = 10  # on_nonfinite=skip: consecutive skipped steps after which the run stops
+    progress: bool = True  # a progress bar on a terminal (plain lines when piped or false)
     mfu: bool = True  # log model FLOPs utilisation against a measured (cached) matmul peak
     logger: Literal["none", "tensorboard"] = "none"  # tensorboard: also event files in <run>/tensorboard
     profile_steps: int = 0  # > 0: record a torch profiler trace of this many steps (after 5 warm-up steps)
     sample_tokens: int = 300  # LM: tokens sampled at the end; mlm/seq2seq/caption: > 0 writes fixed samples; 0 = none
-    sample_prompt: str = "\n"
+    sample_prompt: str = "\n"  # LM: the prompt of the sample written at the end
     model: ModelConfig = field(default_factory=GPTConfig)
     # task options, one section per task that has any (each a dataclass validated like the rest)
     images: ImageOptions = field(default_factory=ImageOptions)

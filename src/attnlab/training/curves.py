@@ -9,16 +9,15 @@ from typing import Any
 
 def plot_loss_curve(records: list[dict[str, Any]], out: Path, title: str = "") -> Path:
     """loss.png: train and val loss against the step (top) and the learning rate (bottom); returns the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
     train = [(r["step"], r["train_loss"]) for r in records if "train_loss" in r and "val_loss" not in r]
     val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
     lr = [(r["step"], r["lr"]) for r in records if isinstance(r.get("lr"), int | float) and "val_loss" not in r]
-    fig, (ax, ax_lr) = plt.subplots(2, 1, figsize=(6.4, 5.2), dpi=120, sharex=True,
-                                    gridspec_kw={"height_ratios": [3, 1]})
+    fig = Figure(figsize=(6.4, 5.2), dpi=120)
+    FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+    ax, ax_lr = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     if train:
         ax.plot(*zip(*train), label="train (batch)", lw=1, alpha=0.7)
     if val:
@@ -34,5 +33,4 @@ def plot_loss_curve(records: list[dict[str, Any]], out: Path, title: str = "") -
     ax_lr.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out)
-    plt.close(fig)
     return out

@@ -84,12 +84,61 @@ def load_run_config(run_dir: str | Path):
     return load_train_config(run_dir / RUN_CONFIG, dump=True)
 
 
+LATEST = "latest"  # ``runs/latest``: the newest finished run under ``runs/``
+
+
+def resolve_run_dir(path: str | Path) -> Path:
+    """The run folder ``path`` names. ``DIR/latest`` (a bare ``latest``: ``runs/latest``, under the default
+    ``out_dir``), where no such folder exists, is the newest finished run in ``DIR``: of the folders whose model is
+    at their config's ``max_iters`` (``finished``), the one whose top-level manifest, written as its model is
+    published, is the most recent. A name, not a link: nothing is written, so it works on any file system. Any
+    other path is returned as it is; a ``latest`` with no finished run behind it is a one-line ConfigError."""
+    path = Path(path)
+    if path.name != LATEST or path.exists():
+        return path
+    from attnlab.core.manifest import MANIFEST_NAME
+
+    root = path.parent if path.parent != Path() else Path("runs")
+    try:
+        runs = [f for f in (sorted(root.iterdir()) if root.is_dir() else []) if not f.name.startswith(".")
+                and finished(f)]
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot list {root}/ ({e.strerror})") from None
+    if not runs:
+        raise ConfigError(f"{path}: no finished run in {root}/ yet (a run is finished when it reaches its "
+                          "max_iters); train one first, or give a run folder")
+    return max(runs, key=lambda f: ((f / MANIFEST_NAME).stat().st_mtime_ns, f.name))
+
+
+def finished(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished model: a top-level manifest whose step is the ``max_iters`` of the
+    folder's config.yaml, or, in a folder without one (``import-hf``, ``export``), any manifest."""
+    from attnlab.core.manifest import read_manifest
+
+    try:
+        manifest = read_manifest(folder)
+    except CheckpointError:  # damaged: not a run to pick
+        return False
+    if manifest is None:
+        return False
+    if not (folder / RUN_CONFIG).is_file():
+        return True
+    try:
+        config = yaml.safe_load((folder / RUN_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    target = config.get("max_iters") if isinstance(config, dict) else None
+    step = manifest.get("step")
+    return isinstance(target, int) and isinstance(step, int) and step >= target
+
+
 def load_model_and_tokenizer(path: str | Path):
-    """The model and tokenizer saved in a run folder (or any from_pretrained folder)."""
+    """The model and tokenizer saved in a run folder (or any from_pretrained folder); ``runs/latest`` is the
+    newest finished run (``resolve_run_dir``)."""
     from attnlab.models.registry import from_pretrained
     from attnlab.tokenizers import load_tokenizer
 
-    path = Path(path)
+    path = resolve_run_dir(path)
     if not path.is_dir():
         raise CheckpointError(f"run folder not found: {path}")
     return from_pretrained(path), load_tokenizer(path)

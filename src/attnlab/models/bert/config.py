@@ -22,7 +22,7 @@ class BertConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOptio
                  ClassifierOptions, family="bert"):
     """A BERT: attention blocks with dense feed-forwards, segment embeddings, MLM/NSP and classifier heads."""
 
-    family: str = "bert"
+    family: str = "bert"  # the model family; it chooses which of these tables applies
     n_segments: int = 2  # segment (token type) embeddings, A/B sentences; 0 = none
     n_targets: int | None = None  # a regression head of this many values per text (task regress fills it)
 

@@ -22,7 +22,7 @@ class CaptionerConfig(ModelConfig, TransformerOptions, ImageOptions, SequenceOpt
     """n_layer ViT blocks over (image_size / patch_size)^2 patches + [CLS]; n_decoder_layer decoder blocks over
     at most block_size caption tokens, each cross-attending to every patch."""
 
-    family: str = "captioner"
+    family: str = "captioner"  # the model family; it chooses which of these tables applies
     patch_size: int = 4  # side of a square patch
     positions: Literal["learned", "sinusoidal"] = "learned"  # the caption's positions (the patches: learned)
     n_decoder_layer: int | None = None  # decoder depth; None = n_layer (the encoder's)

@@ -12,7 +12,7 @@ from attnlab.models.config import ImageOptions, ModelConfig, at_least
 class CNNConfig(ModelConfig, ImageOptions, family="cnn"):
     """Stages of residual conv blocks, each after the first halving the resolution; global pooling; a head."""
 
-    family: str = "cnn"
+    family: str = "cnn"  # the model family; it chooses which of these tables applies
     n_classes: int | None = None  # filled from the data's labels when a run builds the model
     cnn_width: int = 32  # channels of the first stage (doubled at each later stage)
     cnn_stages: int = 3  # stages of residual blocks

@@ -14,15 +14,15 @@ class DINOConfig(ModelConfig, TransformerOptions, ImageOptions, family="dino"):
     """A ViT student (its n_layer, d_model, n_head, patch_size, ...) with a projection head over out_dim
     prototypes, and an exponential-moving-average teacher of the same shape."""
 
-    family: str = "dino"
+    family: str = "dino"  # the model family; it chooses which of these tables applies
     patch_size: int = 4  # side of a square patch
     positions: Literal["learned"] = "learned"  # learned patch-grid positions (resampled for the local crops)
     pooling: Literal["cls", "mean"] = "cls"  # the feature the head, a probe or a fine-tuned ViT reads
     out_dim: int = 1024  # K: prototypes the head scores
     head_hidden: int = 256  # the projection MLP's width
     head_bottleneck: int = 64  # the L2-normalised bottleneck before the prototypes
-    student_temp: float = 0.1  # tau_s
-    teacher_temp: float = 0.04  # tau_t (< tau_s: the teacher is sharpened)
+    student_temp: float = 0.1  # tau_s: the temperature of the student's softmax over the prototypes
+    teacher_temp: float = 0.04  # tau_t: the teacher's (< tau_s: its outputs are sharpened)
     center_momentum: float = 0.9  # m_c: c <- m_c c + (1 - m_c) mean_batch(teacher outputs)
     teacher_momentum: float = 0.996  # lambda: teacher <- lambda teacher + (1 - lambda) student, every step
     local_size: int = 12  # side of the local crops (the global crops are image_size; 12/28 ~ DINO's 96/224)

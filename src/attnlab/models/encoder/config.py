@@ -24,7 +24,7 @@ class EncoderConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOp
                     family="encoder"):
     """Features (B, T, F) or sets (element, value) -> attention blocks -> a regression or classification head."""
 
-    family: str = "encoder"
+    family: str = "encoder"  # the model family; it chooses which of these tables applies
     inputs: Literal["features", "set"] = "features"  # (B, T, F) feature vectors, or (element, value) sets
     n_features: int | None = None  # features: F values per step; filled from the data by a run
     n_elements: int | None = None  # set: element types (ids 0..n_elements-1); filled from the data by a run

@@ -24,7 +24,7 @@ class GPTConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOption
                 MoEOptions, ResidualOptions, family="gpt"):
     """A GPT: any token mixer per layer, dense or expert feed-forward, any residual scheme."""
 
-    family: str = "gpt"
+    family: str = "gpt"  # the model family; it chooses which of these tables applies
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma 2); None = uncapped
 
     def validate(self) -> None:

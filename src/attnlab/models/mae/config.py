@@ -14,14 +14,14 @@ class MAEConfig(ModelConfig, TransformerOptions, ImageOptions, family="mae"):
     """A ViT encoder (its n_layer, d_model, n_head, patch_size, ...) that sees the visible patches only, and a
     decoder of ``decoder_layers`` narrower blocks that predicts the pixels of the masked ones."""
 
-    family: str = "mae"
+    family: str = "mae"  # the model family; it chooses which of these tables applies
     patch_size: int = 4  # side of a square patch
     positions: Literal["learned"] = "learned"  # learned patch-grid positions, named as the ViT's (init_from)
     pooling: Literal["cls", "mean"] = "cls"  # the feature a probe or a fine-tuned ViT reads
     mask_ratio: float = 0.75  # share of the patches hidden from the encoder
-    decoder_layers: int = 2
-    decoder_d_model: int = 64
-    decoder_n_head: int = 4
+    decoder_layers: int = 2  # blocks of the pixel decoder (it sees every patch: the visible ones and mask tokens)
+    decoder_d_model: int = 64  # the decoder's width (narrower than the encoder's)
+    decoder_n_head: int = 4  # the decoder's attention heads
     norm_pix_loss: bool = True  # targets: each patch's pixels standardised by their own mean and std
 
     def validate(self) -> None:

@@ -13,7 +13,7 @@ from attnlab.models.config import ModelConfig, at_least, check_head, unused_head
 class RecurrentConfig(ModelConfig, family="recurrent"):
     """Features (B, T, F) -> stacked recurrent layers -> pooled state -> a regression or classification head."""
 
-    family: str = "recurrent"
+    family: str = "recurrent"  # the model family; it chooses which of these tables applies
     cell: Literal["rnn", "gru", "lstm"] = "lstm"  # Elman RNN (tanh), GRU or LSTM
     n_layer: int = 2  # stacked recurrent layers
     d_model: int = 128  # hidden state size per direction
@@ -21,7 +21,7 @@ class RecurrentConfig(ModelConfig, family="recurrent"):
     pooling: Literal["last", "mean"] = "last"  # the final state(s), or the mean state over time
     dropout: float = 0.0  # between recurrent layers and before the head
     n_features: int | None = None  # F values per step; filled from the data by a run
-    head: Literal["regression", "classification"] = "classification"
+    head: Literal["regression", "classification"] = "classification"  # cross-entropy over n_classes, or MSE
     n_classes: int | None = None  # classification: filled from the data's labels
     n_outputs: int = 1  # regression: targets per example
 

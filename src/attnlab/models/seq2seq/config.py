@@ -21,7 +21,7 @@ class Seq2SeqConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOp
                     family="seq2seq"):
     """An encoder of n_layer blocks and a decoder of n_decoder_layer cross-attending blocks."""
 
-    family: str = "seq2seq"
+    family: str = "seq2seq"  # the model family; it chooses which of these tables applies
     # the positions of both stacks (no ALiBi or relative scores in the cross-attention)
     positions: Literal["learned", "sinusoidal", "rope", "none"] = "learned"
     n_decoder_layer: int | None = None  # decoder depth; None = n_layer (the encoder's)

@@ -13,7 +13,7 @@ from attnlab.models.config import ClassifierOptions, ImageOptions, ModelConfig, 
 class ViTConfig(ModelConfig, TransformerOptions, ImageOptions, ClassifierOptions, family="vit"):
     """(image_size / patch_size)^2 patch tokens + [CLS] through attention blocks; a linear head."""
 
-    family: str = "vit"
+    family: str = "vit"  # the model family; it chooses which of these tables applies
     patch_size: int = 4  # side of a square patch
     positions: Literal["learned", "none"] = "learned"  # learned patch-grid positions (interpolated on resize)
 

@@ -91,14 +91,14 @@ def render_word_attention(model: torch.nn.Module, encoder, images: Tensor, shown
                           max_words: int = 14) -> Path:
     """PNG: one row per image (``images`` normalised, ``shown`` the uint8 pixels drawn): the image, then each
     generated word's cross-attention over the patches, overlaid."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
     rows = [caption_attention(model, encoder, image) for image in images]
     cols = 1 + min(max_words, max(len(w) for w, _ in rows))
-    fig, axes = plt.subplots(len(rows), cols, figsize=(1.25 * cols, 1.6 * len(rows)), dpi=110, squeeze=False)
+    fig = Figure(figsize=(1.25 * cols, 1.6 * len(rows)), dpi=110)
+    FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+    axes = fig.subplots(len(rows), cols, squeeze=False)
     H, W = shown.shape[-2:]
     for r, ((words, maps), pixels) in enumerate(zip(rows, shown)):
         grey = pixels[0].float().tolist()
@@ -117,5 +117,4 @@ def render_word_attention(model: torch.nn.Module, encoder, images: Tensor, shown
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
-    plt.close(fig)
     return path

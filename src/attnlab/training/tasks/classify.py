@@ -92,17 +92,11 @@ class ClassifyTask(TextRowsTask):
 
     def eval_report(self, model: torch.nn.Module, run_dir: Path) -> list[Path]:
         """confusion.png: held-out confusion matrix (rows true, columns predicted), and the exact scores."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         pred, true = self.predict(model, "val")
         fig = confusion_figure(confusion_matrix(true, pred, len(self.classes)).numpy(), self.classes,
                                self.scores(model, "val"))
         path = run_dir / "confusion.png"
         fig.savefig(path, dpi=100)
-        plt.close(fig)
         return [path]
 
 
@@ -114,10 +108,13 @@ def load_classes(folder: Path) -> list[str]:
 def confusion_figure(cm: Any, classes: list[str], scores: dict[str, float]) -> Any:
     """The confusion matrix ``cm`` (K x K counts, rows true) as a figure titled with the held-out accuracy and
     macro-F1 (on two lines, centred on the figure, so that it fits at any K and any length of class name)."""
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
-    fig, ax = plt.subplots(figsize=(max(3.0, 1.2 + 0.6 * len(classes)), 1 + 0.6 * len(classes)))
+    fig = Figure(figsize=(max(3.0, 1.2 + 0.6 * len(classes)), 1 + 0.6 * len(classes)))
+    FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+    ax = fig.subplots()
     ax.imshow(cm, cmap="Blues")
     for (i, j), v in np.ndenumerate(cm):
         ax.text(j, i, str(v), ha="center", va="center", fontsize=8)

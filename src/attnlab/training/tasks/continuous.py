@@ -186,13 +186,13 @@ class ContinuousTask(RowsTask):
         out = [run_dir / "scores.json"]
         atomic_write_text(out[0], json.dumps(s, indent=1) + "\n")
         if self.regression:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
             pred, true = self.predict(model, "val")
-            fig, ax = plt.subplots(figsize=(4, 4))
+            fig = Figure(figsize=(4, 4))
+            FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+            ax = fig.subplots()
             ax.scatter(np.asarray(true[:, 0]), np.asarray(pred[:, 0]), s=4, alpha=0.5)
             lo, hi = float(true.min()), float(true.max())
             ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
@@ -202,5 +202,4 @@ class ContinuousTask(RowsTask):
             fig.tight_layout()
             out.append(run_dir / "predicted-vs-true.png")
             fig.savefig(out[-1], dpi=120)
-            plt.close(fig)
         return out

@@ -130,17 +130,17 @@ class ImageClassificationTask(Task):
 
     def eval_report(self, model: torch.nn.Module, run_dir: Path) -> list[Path]:
         """confusion_matrix.png: counts of (true class, predicted class) on the test split."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
         pred, true = self.predict(model, "test")
         k = len(self.classes)
         counts = torch.bincount(true * k + pred, minlength=k * k).reshape(k, k)  # (true, predicted)
         accuracy = counts.diag().sum().item() / max(len(true), 1)
         size = max(4.0, 0.55 * k + 2)
-        fig, ax = plt.subplots(figsize=(size, size * 0.9), dpi=110)
+        fig = Figure(figsize=(size, size * 0.9), dpi=110)
+        FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+        ax = fig.subplots()
         ax.imshow(counts.tolist(), cmap="Blues")
         if k <= 20:
             top = counts.max().item()
@@ -158,5 +158,4 @@ class ImageClassificationTask(Task):
         fig.tight_layout()
         path = Path(run_dir) / "confusion_matrix.png"
         fig.savefig(path)
-        plt.close(fig)
         return [path]

@@ -45,10 +45,8 @@ class MaskedImageTask(ImageClassificationTask):
         """reconstructions.png: eight test images, the visible patches, and the reconstruction (visible patches
         kept, hidden ones predicted; with norm_pix_loss each predicted patch is put back at the true patch's mean
         and std, as the MAE paper shows them)."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
         from attnlab.models.mae.model import patchify, unpatchify
 
@@ -67,7 +65,9 @@ class MaskedImageTask(ImageClassificationTask):
         seen = torch.where(hidden, torch.full_like(true, float(true.min())), true)
         rows = [("image", x), ("visible", unpatchify(seen, c.patch_size, c.in_channels, model.grid_size)),
                 ("reconstruction", unpatchify(filled, c.patch_size, c.in_channels, model.grid_size))]
-        fig, axes = plt.subplots(3, len(x), figsize=(1.6 * len(x), 5), squeeze=False)
+        fig = Figure(figsize=(1.6 * len(x), 5))
+        FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+        axes = fig.subplots(3, len(x), squeeze=False)
         for r, (name, images) in enumerate(rows):
             for i, img in enumerate(images):
                 ax = axes[r, i]
@@ -79,5 +79,4 @@ class MaskedImageTask(ImageClassificationTask):
         fig.tight_layout()
         path = Path(run_dir) / "reconstructions.png"
         fig.savefig(path, dpi=100)
-        plt.close(fig)
         return [path]

@@ -141,17 +141,17 @@ class RegressTask(TextRowsTask):
 
     def eval_report(self, model: torch.nn.Module, run_dir: Path) -> list[Path]:
         """scores.json and predicted-vs-true.png on the held-out rows."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
         from attnlab.core.fileio import atomic_write_text
 
         s = self.scores(model, "val")
         atomic_write_text(run_dir / "scores.json", json.dumps(s, indent=1) + "\n")
         pred, true = self.predict(model, "val")
-        fig, ax = plt.subplots(figsize=(4, 4))
+        fig = Figure(figsize=(4, 4))
+        FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+        ax = fig.subplots()
         ax.scatter(true[:, 0].numpy(), pred[:, 0].numpy(), s=5, alpha=0.5)
         lo, hi = float(true.min()), float(true.max())
         ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
@@ -162,7 +162,6 @@ class RegressTask(TextRowsTask):
                      fontsize=8)
         fig.tight_layout()
         fig.savefig(run_dir / "predicted-vs-true.png", dpi=120)
-        plt.close(fig)
         return [run_dir / "scores.json", run_dir / "predicted-vs-true.png"]
 
 

@@ -240,11 +240,9 @@ def _cjk_font() -> str | None:
 def plot_cross_attention(model: torch.nn.Module, encoder: PairEncoder, source: str, path: Path) -> Path:
     """Greedy-translate ``source`` and draw the cross-attention of each target token to the source
     tokens (last decoder layer, mean over heads): a target x source heatmap whose rows sum to 1."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib import font_manager
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # not pyplot's: a notebook keeps its own backend
 
     from attnlab.generation import greedy_decode
 
@@ -263,7 +261,9 @@ def plot_cross_attention(model: torch.nn.Module, encoder: PairEncoder, source: s
     font = _cjk_font()
     prop = font_manager.FontProperties(fname=font) if font else None
     T, S = probs.shape
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.32 * S + 2), max(3.0, 0.28 * T + 1.5)))
+    fig = Figure(figsize=(max(4.0, 0.32 * S + 2), max(3.0, 0.28 * T + 1.5)))
+    FigureCanvasAgg(fig)  # drawn and measured by Agg, as the PNG is written
+    ax = fig.subplots()
     ax.imshow(probs.float().cpu().numpy(), cmap="viridis", aspect="auto", vmin=0.0)
     ax.set_xticks(range(S), src_labels, rotation=90, fontproperties=prop, fontsize=8)
     ax.set_yticks(range(T), tgt_labels, fontsize=8)
@@ -273,5 +273,4 @@ def plot_cross_attention(model: torch.nn.Module, encoder: PairEncoder, source: s
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
