@@ -6,9 +6,9 @@ Importing the package is cheap: submodules (torch models, trainer, plots) load o
 from attnlab.core.version import __version__  # noqa: F401  (attnlab.__version__)
 
 
-def load(path):
-    """``attnlab.load(run)``: the model and tokenizer of a run folder, with ``generate`` and ``attention``
-    (see ``attnlab.api``)."""
+def load(path, **options):
+    """``attnlab.load(run)``: the model and tokenizer of a run folder, with ``generate`` and ``attention``;
+    ``options`` as ``attnlab.api.load`` takes them (e.g. ``fold_ln=True``)."""
     from attnlab.api import load as _load
 
-    return _load(path)
+    return _load(path, **options)

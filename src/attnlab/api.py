@@ -92,9 +92,28 @@ def cut_at_stop(text: str, stop: list[str] | None) -> str:
     return text[:min(ends)] if ends else text
 
 
-def load(path: str | Path) -> Loaded:
-    """The model (in eval mode) and tokenizer of a run or model folder, checked against its manifest."""
+def load(path: str | Path, fold_ln: bool = False, center_writing_weights: bool = False,
+         center_unembed: bool = False, fold_value_biases: bool = False) -> Loaded:
+    """The model (in eval mode) and tokenizer of a run or model folder, checked against its manifest.
+
+    The four options process a pre-norm GPT's weights for reading, as TransformerLens does on load
+    (``attnlab.inspect.fold``); each leaves the predictions as they were:
+
+        fold_ln                  W (n(x) gamma + beta) + b = (W diag gamma) n(x) + (W beta + b): each norm's
+                                 gain and bias move into the layer that reads it (the LM head is untied and
+                                 gains the bias W_U beta_f)
+        center_writing_weights   every vector written into the stream (W_E, W_pos, W_O, W_2, their biases) loses
+                                 its mean over C, which the next LayerNorm would remove anyway
+        center_unembed           W_U <- W_U - mean over the vocabulary: all logits of a position shift alike
+        fold_value_biases        b_O <- b_O + W_O b_V, b_V <- 0 (each row of probabilities sums to 1)
+
+    A processed model is for looking at; train and save the original.
+    """
+    from attnlab.inspect.fold import check_processable, process_weights
     from attnlab.training.runs import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(path)
+    if fold_ln or center_writing_weights or center_unembed or fold_value_biases:
+        check_processable(model, centring=center_writing_weights)
+        process_weights(model, fold_ln, center_writing_weights, center_unembed, fold_value_biases)
     return Loaded(model.eval(), tokenizer, Path(path))

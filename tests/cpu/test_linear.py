@@ -235,8 +235,9 @@ def test_linear_gelu_is_gelu_of_the_linear_layer(shape):
 
 
 def test_the_ffn_fuses_only_where_nothing_is_skipped(monkeypatch):
-    """With both kernels an FFN computes x W_1 and GELU in one pass; with a bias, or a hook on fc_in or on the GELU
-    (which the fused pass would not call), it computes them one after the other: the same outputs every way."""
+    """With both kernels an FFN computes x W_1 and GELU in one pass; with a bias, or a hook on fc_in, on the GELU
+    or on the hook points between them (which the fused pass would not call), it computes them one after the other:
+    the same outputs every way."""
     torch.manual_seed(0)
     x = torch.randn(2, 5, 32)
     stock = FeedForward(32, 64, bias=False)
@@ -249,7 +250,7 @@ def test_the_ffn_fuses_only_where_nothing_is_skipped(monkeypatch):
     monkeypatch.setattr(linear_cpu, "linear_gelu", lambda *a, **k: calls.append(1) or original(*a, **k))
     assert torch.allclose(fused(x), stock(x), atol=1e-5) and len(calls) == 1
     seen = []
-    for layer in (fused.fc_in, fused.act):
+    for layer in (fused.fc_in, fused.act, fused.hook_pre, fused.hook_post):  # the hook points between them too
         seen.clear()
         handle = layer.register_forward_hook(lambda m, i, o: seen.append(o.shape))
         assert torch.allclose(fused(x), stock(x), atol=1e-5) and len(calls) == 1 and seen == [(2, 5, 64)]

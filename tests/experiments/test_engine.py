@@ -1,6 +1,6 @@
 """The study engine under attack: ``attnlab experiment sqrt-dk --quick`` through embedded Ray, through a second Ray
-cluster started here with ``ray start --head`` (loopback only), with a Ray worker killed in the middle of a run,
-and with the driver killed and the study resumed. Every run seeds itself, so each must end with the results of an
+cluster started here with ``ray start --head`` (loopback only) with one of its workers killed in the middle of a
+run, and with the driver killed and the study resumed. Every run seeds itself, so each must end with the results of an
 undisturbed run (run times aside; see ``_differences``)."""
 
 from __future__ import annotations
@@ -107,34 +107,31 @@ def test_embedded_ray_runs_the_study_with_its_provenance(undisturbed):
     assert undisturbed["verdict"] in ("held", "not held", "not decidable")
 
 
-def test_a_ray_worker_killed_mid_run_is_retried_and_the_results_are_unchanged(undisturbed, tmp_path):
-    out = tmp_path / "killed"
-    proc = _experiment(out)
-    killed, exposed = None, []
+def _kill_a_busy_worker(proc: subprocess.Popen, below: int) -> int:
+    """SIGKILL the first Ray worker seen running a task (``ray::timed``) among the processes under pid ``below``,
+    while ``proc`` (the study's driver) runs; returns the killed worker's pid."""
     deadline = time.monotonic() + 300
-    while killed is None and proc.poll() is None and time.monotonic() < deadline:
-        below = _descendants(proc.pid)
-        busy = [pid for pid, cmd in below if cmd.startswith("ray::timed")]  # a worker in a run
+    while proc.poll() is None and time.monotonic() < deadline:
+        busy = [pid for pid, cmd in _descendants(below) if cmd.startswith("ray::timed")]
         if busy:
-            exposed = _exposed({proc.pid, *(pid for pid, _ in below)})  # embedded Ray, up and busy
             os.kill(busy[0], signal.SIGKILL)
-            killed = busy[0]
+            return busy[0]
         time.sleep(0.05)
-    _finish(proc)
-    assert killed is not None, "no Ray worker was seen running a task"
-    assert not exposed, exposed  # every socket the embedded cluster listens on is on loopback
-    moved = _differences(_numbers(json.loads((out / "results.json").read_text())), _numbers(undisturbed))
-    assert not moved, moved[:8]
+    pytest.fail("no Ray worker was seen running a task")
 
 
 def test_a_killed_driver_resumes_without_redoing_a_finished_run(undisturbed, tmp_path):
     out = tmp_path / "resumed"
     proc = _experiment(out, start_new_session=True)
-    deadline = time.monotonic() + 300
+    deadline, exposed = time.monotonic() + 300, None
     while len(list(out.glob(".runs/*/*.pt"))) < 4 and time.monotonic() < deadline:
         assert proc.poll() is None, "the run ended before it could be cut off"
+        below = _descendants(proc.pid)
+        if exposed is None and any(cmd.startswith("ray::timed") for _, cmd in below):  # embedded Ray, up and busy
+            exposed = _exposed({proc.pid, *(pid for pid, _ in below)})
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started
+    assert exposed == [], exposed  # every socket the embedded cluster listened on was on loopback
     proc.wait()
     import torch
 
@@ -169,7 +166,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_second_ray_cluster_given_by_address(undisturbed, tmp_path):
+def test_a_second_ray_cluster_given_by_address_survives_a_worker_killed_mid_run(undisturbed, tmp_path):
+    """The study joins a cluster started here with ``ray start --head``; one of that cluster's workers is killed
+    in the middle of a run: Ray runs the task again, and the results equal the undisturbed run's."""
     port = _free_port()
     ray = Path(sys.executable).with_name("ray")
     head = subprocess.Popen([str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
@@ -186,7 +185,9 @@ def test_a_second_ray_cluster_given_by_address(undisturbed, tmp_path):
             time.sleep(0.2)
         time.sleep(2)
         out = tmp_path / "cluster"
-        log = _finish(_experiment(out, "--address", address))  # attnlab keeps its own side on loopback
+        proc = _experiment(out, "--address", address)  # attnlab keeps its own side on loopback
+        _kill_a_busy_worker(proc, head.pid)
+        log = _finish(proc)
         assert f"at {address}" in log
         record = json.loads((out / "results.json").read_text())
         assert record["provenance"]["engine"].startswith("ray ")

@@ -407,9 +407,13 @@ def test_checkpoints_of_the_universal_block_still_load():
 def test_block_hook_points_read_the_stream_and_write_it():
     torch.manual_seed(0)
     block = attention_block(16, 2, cross_attention=True).double().eval()
+    attention = ["hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z", "hook_result",
+                 "hook_scores"]
+    norm = ["hook_scale", "hook_normalized"]
     assert list(hook_points(block)) == [
-        "mixer.hook_pattern", "mixer.hook_z", "mixer.hook_scores", "cross_attn.hook_pattern", "cross_attn.hook_z",
-        "cross_attn.hook_scores", "hook_resid_pre", "hook_resid_post", "hook_mixer_out", "hook_ffn_out",
+        *(f"mixer.{h}" for h in attention), *(f"norm_mixer.{h}" for h in norm),
+        *(f"cross_attn.{h}" for h in attention), *(f"norm_cross.{h}" for h in norm), "ffn.hook_pre", "ffn.hook_post",
+        *(f"norm_ffn.{h}" for h in norm), "hook_resid_pre", "hook_resid_post", "hook_mixer_out", "hook_ffn_out",
         "hook_cross_out"]
     x, mem = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 3, 16, dtype=torch.float64)
     ctx = BlockContext(is_causal=True, memory=mem)

@@ -192,9 +192,12 @@ def test_lens_tab_knocks_out_heads_and_reads_every_layer(page, server, tmp_path)
     want = httpx.post(server + "/api/lens", json={"text": TEXT, "ablate": [[1, 0]]}).json()
     shown = [float(x) for x in page.locator("#lens-ablated .bar-p").all_inner_texts()]
     assert shown == pytest.approx([t["p"] for t in want["ablated_next_token"]], abs=1e-4)
+    # the grid: a cell per position and layer (3 layers: embed, block 0, block 1)
+    assert page.get_attribute("#lens-grid", "data-cells") == str(3 * len(want["grid"]))
     with page.expect_download() as info:
         page.click("#download-json")
     data = json.loads(info.value.path().read_text(encoding="utf-8"))
+    assert data["grid"] == want["grid"]
     assert data["heads"] == ["L1H0"] and [layer["name"] for layer in data["layers"]] == ["embed", "block 0",
                                                                                          "block 1"]
 

@@ -452,6 +452,11 @@ def test_lens_endpoint_matches_the_python_api(client, run_dir):
     assert view["next_token"][0]["p"] == pytest.approx(plain.max().item(), abs=1e-4)
     assert view["ablated_next_token"][0]["p"] == pytest.approx(knocked.max().item(), abs=1e-4)
     assert view["ablated_loss"] != view["loss"]
+    # the grid: every position's top token at every layer, ending in the model's own next-token guess
+    assert [row["token"] for row in view["grid"]] == view["tokens"]
+    assert all(len(row["top"]) == 3 for row in view["grid"])
+    assert view["grid"][-1]["top"][-1]["p"] == pytest.approx(plain.max().item(), abs=1e-4)
+    assert view["grid"][-1]["top"][-1]["token"] == tok.decode([int(plain.argmax())])
     none = client.post("/api/lens", json={"text": "the quick"}).json()
     assert none["ablated_next_token"] is None and none["heads"] == []
     for body, message in (({"text": "the", "ablate": [[5, 0]]}, "layer < 2"),

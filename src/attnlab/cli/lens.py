@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--text", required=True)
     a.add_argument("--k", type=at_least(1), default=5, help="top tokens per position (default 5)")
     a.add_argument("--json", default=None, help="write the full report to this file")
-    a.add_argument("--figure", default=None, help="draw the loss per layer to this PNG")
+    a.add_argument("--figure", default=None,
+                   help="draw the grid (top token by position and layer) and the loss per layer to this PNG")
     a.set_defaults(func=_cmd_logit_lens)
     a = actions.add_parser("ablate", help="the next-token loss and prediction with heads knocked out")
     a.add_argument("run_dir")
@@ -116,9 +117,26 @@ def _cmd_logit_lens(args: argparse.Namespace) -> int:
     report = lens_report(args.run_dir, args.text, k=args.k)
     for layer in report["layers"]:
         print(f"{layer['name']:>8}  loss {layer['loss']:.4f}  next after the text: {layer['top'][-1]!r}")
+    print("\nthe top next token and its probability, by position (rows) and layer (columns):")
+    for line in _grid_table(report):
+        print(line)
     _write(report, args.json)
     _figure("logit_lens_figure", report, args.figure)
     return 0
+
+
+def _grid_table(report: dict, width: int = 14) -> list[str]:
+    """The lens grid as text: a row per position (its token), a column per layer, cells ``'tok' 0.123``."""
+    def cell(text: str) -> str:
+        return text if len(text) <= width else text[:width - 1] + "~"
+
+    names = [cell(layer["name"]) for layer in report["layers"]]
+    lines = [f"{'position':<{width + 6}}" + "".join(f"{name:>{width + 2}}" for name in names)]
+    for t, row in enumerate(report["grid"]):
+        head = f"{t:>3} {cell(repr(row['token'])):<{width + 2}}"
+        lines.append(head + "".join(f"{cell(repr(c['token'])) + ' ' + format(c['p'], '.2f'):>{width + 2}}"
+                                    for c in row["top"]))
+    return lines
 
 
 def _cmd_ablate(args: argparse.Namespace) -> int:

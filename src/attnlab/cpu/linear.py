@@ -182,9 +182,11 @@ class CPUFeedForward(FeedForward):
         return ffn
 
     def fuses(self) -> bool:
-        """Whether the first layer and the GELU may run as one pass."""
+        """Whether the first layer and the GELU may run as one pass: no hooks on the GELU, nor on the hook points
+        between them (``hook_pre``, ``hook_post``: the fused pass forms neither tensor)."""
         act = self.act
-        return self.fc_in.fuses() and not (act._forward_hooks or act._forward_pre_hooks)
+        return self.fc_in.fuses() and not (act._forward_hooks or act._forward_pre_hooks or self.hook_pre.active
+                                           or self.hook_post.active)
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.fuses():

@@ -2,7 +2,7 @@
 activations from one input into the run of another, and measure what the output does.
 
 A ``Site`` names what to change: a hook point, and optionally one head (axis 1 of the (B, H, T, ·)
-points ``mixer.hook_z`` / ``mixer.hook_pattern``) and some positions (the T axis). Then
+points ``mixer.hook_q/k/v/attn_scores/pattern/z/result``) and some positions (the T axis). Then
 
     ablation    x[site] <- 0                                  "zero"
                 x[site] <- mean of x[site] over a reference set (its batch and positions)   "mean"
@@ -31,13 +31,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.nn.hooks import capture, hook_points, hooks
+from attnlab.nn.hooks import FORMED_WHEN_HOOKED, capture, hook_points, hooks
 
 How = Literal["zero", "mean", "resample"]
 Inputs = Any  # what the model is called with: a tuple (positional), a dict (keywords) or one tensor
 Metric = Callable[[Any], Tensor]  # model output -> a scalar (or per-example) tensor
 
-HEADED = ("hook_z", "hook_pattern")  # points shaped (B, H, T, ·): a head is axis 1, positions axis 2
+# points shaped (B, H, T, ·): a head is axis 1, positions axis 2
+HEADED = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z", "hook_result")
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class Site:
         if self.headed:
             return (slice(None), slice(None) if self.head is None else self.head, pos)
         if self.head is not None:
-            raise ValueError(f"{self.point} has no head axis; heads are sites of a mixer's hook_z or hook_pattern")
+            raise ValueError(f"{self.point} has no head axis; heads are sites of a mixer's per-head points "
+                             f"({', '.join(HEADED)})")
         return (slice(None), pos)
 
 
@@ -97,11 +99,12 @@ def run_with_cache(
 ) -> tuple[Any, dict[str, Tensor]]:
     """Run the model and keep what flows through the matching hook points (TransformerLens's
     ``run_with_cache``): (output, {point name: tensor}). ``points``: fnmatch pattern(s); by default
-    every point but the attention patterns and scores. Asking for ``*hook_pattern`` moves those
-    attention layers to the eager path (the probabilities are formed), so such a cache comes from the
-    eager computation, equal to the fused one to ~1e-7 but not bit for bit."""
+    every point but the read-only scores and those formed only when hooked (``nn.hooks.FORMED_WHEN_HOOKED``:
+    attention scores and patterns, per-head results, the norms' scale and normalized input). Asking for
+    one of those moves its layer to the written-out path (e.g. ``*hook_pattern``: eager attention), so
+    such a cache comes from that computation, equal to the fused one to ~1e-7 but not bit for bit."""
     if points is None:
-        names = [n for n in hook_points(model) if not n.endswith(("hook_pattern", "hook_scores"))]
+        names = [n for n in hook_points(model) if not n.endswith((*FORMED_WHEN_HOOKED, "hook_scores"))]
         patterns = names or ["*"]
     else:
         patterns = [points] if isinstance(points, str) else list(points)

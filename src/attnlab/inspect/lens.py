@@ -4,7 +4,8 @@
     logits_l = Unembed(FinalNorm(r_l))        (B, T, V),  l = 0 .. L;  logits_L are the model's own
 
 For each layer: the next-token loss against the targets (how much of the prediction is already
-there) and the top tokens at each position. Read from the hook points ``blocks.{i}.hook_resid_pre``
+there) and the top tokens at each position; as a grid (``logit_lens_grid``), position x layer, the top
+token of softmax(logits_l) and its probability. Read from the hook points ``blocks.{i}.hook_resid_pre``
 and the last ``hook_resid_post`` (``attnlab.nn.hooks``), for a pre-norm GPT whose blocks carry the
 stream themselves (a model-level residual scheme keeps several streams: refused).
 """
@@ -32,22 +33,54 @@ class LensResult:
     loss: list[float] | None
 
 
-@torch.no_grad()
-def logit_lens(model: nn.Module, idx: Tensor, targets: Tensor | None = None, k: int = 5) -> LensResult:
-    """The logit lens of a GPT on token ids idx (B, T) (see the module docstring)."""
+def _streams(model: nn.Module, idx: Tensor) -> list[Tensor]:
+    """r_0 .. r_L (module docstring), each (B, T, C), from one forward pass."""
     config = model.config
     if config.family != "gpt" or getattr(model, "residual", None) is not None:
         raise ConfigError("the logit lens reads one residual stream: a gpt with residual=standard")
     L = config.n_layer
     with capture(model, "blocks.*.hook_resid_pre", f"blocks.{L - 1}.hook_resid_post") as seen:
-        model(idx)
-    streams = [seen[f"blocks.{i}.hook_resid_pre"] for i in range(L)] + [seen[f"blocks.{L - 1}.hook_resid_post"]]
-    logits = torch.stack([model.head(model.norm_f(r)) for r in streams])  # (L+1, B, T, V)
+        model(idx, last_only=True)  # the streams are what is read; the model's own logits are logits_L
+    return [seen[f"blocks.{i}.hook_resid_pre"] for i in range(L)] + [seen[f"blocks.{L - 1}.hook_resid_post"]]
+
+
+def layer_names(n_layer: int) -> list[str]:
+    """The names of r_0 .. r_L: "embed", "block 0", ..."""
+    return ["embed", *[f"block {i}" for i in range(n_layer)]]
+
+
+@torch.no_grad()
+def logit_lens(model: nn.Module, idx: Tensor, targets: Tensor | None = None, k: int = 5) -> LensResult:
+    """The logit lens of a GPT on token ids idx (B, T) (see the module docstring)."""
+    logits = torch.stack([model.head(model.norm_f(r)) for r in _streams(model, idx)])  # (L+1, B, T, V)
     loss = None
     if targets is not None:
         loss = [F.cross_entropy(lg.reshape(-1, lg.size(-1)), targets.reshape(-1), ignore_index=-100).item()
                 for lg in logits]
-    return LensResult(["embed", *[f"block {i}" for i in range(L)]], logits, logits.topk(k, dim=-1).indices, loss)
+    return LensResult(layer_names(model.config.n_layer), logits, logits.topk(k, dim=-1).indices, loss)
+
+
+@torch.no_grad()
+def logit_lens_grid(model: nn.Module, idx: Tensor, rows: int = 256) -> tuple[Tensor, Tensor]:
+    """The logit lens as a grid: at each layer l and position t the most likely next token of
+    softmax(logits_l) and its probability, (top ids (L+1, B, T), p (L+1, B, T)), with
+    p = exp(max(z) - logsumexp(z)). The logits are formed ``rows`` positions at a time, (rows, V)."""
+    top, p = [], []
+    for r in _streams(model, idx):
+        best = [(z.max(dim=-1), z.logsumexp(dim=-1)) for z in (model.head(model.norm_f(chunk))  # (rows, V)
+                                                                for chunk in r.reshape(-1, r.size(-1)).split(rows))]
+        top.append(torch.cat([m.indices for m, _ in best]).view(r.shape[:-1]))  # (B, T)
+        p.append(torch.cat([(m.values - lse).exp() for m, lse in best]).view(r.shape[:-1]))
+    return torch.stack(top), torch.stack(p)
+
+
+def grid_rows(tok, ids: list[int], top: Tensor, p: Tensor) -> list[dict]:
+    """One row per position of a grid for one text (top, p: (L+1, T)): {"token", "top": [{"token", "p"} per
+    layer]}, what the reports and the explorer show."""
+    return [{"token": tok.decode([ids[t]]),
+             "top": [{"token": tok.decode([int(top[layer, t])]), "p": round(float(p[layer, t]), 4)}
+                     for layer in range(top.size(0))]}
+            for t in range(len(ids))]
 
 
 def _gpt_and_ids(run_dir, text: str, min_tokens: int = 2, model=None):
@@ -75,9 +108,11 @@ def lens_report(run_dir, text: str, k: int = 5) -> dict:
         raise ConfigError(f"--k {k} is more than the {model.config.vocab_size} tokens of this model's vocabulary")
     targets = torch.cat([idx[:, 1:], torch.full((1, 1), -100)], dim=1)  # nothing to score after the text
     lens = logit_lens(model, idx, targets, k=k)
+    best = lens.logits[:, 0].softmax(dim=-1).max(dim=-1)  # (L+1, T)
     return {"text": text, "tokens": [tok.decode([i]) for i in idx[0].tolist()],
             "layers": [{"name": name, "loss": loss, "top": [[tok.decode([t]) for t in row] for row in top[0].tolist()]}
-                       for name, loss, top in zip(lens.layers, lens.loss, lens.top, strict=True)]}
+                       for name, loss, top in zip(lens.layers, lens.loss, lens.top, strict=True)],
+            "grid": grid_rows(tok, idx[0].tolist(), best.indices, best.values)}
 
 
 def check_heads(model: nn.Module, heads: list[tuple[int, int]], what: str = "--head") -> None:
@@ -129,11 +164,12 @@ def ablation_report(run_dir, text: str, heads: list[tuple[int, int]], how: str =
 def explorer_view(model: nn.Module, tok, ids: list[int], heads: list[tuple[int, int]], how: str = "zero",
                   k: int = 10) -> dict:
     """What the explorer's lens tab shows for token ids: the logit lens at the position after the text
-    (each layer's top-k with probabilities, and its loss over the text) and the next-token distribution,
-    plain and with the heads ablated."""
+    (each layer's top-k with probabilities, and its loss over the text), the grid (``grid_rows``: each
+    position's top token at each layer) and the next-token distribution, plain and with the heads ablated."""
     idx = torch.tensor([ids])
     targets = torch.cat([idx[:, 1:], torch.full((1, 1), -100)], dim=1)
     lens = logit_lens(model, idx, targets if len(ids) > 1 else None, k=k)
+    best = lens.logits[:, 0].softmax(dim=-1).max(dim=-1)  # (L+1, T): the grid
     probs = lens.logits[:, 0, -1].softmax(-1)  # (L+1, V) after the text
     layers = []
     for i, name in enumerate(lens.layers):
@@ -146,7 +182,8 @@ def explorer_view(model: nn.Module, tok, ids: list[int], heads: list[tuple[int, 
     def bars(r: dict | None) -> list[dict] | None:
         return None if r is None else [{"token": token, "p": p} for token, p in r["next"]]
 
-    return {"tokens": [tok.decode([i]) for i in ids], "layers": layers, "heads": ab["heads"], "how": how,
+    return {"tokens": [tok.decode([i]) for i in ids], "layers": layers,
+            "grid": grid_rows(tok, ids, best.indices, best.values), "heads": ab["heads"], "how": how,
             "next_token": bars(ab["plain"]), "ablated_next_token": bars(ab["ablated"]),
             "loss": ab["plain"]["loss"], "ablated_loss": None if ab["ablated"] is None else ab["ablated"]["loss"]}
 

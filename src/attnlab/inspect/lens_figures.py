@@ -1,6 +1,6 @@
 """Figures of the lens commands, drawn from their JSON reports (``attnlab.inspect.lens``, ``.probes``):
 
-    logit lens   next-token loss of each layer's stream read through the final norm and unembedding
+    logit lens   the grid (position x layer: top next token and its probability) and the loss per layer
     patching     recovered fraction: residual stream (layers x positions) and heads (layers x heads)
     probes       probe and control accuracy per layer (mean +- sd over seeds), the majority class
 """
@@ -26,20 +26,34 @@ def _save(fig, path: str | Path, tight: bool = True) -> Path:
 
 
 def logit_lens_figure(report: dict, path: str | Path) -> Path:
-    """Loss per layer, with each layer's top next token after the text written above its point."""
+    """The lens grid (position x layer: the top next token, coloured by its probability) beside the loss per
+    layer, with each layer's top next token after the text written above its point."""
     plt = _plt()
-    layers = report["layers"]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(layers)), 3.2))
+    layers, grid = report["layers"], report["grid"]
+    names = [layer["name"] for layer in layers]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(max(7.0, 1.1 * len(layers) + 4.5), max(3.2, 0.32 * len(grid) + 1.2)),
+                               layout="constrained", gridspec_kw={"width_ratios": [max(1, len(layers)), 3]})
+    image = a.imshow([[c["p"] for c in row["top"]] for row in grid], cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    for t, row in enumerate(grid):
+        for layer, c in enumerate(row["top"]):
+            a.text(layer, t, token_label(c["token"], 6), ha="center", va="center", fontsize=6,
+                   color="black" if c["p"] > 0.6 else "white")
+    a.set_xticks(range(len(names)), names, fontsize=7, rotation=45)
+    a.set_yticks(range(len(grid)), [token_label(row["token"], 6) for row in grid], fontsize=7)
+    a.set_xlabel("layer (its stream read through the final norm and unembedding)", fontsize=8)
+    a.set_ylabel("position (its token)", fontsize=8)
+    a.set_title("logit lens: top next token, coloured by its probability", fontsize=9)
+    fig.colorbar(image, ax=a, shrink=0.8)
     xs = range(len(layers))
-    ax.plot(xs, [layer["loss"] for layer in layers], marker="o")
+    b.plot(xs, [layer["loss"] for layer in layers], marker="o")
     for x, layer in zip(xs, layers, strict=True):
-        ax.annotate(token_label(layer["top"][-1][0]), (x, layer["loss"]), textcoords="offset points",
-                    xytext=(0, 6), ha="center", fontsize=8)
-    ax.set_xticks(list(xs), [layer["name"] for layer in layers])
-    ax.set_ylabel("next-token loss over the text (nats)")
-    ax.set_title("logit lens: each layer read as if it were the last (label: top token after the text)", fontsize=9)
-    ax.grid(alpha=0.3)
-    return _save(fig, path)
+        b.annotate(token_label(layer["top"][-1][0]), (x, layer["loss"]), textcoords="offset points",
+                   xytext=(0, 6), ha="center", fontsize=8)
+    b.set_xticks(list(xs), names, fontsize=7, rotation=45)
+    b.set_ylabel("next-token loss over the text (nats)", fontsize=8)
+    b.set_title("loss per layer (label: top token after the text)", fontsize=9)
+    b.grid(alpha=0.3)
+    return _save(fig, path, tight=False)
 
 
 def patching_figure(report: dict, path: str | Path) -> Path:

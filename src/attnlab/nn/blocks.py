@@ -6,6 +6,7 @@ nor whether its FFN is dense or a mixture of experts. How sub-layers meet the st
 
     PreNormBlock   (GPT-2, LLaMA)      x = x + Mixer(Norm(x));   x = x + FFN(Norm(x))
     PostNormBlock  (2017, BERT)        x = Norm(x + Mixer(x));   x = Norm(x + FFN(x))
+                                       (hook_resid_mid: the stream between the two lines)
     DecoderBlock   (pre-norm, with cross-attention to an encoder memory m)
                                        x = x + Mixer(Norm(x));   x = x + CrossAttn(Norm(x), m);
                                        x = x + FFN(Norm(x))
@@ -73,10 +74,13 @@ class Block(nn.Module):
         self.norm_ffn = norm()
         self.dropout = dropout
         self.register_load_state_dict_pre_hook(_upgrade_state_dict)
-        # hook points (nn/hooks.py): the stream in and out, and what each sub-layer adds to it
+        # hook points (nn/hooks.py): the stream in, between the sub-layers (two-sub-layer blocks) and out,
+        # and what each sub-layer adds to it
         self.hook_resid_pre, self.hook_resid_post = HookPoint(), HookPoint()
         self.hook_mixer_out, self.hook_ffn_out = HookPoint(), HookPoint()
-        if cross_attn is not None:
+        if cross_attn is None:
+            self.hook_resid_mid = HookPoint()
+        else:
             self.hook_cross_out = HookPoint()
 
     @property
@@ -114,9 +118,8 @@ class PreNormBlock(Block):
 
     def forward(self, x: Tensor, ctx: BlockContext) -> Tensor:
         x = self.hook_resid_pre(x)
-        x = x + self.attend(self.norm_mixer(x), ctx)
-        x = x + self.feed_forward(self.norm_ffn(x), ctx)
-        return self.hook_resid_post(x)
+        x = self.hook_resid_mid(x + self.attend(self.norm_mixer(x), ctx))
+        return self.hook_resid_post(x + self.feed_forward(self.norm_ffn(x), ctx))
 
     @property
     def sublayers(self) -> list[Sublayer]:
@@ -130,9 +133,8 @@ class PostNormBlock(Block):
 
     def forward(self, x: Tensor, ctx: BlockContext) -> Tensor:
         x = self.hook_resid_pre(x)
-        x = self.norm_mixer(x + self.attend(x, ctx))
-        x = self.norm_ffn(x + self.feed_forward(x, ctx))
-        return self.hook_resid_post(x)
+        x = self.hook_resid_mid(self.norm_mixer(x + self.attend(x, ctx)))
+        return self.hook_resid_post(self.norm_ffn(x + self.feed_forward(x, ctx)))
 
 
 class DecoderBlock(Block):

@@ -3,7 +3,9 @@
     relu/gelu:  FFN(x) = act(x W_1 + b_1) W_2 + b_2                      (Vaswani et al. 2017)
     swiglu:     FFN(x) = (SiLU(x W_gate) * (x W_up)) W_2                 (Shazeer 2020)
 
-x (..., C) -> (..., C) with a hidden width d_ff; W_2 writes into the residual stream.
+x (..., C) -> (..., C) with a hidden width d_ff; W_2 writes into the residual stream. Hook points
+(``nn/hooks.py``, TransformerLens's names): ``hook_pre`` (B, T, d_ff) = x W_1 + b_1 (for swiglu (B, T, 2 d_ff),
+gate and up), ``hook_post`` (B, T, d_ff) = act(...), what W_2 reads.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from torch import Tensor, nn
 
 from attnlab.nn import roles
 from attnlab.nn.activations import Activation
+from attnlab.nn.hooks import HookPoint
 
 
 class FeedForward(nn.Module):
@@ -28,9 +31,10 @@ class FeedForward(nn.Module):
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias)
         roles.declare(self, "fc_out.weight", roles.RESIDUAL_OUT)
         self.dropout = dropout
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()  # (B, T, d_ff) before / after the activation
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.act(self.fc_in(x))  # (B, T, d_ff)
+        h = self.hook_post(self.act(self.hook_pre(self.fc_in(x))))  # (B, T, d_ff)
         y = self.fc_out(h)  # (B, T, C)
         return F.dropout(y, self.dropout, self.training) if self.dropout > 0 else y
 

@@ -1,26 +1,40 @@
 """Named hook points: one way to look inside any model, and to change what flows through it.
 
 A ``HookPoint`` is the identity, x -> x, placed where something is worth looking at (TransformerLens's
-design). PyTorch forward hooks on it read the tensor, and a hook that returns a tensor replaces it, so
-the rest of the model computes with the replacement (ablation, patching). The points, by module name:
+design, and its names where the meaning is the same). PyTorch forward hooks on it read the tensor, and
+a hook that returns a tensor replaces it, so the rest of the model computes with the replacement
+(ablation, patching). The points, by module name:
 
-    blocks.{i}.hook_resid_pre     (B, T, C)     the stream entering block i
-    blocks.{i}.hook_mixer_out     (B, T, C)     what the token mixer adds to it (after dropout)
-    blocks.{i}.hook_cross_out     (B, T, C)     what cross-attention adds (decoder blocks)
-    blocks.{i}.hook_ffn_out       (B, T, C)     what the feed-forward network adds
-    blocks.{i}.hook_resid_post    (B, T, C)     the stream leaving block i
-    blocks.{i}.mixer.hook_pattern (B, H, T, S)  attention probabilities (each row sums to 1, or is 0)
-    blocks.{i}.mixer.hook_z       (B, H, T, D)  each head's output, before W_O mixes the heads
-    blocks.{i}.mixer.hook_scores  (q, k, mask, bias, is_causal, scale): the exact inputs of the softmax,
-                                  whatever the backend; read-only (``inspect.record`` rebuilds the
-                                  probabilities from them without changing which kernel runs)
+    blocks.{i}.hook_resid_pre          (B, T, C)     the stream entering block i
+    blocks.{i}.norm_mixer.hook_scale   (B, T, 1)     the norm's divisor s (TransformerLens's ln1.hook_scale) *
+    blocks.{i}.norm_mixer.hook_normalized (B, T, C)  (x - mean) / s, before gamma and beta *
+    blocks.{i}.mixer.hook_q / hook_k / hook_v  (B, H, T, D)  the projections split into heads
+    blocks.{i}.mixer.hook_attn_scores  (B, H, T, S)  q k^T / sqrt(D) + bias, masked entries -inf *
+    blocks.{i}.mixer.hook_pattern      (B, H, T, S)  attention probabilities (each row sums to 1, or is 0) *
+    blocks.{i}.mixer.hook_z            (B, H, T, D)  each head's output, before W_O mixes the heads
+    blocks.{i}.mixer.hook_result       (B, H, T, C)  each head's write into the stream, z_h W_O^h *
+    blocks.{i}.mixer.hook_scores       (q, k, mask, bias, is_causal, scale): the exact inputs of the softmax,
+                                       whatever the backend; read-only (``inspect.record`` rebuilds the
+                                       probabilities from them without changing which kernel runs)
+    blocks.{i}.hook_mixer_out          (B, T, C)     what the token mixer adds to the stream (after dropout);
+                                                     also answers to TransformerLens's ``hook_attn_out``
+    blocks.{i}.hook_resid_mid          (B, T, C)     the stream between the two sub-layers
+    blocks.{i}.norm_ffn.hook_scale / hook_normalized  as for norm_mixer (TransformerLens's ln2) *
+    blocks.{i}.ffn.hook_pre            (B, T, d_ff)  x W_1 + b_1, before the activation (TransformerLens's mlp.hook_pre)
+    blocks.{i}.ffn.hook_post           (B, T, d_ff)  after it, what W_2 reads
+    blocks.{i}.hook_ffn_out            (B, T, C)     what the feed-forward network adds; also ``hook_mlp_out``
+    blocks.{i}.hook_cross_out          (B, T, C)     what cross-attention adds (decoder blocks)
+    blocks.{i}.hook_resid_post         (B, T, C)     the stream leaving block i
+    norm_f.hook_scale / hook_normalized               the final norm (TransformerLens's ln_final) *
 
-(seq2seq: ``encoder.{i}...``, ``decoder.{i}...``, and ``decoder.{i}.cross_attn.hook_pattern``).
-The fused attention kernels never form the probabilities; an attention layer with a hook on its
-``hook_pattern`` takes the eager path instead, so what the hook sees (or writes) is what the output is
-computed from. A model-level residual scheme (hyper-connections, mHC, attention residuals) does not
-call whole blocks, so ``hook_resid_pre``/``hook_resid_post`` stay silent there; the sub-layer outputs
-still fire.
+(seq2seq: ``encoder.{i}...``, ``decoder.{i}...``, and ``decoder.{i}.cross_attn.hook_pattern``). The points
+marked * are formed only while a hook listens (``FORMED_WHEN_HOOKED``): the fused attention kernels never
+form the scores or probabilities, nor the fused norms s, and the per-head writes cost a (B, H, T, C)
+tensor; a layer with a hook on one takes its written-out path instead, so what the hook sees (or writes)
+is what the output is computed from. Every other point is on the path the layer always computes, and
+costs nothing while nothing listens. A model-level residual scheme (hyper-connections, mHC, attention
+residuals) does not call whole blocks, so ``hook_resid_pre/mid/post`` stay silent there; the sub-layer
+outputs still fire. ``docs/lens.md`` has the full table against TransformerLens's names and shapes.
 
     with capture(model, "blocks.*.mixer.hook_pattern") as seen:
         model(idx)
@@ -39,6 +53,12 @@ from contextlib import contextmanager
 from torch import Tensor, nn
 
 HookFn = Callable[[Tensor, str], Tensor | None]  # (tensor, hook point name) -> replacement or None
+
+# points whose tensor a layer forms only while a hook listens (it then computes the equation written out)
+FORMED_WHEN_HOOKED: tuple[str, ...] = ("hook_attn_scores", "hook_pattern", "hook_result", "hook_scale",
+                                       "hook_normalized")
+# TransformerLens's names for points attnlab names otherwise: alias -> attnlab's name (the last part of a name)
+ALIASES: dict[str, str] = {"hook_attn_out": "hook_mixer_out", "hook_mlp_out": "hook_ffn_out"}
 
 
 class HookPoint(nn.Module):
@@ -68,11 +88,29 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     return {name: m for name, m in model.named_modules() if isinstance(m, HookPoint)}
 
 
+def aliased_points(model: nn.Module) -> dict[str, HookPoint]:
+    """The points that answer to an alias of ``ALIASES``, by the aliased name (``blocks.0.hook_attn_out``)."""
+    renamed = {attnlab: alias for alias, attnlab in ALIASES.items()}
+    out = {}
+    for name, point in hook_points(model).items():
+        stem, _, last = name.rpartition(".")
+        if last in renamed:
+            out[f"{stem}.{renamed[last]}" if stem else renamed[last]] = point
+    return out
+
+
 def _matching(model: nn.Module, patterns: Iterable[str]) -> dict[str, list[tuple[str, HookPoint]]]:
+    """Each pattern's (name, point) pairs; a pattern that matches no point's own name is tried on the aliases
+    (``ALIASES``), and its hooks then receive the aliased name."""
     points = hook_points(model)
     found: dict[str, list[tuple[str, HookPoint]]] = {}
     for pattern in patterns:
+        if pattern in points:  # a plain name
+            found[pattern] = [(pattern, points[pattern])]
+            continue
         found[pattern] = [(n, p) for n, p in points.items() if fnmatch.fnmatchcase(n, pattern)]
+        if not found[pattern]:
+            found[pattern] = [(n, p) for n, p in aliased_points(model).items() if fnmatch.fnmatchcase(n, pattern)]
         if not found[pattern]:
             example = next(iter(points), "none")
             raise KeyError(f"no hook point matches {pattern!r} (this model has {len(points)}, e.g. {example!r})")

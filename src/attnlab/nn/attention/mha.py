@@ -1,9 +1,17 @@
 """Multi-head attention (self or cross; MHA, GQA, MQA), its key/value cache, and the scores hooks.
 
     head_h = Attention(x W_q^h, m W_k^g(h), m W_v^g(h)),   MHA(x, m) = concat_h(head_h) W_o
+           = sum_h head_h W_o^h                             (W_o^h: the D columns of W_o that read head h)
 
 Attention itself is the eager reference (``reference.py``), or the route of ``kernels.py``'s table that the layer
-asks for (``backend``).
+asks for (``backend``). Hook points (``nn/hooks.py``), TransformerLens's names:
+
+    hook_q, hook_k, hook_v  (B, H or H_kv, T, D)  the projections split into heads (before QK-norm and RoPE)
+    hook_attn_scores        (B, H, T, S)  q k^T * scale + bias, masked entries -inf       (formed when hooked:
+    hook_pattern            (B, H, T, S)  softmax of the scores                           the eager path)
+    hook_z                  (B, H, T, D)  each head's output, before W_o
+    hook_result             (B, H, T, C)  head_h W_o^h, each head's write into the stream   (formed when hooked)
+    hook_scores             (q, k, mask, bias, is_causal, scale): read-only, whatever the backend
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from torch.utils.hooks import RemovableHandle
 
 from attnlab.nn import roles
 from attnlab.nn.attention.kernels import CHOICES, Backend, attend
-from attnlab.nn.attention.reference import attention_probs, causal_mask, combine_masks
+from attnlab.nn.attention.reference import causal_mask, combine_masks, masked_scores, masked_softmax
 from attnlab.nn.hooks import HookPoint, ScoresPoint
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.norms import RMSNorm
@@ -142,8 +150,12 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         roles.declare(self, "out_proj.weight", roles.RESIDUAL_OUT)
         self.q_norm = RMSNorm(self.head_dim) if qk_norm else None  # over D, one gain shared by the heads
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
+        # hook points (module docstring); hook_attn_scores, hook_pattern and hook_result are formed when hooked
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()  # (B, H or H_kv, T, D)
+        self.hook_attn_scores = HookPoint()  # (B, H, T, S) masked scores, what the softmax reads
         self.hook_pattern = HookPoint()  # (B, H, T, S) attention probabilities
         self.hook_z = HookPoint()  # (B, H, T, D) head outputs, before out_proj
+        self.hook_result = HookPoint()  # (B, H, T, C) each head's write into the stream, z_h W_o^h
         self.hook_scores = ScoresPoint()  # (q, k, mask, bias, is_causal, scale), read-only
 
     def new_cache(
@@ -164,6 +176,12 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, T, n*D) -> (B, n, T, D)
 
+    def head_results(self, z: Tensor) -> Tensor:
+        """What each head writes into the stream, z_h W_o^h: z (B, H, T, D) -> (B, H, T, C), no bias;
+        summed over h (plus the bias) it is ``out_proj`` of the concatenated heads."""
+        W = self.out_proj.weight  # (C, H*D)
+        return torch.einsum("bhtd,chd->bhtc", z, W.view(W.size(0), self.n_heads, self.head_dim))
+
     def forward(
         self,
         x: Tensor,
@@ -181,24 +199,25 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         the causal mask aligned to the end of the cache. ``rotary`` = (cos, sin), each (T, D),
         rotates the new queries and keys (RoPE). ``probs`` (B, H, T, S) when this call formed them
         (the eager backend, or any backend while a hook listens on ``hook_pattern``), else ``None``.
-        Hook points: ``hook_pattern`` (B, H, T, S), ``hook_z`` (B, H, T, D) (see ``nn/hooks.py``).
+        Hook points: see the module docstring and ``nn/hooks.py``.
         """
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         if self.cross:
             if memory is None and (cache is None or cache.length == 0):
                 raise ValueError("cross-attention needs a memory (or a filled cross cache)")
-            q = self._normed(self._split_heads(self.q_proj(x), H), self.q_norm)  # (B, H, T, D)
+            q = self._normed(self.hook_q(self._split_heads(self.q_proj(x), H)), self.q_norm)  # (B, H, T, D)
             if cache is not None and cache.length > 0:
                 k, v = cache.k, cache.v  # memory keys/values computed on the first step
             else:
                 k, v = self._split_heads(self.kv_proj(memory), 2 * Hkv).split(Hkv, dim=1)
-                k = self._normed(k, self.k_norm)
+                k, v = self._normed(self.hook_k(k), self.k_norm), self.hook_v(v)
                 if cache is not None:
                     cache.set_static(k, v)
         else:
             q, k, v = self.qkv_proj(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
             q, k, v = self._split_heads(q, H), self._split_heads(k, Hkv), self._split_heads(v, Hkv)
+            q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)  # (B, H or H_kv, T, D)
             q, k = self._normed(q, self.q_norm), self._normed(k, self.k_norm)  # QK-norm, if any, before RoPE
             if rotary is not None:
                 from attnlab.nn.positions import apply_rotary
@@ -211,16 +230,20 @@ class MultiHeadAttention(ScoresHooks, nn.Module):
         self.hook_scores(q, k, mask, bias, is_causal, 1.0 / math.sqrt(D))
         p = self.dropout if self.training else 0.0
         probs = None
-        if self.backend == "eager" or self.hook_pattern.active:  # the reference, probabilities formed
+        if self.backend == "eager" or self.hook_pattern.active or self.hook_attn_scores.active:  # the reference
             if Hkv != H:  # the reference spells it out: each group of H/Hkv query heads reads one kv head
                 k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, D)
                 v = v.repeat_interleave(H // Hkv, dim=1)
             if is_causal:
                 mask = combine_masks(mask, causal_mask(T, k.size(2), device=x.device))
-            probs = self.hook_pattern(attention_probs(q, k, mask, bias))  # (B, H, T, S)
+            scores = self.hook_attn_scores(masked_scores(q, k, mask, bias, 1.0 / math.sqrt(D)))  # (B, H, T, S)
+            probs = self.hook_pattern(masked_softmax(scores, mask))  # (B, H, T, S)
             y = (F.dropout(probs, p) if p > 0 else probs) @ v  # (B, H, T, D)
         else:  # the route the layer asks for, or one that stands in for it on this call (kernels.route_for)
             y = attend(self.backend, q, k, v, mask=mask, bias=bias, dropout_p=p, is_causal=is_causal,
                        enable_gqa=Hkv != H)
-        y = self.hook_z(y).transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, C)
-        return self.out_proj(y), probs
+        z = self.hook_z(y)  # (B, H, T, D)
+        if self.hook_result.active:  # sum_h z_h W_o^h + b, each head's write formed for the hook
+            y = self.hook_result(self.head_results(z)).sum(dim=1)  # (B, H, T, C) -> (B, T, C)
+            return (y if self.out_proj.bias is None else y + self.out_proj.bias), probs
+        return self.out_proj(z.transpose(1, 2).reshape(B, T, H * D)), probs  # (B, H, T, D) -> (B, T, C)

@@ -77,23 +77,27 @@ def scaled_dot_product_attention(
     return weights @ v, probs  # (..., T, Dv), (..., T, S)
 
 
-def attention_probs(
-    q: Tensor, k: Tensor, mask: Tensor | None = None, bias: Tensor | None = None, scale: float | None = None
-) -> Tensor:
-    """softmax(Q K^T * scale + bias, masked): q (..., T, D), k (..., S, D) -> probs (..., T, S).
-
-    A row whose keys are all masked gets zeros (not the NaN of a softmax over -inf).
-    """
+def masked_scores(q: Tensor, k: Tensor, mask: Tensor | None = None, bias: Tensor | None = None,
+                  scale: float | None = None) -> Tensor:
+    """S = Q K^T * scale + bias, masked entries -inf: q (..., T, D), k (..., S, D) -> scores (..., T, S)."""
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
     if bias is not None:
         scores = scores + bias
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-        # rows with no visible key: softmax of all -inf is NaN, so give them zeros instead
-        has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1)
-        scores = scores.masked_fill(~has_key, 0.0)
-        probs = torch.softmax(scores, dim=-1) * has_key
-    else:
-        probs = torch.softmax(scores, dim=-1)  # (..., T, S); each row sums to 1
-    return probs
+    return scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+
+
+def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(S) over the keys (..., T, S) -> probs (..., T, S). A row whose keys are all masked gets zeros
+    (not the NaN of a softmax over -inf)."""
+    if mask is None:
+        return torch.softmax(scores, dim=-1)  # (..., T, S); each row sums to 1
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1)
+    return torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * has_key
+
+
+def attention_probs(
+    q: Tensor, k: Tensor, mask: Tensor | None = None, bias: Tensor | None = None, scale: float | None = None
+) -> Tensor:
+    """softmax(Q K^T * scale + bias, masked): q (..., T, D), k (..., S, D) -> probs (..., T, S)."""
+    return masked_softmax(masked_scores(q, k, mask, bias, scale), mask)

@@ -54,6 +54,36 @@ function drawLens(view) {
   });
 }
 
+function drawLensGrid(view) {
+  // rows: positions (their token); columns: layers; a cell: the top next token of that layer's stream there
+  const canvas = $("lens-grid");
+  const names = view.layers.map((layer) => layer.name);
+  const rowH = 22, labelW = 90, headH = 22;
+  const cellW = Math.max(60, Math.floor((canvas.width - labelW) / Math.max(1, names.length)));
+  canvas.width = Math.max(640, labelW + cellW * names.length);
+  canvas.height = headH + rowH * view.grid.length + 4;
+  const ctx = canvas.getContext("2d");
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  ctx.font = "12px sans-serif";
+  ctx.fillStyle = "#333";
+  ctx.fillText("position", 4, 15);
+  names.forEach((name, j) => ctx.fillText(name, labelW + j * cellW + 4, 15));
+  view.grid.forEach((row, t) => {
+    const y = headH + t * rowH;
+    ctx.fillStyle = "#333";
+    ctx.fillText(`${t} ${showToken(row.token)}`, 4, y + 15);
+    row.top.forEach(({ token, p }, j) => {
+      const x = labelW + j * cellW;
+      ctx.fillStyle = colour(p);
+      ctx.fillRect(x, y, cellW - 3, rowH - 3);
+      ctx.fillStyle = p > 0.6 ? "#000" : "#fff";
+      ctx.fillText(`${showToken(token)} ${p.toFixed(2)}`, x + 3, y + 14);
+    });
+  });
+  canvas.dataset.cells = String(view.grid.length * names.length);
+}
+
 async function runLens() {
   const text = $("lens-input").value;
   const ablate = [...lens.off].map((key) => key.split(".").map((v) => parseInt(v, 10)));
@@ -75,6 +105,7 @@ async function runLens() {
   $("lens-loss").textContent = (view.heads.length ? `${view.heads.length} head(s) knocked out (${view.how}).` :
     "No head knocked out: click one.") + loss;
   drawLens(view);
+  drawLensGrid(view);
   setStatus(`lens of ${view.tokens.length} tokens`, false, "lens");
   document.body.dataset.lensRuns = String(run);
 }
