@@ -40,7 +40,7 @@ import torch
 os.environ.setdefault("TQDM_DISABLE", "1")  # TransformerLens's sweeps draw a progress bar per cell otherwise
 
 from attnlab.bench.memory import peak_rss_mib
-from attnlab.cli.errors import OneLineParser, at_least, run_script, writable_file
+from attnlab.cli.errors import OneLineParser, at_least, run_script, seed, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "lens_vs_transformerlens.json"
@@ -163,7 +163,7 @@ def main() -> int | None:
     ap.add_argument("--layers", type=at_least(0), nargs="+", default=None,
                     help="sweep these layers only (default: every layer, the full sweep)")
     ap.add_argument("--threads", type=at_least(1), default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed, default=0)
     ap.add_argument("--out", type=writable_file, default=str(OUT))
     args = ap.parse_args()
     try:
