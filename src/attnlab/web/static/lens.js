@@ -27,16 +27,30 @@ function lensHeadGrid(info) {
   }
 }
 
-function drawLens(view) {
-  const canvas = $("lens-canvas");
-  const k = 5;
-  const rowH = 30, labelW = 80, cellW = Math.floor((canvas.width - labelW) / k);
-  canvas.height = rowH * (view.layers.length + 1) + 8;
+function blankCanvas(canvas) {
+  // the canvas cleared to white, with the labels' font and colour set
   const ctx = canvas.getContext("2d");
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   ctx.font = "12px sans-serif";
   ctx.fillStyle = "#333";
+  return ctx;
+}
+
+function tokenCell(ctx, x, y, w, h, token, p, digits, textY) {
+  // a cell coloured by the probability p, naming the token and p
+  ctx.fillStyle = colour(p);
+  ctx.fillRect(x, y, w, h);
+  ctx.fillStyle = p > 0.6 ? "#000" : "#fff";
+  ctx.fillText(`${showToken(token)} ${p.toFixed(digits)}`, x + 4, y + textY);
+}
+
+function drawLens(view) {
+  const canvas = $("lens-canvas");
+  const k = 5;
+  const rowH = 30, labelW = 80, cellW = Math.floor((canvas.width - labelW) / k);
+  canvas.height = rowH * (view.layers.length + 1) + 8;
+  const ctx = blankCanvas(canvas);
   ctx.fillText("layer (loss over the text)", 4, 18);
   ctx.fillText(`top ${k} next tokens after the text, by the layer's stream`, labelW + 4, 18);
   view.layers.forEach((layer, i) => {
@@ -45,11 +59,7 @@ function drawLens(view) {
     ctx.fillText(layer.name, 4, y + 13);
     if (layer.loss !== null) ctx.fillText(`(${layer.loss.toFixed(2)})`, 4, y + 26);
     layer.top.slice(0, k).forEach(({ token, p }, j) => {
-      const x = labelW + j * cellW;
-      ctx.fillStyle = colour(p);
-      ctx.fillRect(x, y, cellW - 3, rowH - 4);
-      ctx.fillStyle = p > 0.6 ? "#000" : "#fff";
-      ctx.fillText(`${showToken(token)} ${p.toFixed(3)}`, x + 4, y + 17);
+      tokenCell(ctx, labelW + j * cellW, y, cellW - 3, rowH - 4, token, p, 3, 17);
     });
   });
 }
@@ -62,11 +72,7 @@ function drawLensGrid(view) {
   const cellW = Math.max(60, Math.floor((canvas.width - labelW) / Math.max(1, names.length)));
   canvas.width = Math.max(640, labelW + cellW * names.length);
   canvas.height = headH + rowH * view.grid.length + 4;
-  const ctx = canvas.getContext("2d");
-  ctx.fillStyle = "#fff";
-  ctx.fillRect(0, 0, canvas.width, canvas.height);
-  ctx.font = "12px sans-serif";
-  ctx.fillStyle = "#333";
+  const ctx = blankCanvas(canvas);
   ctx.fillText("position", 4, 15);
   names.forEach((name, j) => ctx.fillText(name, labelW + j * cellW + 4, 15));
   view.grid.forEach((row, t) => {
@@ -74,11 +80,7 @@ function drawLensGrid(view) {
     ctx.fillStyle = "#333";
     ctx.fillText(`${t} ${showToken(row.token)}`, 4, y + 15);
     row.top.forEach(({ token, p }, j) => {
-      const x = labelW + j * cellW;
-      ctx.fillStyle = colour(p);
-      ctx.fillRect(x, y, cellW - 3, rowH - 3);
-      ctx.fillStyle = p > 0.6 ? "#000" : "#fff";
-      ctx.fillText(`${showToken(token)} ${p.toFixed(2)}`, x + 3, y + 14);
+      tokenCell(ctx, labelW + j * cellW, y, cellW - 3, rowH - 3, token, p, 2, 14);
     });
   });
   canvas.dataset.cells = String(view.grid.length * names.length);
