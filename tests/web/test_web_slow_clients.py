@@ -176,13 +176,17 @@ def test_a_burst_whose_connections_are_evicted_reads_408_never_a_reset(run_dir):
     """The CI failure, made certain: with a grace of 0.01 s almost every connection of a 200-request burst is
     still sending when the next arrives, so the guard evicts many. Each must read its 408 (lingering close);
     with a plain close the kernel reset them and the client saw no HTTP answer at all (ReadError)."""
-    settings = dataclasses.replace(FAST, per_client=8, grace_s=0.01, max_open=512, lifetime_s=30.0)
-    with running_server(create_app(run_dir, allowed_hosts=LOOPBACK_NAMES), settings) as url:
+    # the head deadline far off, so that on a loaded machine a slow head is not answered 408 for lateness
+    settings = dataclasses.replace(FAST, per_client=8, grace_s=0.01, max_open=512, lifetime_s=30.0,
+                                   header_timeout_s=30.0)
+    app = create_app(run_dir, allowed_hosts=LOOPBACK_NAMES, timeout_s=30.0)  # nor a slow body for lateness
+    with running_server(app, settings) as url:
         outcomes = fire(url, n=200, timeout_s=30)
     by_status = summarise(outcomes, 0)["by_status"]
     assert all(o.status in (200, 503, 408) for o in outcomes), (by_status, _client_errors(outcomes))
     assert by_status.get("408", 0) >= 1, by_status  # the burst really was evicted
-    assert all(o.error.startswith("closed: another connection needed the room") for o in outcomes if o.status == 408)
+    other = [o.error for o in outcomes if o.status == 408 and not o.error.startswith("closed: another connection")]
+    assert not other, other
 
 
 def test_the_body_budget_refuses_busy_and_reads_the_body_away():
