@@ -7,12 +7,23 @@ refuses, in one line naming the file, a folder whose files changed (a flipped si
 edited ``config.json``, a permuted vocabulary), whose manifest lacks an entry for a file that must be
 there (``config.json``, the weights), or whose format is newer than this attnlab. A folder
 written by an earlier attnlab has no manifest: it loads with a one-line warning.
+
+What it protects against: damage (a bad disk, a half copy, an edit by mistake). An unkeyed list of hashes
+is no defence against someone who can write the folder: they can recompute the hashes, or delete the
+manifest. For authenticity set ``ATTNLAB_MANIFEST_KEY``: every manifest written then carries
+
+    "hmac": HMAC-SHA256(key, canonical JSON of {"format", "step", "best", "files"})
+
+and every load with the key set refuses a folder whose manifest is missing, unsigned, or signed with
+another key (in one line); without the key, signed manifests are checked as plain ones.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +31,7 @@ from attnlab.core.errors import CheckpointError
 from attnlab.core.fileio import atomic_write_text
 
 MANIFEST_NAME = "manifest.json"
+KEY_ENV = "ATTNLAB_MANIFEST_KEY"
 FORMAT = 1
 REQUIRED = ("config.json", "attnlab_model.safetensors", "model.safetensors")  # model.: older folders
 
@@ -44,8 +56,24 @@ def write_manifest(folder: Path, step: int | None = None, names: tuple[str, ...]
     files = {name: sha256(folder / name) for name in names}
     path = folder / MANIFEST_NAME
     extra = {"best": best} if best is not None else {}
-    atomic_write_text(path, json.dumps({"format": FORMAT, "step": step, **extra, "files": files}, indent=2))
+    manifest = {"format": FORMAT, "step": step, **extra, "files": files}
+    key = manifest_key()
+    if key is not None:
+        manifest["hmac"] = signature(manifest, key)
+    atomic_write_text(path, json.dumps(manifest, indent=2))
     return path
+
+
+def manifest_key() -> bytes | None:
+    """The user's manifest key (``$ATTNLAB_MANIFEST_KEY``, UTF-8), or None when unset or empty."""
+    key = os.environ.get(KEY_ENV, "")
+    return key.encode("utf-8") if key else None
+
+
+def signature(manifest: dict, key: bytes) -> str:
+    """HMAC-SHA256 of the manifest's content (every field but ``hmac``), as canonical JSON (sorted keys)."""
+    body = json.dumps({k: v for k, v in manifest.items() if k != "hmac"}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(key, body.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -73,6 +101,15 @@ def verify_manifest(folder: Path, required: tuple[str, ...] = REQUIRED, warn: bo
     warning on stderr (``warn``) and None."""
     folder = Path(folder)
     manifest = read_manifest(folder)
+    key = manifest_key()
+    if key is not None:
+        if manifest is None:
+            raise CheckpointError(f"{folder} has no {MANIFEST_NAME}, and {KEY_ENV} is set: its files cannot be "
+                                  "authenticated")
+        given = manifest.get("hmac")
+        if not isinstance(given, str) or not hmac.compare_digest(given, signature(manifest, key)):
+            raise CheckpointError(f"{folder / MANIFEST_NAME} is {'signed with another key' if given else 'unsigned'}"
+                                  f" ({KEY_ENV} is set): the folder is not authenticated")
     if manifest is None:
         if warn:
             print(f"warning: {folder} has no {MANIFEST_NAME} (written by an earlier attnlab?): its files are "

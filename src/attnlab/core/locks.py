@@ -1,0 +1,80 @@
+"""One writer per folder: an OS file lock that every command which writes a run or an output folder holds.
+
+    with folder_lock(run_dir):          # RUN/.lock inside a folder the command keeps writing (a run)
+        ...
+    with folder_lock(out, beside=True): # .OUT.lock beside a folder that is staged and renamed into place
+
+The lock is ``flock(LOCK_EX | LOCK_NB)`` on a small file that records the holder's pid. The kernel drops it
+when the holder exits, however it exits (kill -9 included), so a lock is never stale; the file itself is
+left in place (removing it would let a third process lock a fresh file while a second still holds the old
+one). A second writer is refused at once, in one line that names the holder, and never waits.
+
+Limits: ``flock`` is advisory (a process that does not take it is not stopped) and, on some network file
+systems, local to one machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from attnlab.core.errors import AttnlabError
+
+LOCK_NAME = ".lock"
+
+
+class FolderBusy(AttnlabError):
+    """Another process (or another open of the same lock in this one) holds the folder's lock."""
+
+
+def lock_file(folder: Path, beside: bool) -> Path:
+    """Where ``folder``'s lock lives: ``folder/.lock``, or ``.NAME.lock`` in its parent (``beside``)."""
+    return folder.parent / f".{folder.name}.lock" if beside else folder / LOCK_NAME
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        pid = ""
+    return f"process {pid}" if pid.isdigit() else "another process"
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | Path, beside: bool = False, what: str = "folder") -> Iterator[Path]:
+    """Hold ``folder``'s lock for the ``with`` body (the folder itself must exist unless ``beside``).
+
+    Raises FolderBusy ("... is being written by process N ...") if another process holds it."""
+    folder = Path(folder)
+    path = lock_file(folder, beside)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderBusy(f"{what} {folder} is being written by {_holder(path)}; wait for it to finish, "
+                             "or write elsewhere") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+        yield path
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def held_by_other(folder: str | Path, beside: bool = False) -> bool:
+    """Whether another process holds ``folder``'s lock now (a probe: takes and drops it at once)."""
+    path = lock_file(Path(folder), beside)
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
