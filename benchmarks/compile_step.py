@@ -48,8 +48,8 @@ VARIANTS = {  # GPTConfig fields over the shape; "kernels": attnlab.cpu's kernel
 }
 
 
-def build(variant: str):
-    """(model, optimiser) of one variant, seeded alike."""
+def build(variant: str, n_layer: int = SHAPE["n_layer"]):
+    """(model, optimiser) of one variant (``n_layer`` layers), seeded alike."""
     from attnlab.cpu import accelerate, parse_kernels
     from attnlab.models import GPTConfig, build_model
     from attnlab.training.config import TrainConfig
@@ -58,7 +58,7 @@ def build(variant: str):
     fields = dict(VARIANTS[variant])
     kernels = parse_kernels(fields.pop("kernels", "none"))
     torch.manual_seed(0)
-    model = build_model(GPTConfig(**SHAPE, **fields))
+    model = build_model(GPTConfig(**{**SHAPE, "n_layer": n_layer}, **fields))
     accelerate(model, kernels)
     return model, make_optimizer(model, TrainConfig(weight_decay=0.1, beta2=0.99))
 
@@ -77,12 +77,13 @@ def eval_step(model, forward, opt, x: torch.Tensor) -> None:
         forward(x, targets=x)
 
 
-def measure(variant: str, rounds: int, steps: int, warmup: int, evaluate: bool = False) -> dict:
+def measure(variant: str, rounds: int, steps: int, warmup: int, evaluate: bool = False,
+            n_layer: int = SHAPE["n_layer"]) -> dict:
     from torch._dynamo.utils import counters
 
     from attnlab.training.compiling import compile_forward
 
-    model, opt = build(variant)
+    model, opt = build(variant, n_layer)
     run = eval_step if evaluate else step
     model.train(not evaluate)
     compiled = compile_forward(model, "cpu")
@@ -120,27 +121,30 @@ def main() -> None:
     ap.add_argument("--steps", type=at_least(1), default=20, help="steps per contender per round")
     ap.add_argument("--warmup", type=at_least(0), default=5)
     ap.add_argument("--threads", type=at_least(1), default=None)
+    ap.add_argument("--n-layer", type=at_least(1), default=SHAPE["n_layer"], help="layers of the GPT (fewer: a "
+                    "quicker compilation, e.g. to check the benchmark itself)")
     ap.add_argument("--eval", action="store_true", help="time an evaluation (eval mode, no gradients) instead")
     ap.add_argument("--out", type=writable_file, default=str(ROOT / "benchmarks" / "results" / "compile_step.json"))
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # as attnlab train does on a CPU
-    print(f"compile=true vs eager, GPT {SHAPE['n_layer']}L {SHAPE['d_model']}d, batch {BATCH} x "
+    shape = {**SHAPE, "n_layer": args.n_layer}
+    print(f"compile=true vs eager, GPT {args.n_layer}L {SHAPE['d_model']}d, batch {BATCH} x "
           f"{SHAPE['block_size']}, fp32, CPU, {torch.get_num_threads()} threads, {args.rounds} rounds x "
           f"{args.steps} {'evaluations' if args.eval else 'steps'}\n")
     print(f"{'variant':<12} {'breaks':>6} {'1st step s':>10} {'eager ms':>9} {'compiled ms':>11} {'speed-up':>9}"
           "  range")
     rows = []
     for variant in args.variants:
-        r = measure(variant, args.rounds, args.steps, args.warmup, args.eval)
+        r = measure(variant, args.rounds, args.steps, args.warmup, args.eval, args.n_layer)
         rows.append(r)
         lo, hi = r["speedup_range"]
         print(f"{variant:<12} {r['graph_breaks']:>6} {r['first_compiled_step_s']:>10.1f} {r['eager_ms']:>9.2f} "
               f"{r['compiled_ms']:>11.2f} {r['speedup']:>8.3f}x  {lo:.3f}-{hi:.3f}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"shape": SHAPE, "batch": BATCH, "timed": "eval" if args.eval else "train step", "rounds": args.rounds,
+    meta = {"shape": shape, "batch": BATCH, "timed": "eval" if args.eval else "train step", "rounds": args.rounds,
             "steps": args.steps, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "processor": cpu_model()}
     out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")

@@ -10,8 +10,10 @@ from tests.helpers import bench_here
 def test_one_variant_is_compiled_without_a_break_and_timed_against_eager(tmp_path, capfd):
     out = tmp_path / "compile_step.json"
     assert bench_here("compile_step", "--variants", "learned", "--rounds", "2", "--steps", "1", "--warmup", "0",
-                      "--threads", "1", "--out", str(out)) == 0
-    (row,) = json.loads(out.read_text())["results"]
+                      "--threads", "1", "--n-layer", "1", "--out", str(out)) == 0
+    record = json.loads(out.read_text())
+    (row,) = record["results"]
+    assert record["meta"]["shape"]["n_layer"] == 1
     assert row["variant"] == "learned" and row["graph_breaks"] == 0
     assert len(row["per_round_ms"]["eager"]) == len(row["per_round_ms"]["compiled"]) == 2
     assert row["speedup"] == row["eager_ms"] / row["compiled_ms"] > 0
@@ -22,7 +24,7 @@ def test_one_variant_is_compiled_without_a_break_and_timed_against_eager(tmp_pat
 def test_eval_times_an_evaluation_in_eval_mode(tmp_path):
     out = tmp_path / "compile_step.json"
     assert bench_here("compile_step", "--variants", "learned", "--rounds", "2", "--steps", "1", "--warmup", "0",
-                      "--threads", "1", "--eval", "--out", str(out)) == 0
+                      "--threads", "1", "--n-layer", "1", "--eval", "--out", str(out)) == 0
     record = json.loads(out.read_text())
     (row,) = record["results"]
     assert record["meta"]["timed"] == row["timed"] == "eval"
