@@ -49,6 +49,23 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_
     assert "cannot write in the output folder" in capsys.readouterr().err
 
 
+def test_a_second_study_into_one_folder_is_refused_while_the_first_holds_it(tmp_path, capsys, monkeypatch):
+    """Two studies into one --out once both wrote its partial.json and results; the folder lock refuses the
+    second in one line naming the holder (this process here: a second open of the lock conflicts too)."""
+    import os
+
+    import attnlab.experiments as experiments
+    from attnlab.core.locks import folder_lock
+
+    monkeypatch.setattr(experiments, "load", lambda name: pytest.fail("the experiment was loaded"))
+    out = tmp_path / "study"
+    with folder_lock(out, beside=True):
+        assert main(["experiment", "hand-trace", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"is being written by process {os.getpid()}" in err, err
+    assert not out.exists()
+
+
 def test_a_fresh_run_that_would_destroy_kept_work_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
     """A --quick run into a full run's folder (it replaced chomsky's 8 kept tasks and deleted its single runs),
     or any fresh run into another experiment's folder or over an unfinished run, is one line before any work."""

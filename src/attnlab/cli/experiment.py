@@ -80,6 +80,16 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
                                   f"(or give --address of a larger Ray cluster)")
     out = Path(args.out) if args.out else Path("runs") / "experiments" / args.name
     check_writable_folder(out, "the output folder", ConfigError)  # before any work
+    from attnlab.core.locks import folder_lock
+
+    with folder_lock(out, beside=True, what="the output folder"):  # one study writes OUT at a time
+        return _run_study(args, out, address)
+
+
+def _run_study(args: argparse.Namespace, out: Path, address: str | None) -> int:
+    """Check what the run needs, then run the study into ``out`` (whose lock the caller holds)."""
+    from attnlab.core.errors import ConfigError
+    from attnlab.experiments import EXPERIMENTS, load
     from attnlab.experiments.partial import RUNS, forget_runs, refuse_to_overwrite, refuse_to_resume
 
     if not args.resume:  # a fresh run never destroys unfinished or full-run work kept in OUT, nor one's own files
