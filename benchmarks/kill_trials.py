@@ -10,7 +10,14 @@ every trial is killed, resumes with exit 0 (no dead end), ends bit-identical to 
 (the top-level model and every logged loss), and its best/ verifies and holds the reference's best
 weights. Prints a table; writes ``benchmarks/results/kill_trials.json``; exit 1 if any trial fails.
 
-    python benchmarks/kill_trials.py            # ~5 minutes on 2 cores
+With ``--command finetune`` the trials are of ``attnlab finetune`` (a 2-layer BERT pre-trained for 2 steps, then
+fine-tuned for 6 on 90 labelled rows, a checkpoint every step, an evaluation every 2), whose windows include
+``finetune.report`` (trained, finetune.json not yet written); a trial passes when, besides the above, the resumed
+run's finetune.json holds the uninterrupted run's held-out scores. Writes
+``benchmarks/results/kill_trials_finetune.json``.
+
+    python benchmarks/kill_trials.py                      # ~5 minutes on 2 cores
+    python benchmarks/kill_trials.py --command finetune   # ~3 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -31,7 +38,18 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers import write_corpus  # noqa: E402
-from tests.kill_trials import SETTINGS, reference, run_seconds, trial  # noqa: E402
+from tests.kill_trials import (  # noqa: E402
+    FINETUNE_SETTINGS,
+    SETTINGS,
+    counted_passes,
+    finetune_inputs,
+    finetune_reference,
+    finetune_trial,
+    launch_finetune,
+    reference,
+    run_seconds,
+    trial,
+)
 
 from attnlab.core.killpoints import KILL_POINTS  # noqa: E402
 
@@ -40,44 +58,75 @@ from attnlab.core.killpoints import KILL_POINTS  # noqa: E402
 PASSES = {"checkpoint.writing": [1, 5, 12], "checkpoint.renamed": [1, 6, 12], "best.swap": [1, 2],
           "mirror.staged": [1, 8, 12], "mirror.renaming": [1, 17, 35], "mirror.manifest": [1, 9, 12],
           "prune": [1, 5, 10]}
+# a 6-step fine-tuning: 6 checkpoints, 4 files mirrored at each, best/ swapped in at steps 4 and 6, a prune from
+# the third checkpoint on, one report
+FINETUNE_PASSES = {"checkpoint.writing": [1, 3, 6], "checkpoint.renamed": [1, 4, 6], "best.swap": [1, 2],
+                   "mirror.staged": [1, 3, 6], "mirror.renaming": [1, 10, 24], "mirror.manifest": [1, 3, 6],
+                   "prune": [1, 2, 4], "finetune.report": [1]}
+CHECKS = ("killed", "identical", "best_kept")
 
 
 def main() -> None:
     ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--command", choices=("train", "finetune"), default="train", help="the command killed")
     ap.add_argument("--trials", type=at_least(1), default=30, help="named-window trials first, random moments after")
     ap.add_argument("--seed", type=any_seed, default=0)
-    ap.add_argument("--out", type=writable_file, default="benchmarks/results/kill_trials.json")
+    ap.add_argument("--out", type=writable_file, default=None,
+                    help="default: benchmarks/results/kill_trials.json (kill_trials_finetune.json with finetune)")
     args = ap.parse_args()
-    assert set(PASSES) == set(KILL_POINTS)
+    finetune = args.command == "finetune"
+    passes = FINETUNE_PASSES if finetune else PASSES
+    checks = (*CHECKS, "report") if finetune else CHECKS
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        corpus, preset, out = write_corpus(root / "corpus.txt"), root / "defaults.yaml", root / "runs"
-        preset.write_text("{}\n")
-        ref = reference(corpus, out, preset)
-        duration = run_seconds(ref)  # from the run's config.yaml to its last file
-        plan: list[dict] = [{"kill_at": f"{w}:{n}"} for w, ns in PASSES.items() for n in ns]
+        out = root / "runs"
+        if finetune:
+            pretrained, data = finetune_inputs(root)
+            ref, windows = finetune_reference(pretrained, data, out)
+            timed = out / "timed"  # timed as the trials run: in a process of its own
+            assert launch_finetune(pretrained, data, out, timed.name, None).wait() == 0
+
+            def one(name: str, **spec) -> dict:
+                return finetune_trial(pretrained, data, out, ref, name=name, **spec)
+        else:
+            corpus, preset = write_corpus(root / "corpus.txt"), root / "defaults.yaml"
+            preset.write_text("{}\n")
+            with counted_passes() as windows:  # the windows it has
+                reference(corpus, root / "counted", preset, in_process=True)
+            ref = timed = reference(corpus, out, preset)  # timed as the trials run: in a process of its own
+
+            def one(name: str, **spec) -> dict:
+                return trial(corpus, out, preset, ref, name=name, **spec)
+        # every window the uninterrupted run has is tried, each at passes it reaches
+        assert set(passes) == set(windows) <= set(KILL_POINTS), windows
+        assert all(max(ns) <= windows[w] for w, ns in passes.items()), windows
+        duration = run_seconds(timed)  # from the run's config.yaml to its last file
+        plan: list[dict] = [{"kill_at": f"{w}:{n}"} for w, ns in passes.items() for n in ns]
         plan = plan[:args.trials]
         plan += [{"kill_after_s": round(rng.uniform(0.02, 0.98) * duration, 2)}
                  for _ in range(args.trials - len(plan))]
         results = []
-        print(f"uninterrupted run: {duration:.1f} s from its config.yaml to its last file; {len(plan)} trials")
-        print(f"{'#':>3} {'killed at':24s} {'killed':>6} {'resume':>6} {'identical':>9} {'best kept':>9}")
+        print(f"uninterrupted {args.command}: {duration:.1f} s from its config.yaml to its last file; "
+              f"{len(plan)} trials")
+        print(f"{'#':>3} {'killed at':24s} " + " ".join(f"{c.replace('_', ' '):>9}" for c in ("killed", "resume",
+                                                                                          *checks[1:])))
         for i, spec in enumerate(plan):
-            r = trial(corpus, out, preset, ref, name=f"t{i:02d}", **spec)
+            r = one(f"t{i:02d}", **spec)
             results.append(r)
             where = spec.get("kill_at") or f"after {spec['kill_after_s']} s"
-            print(f"{i:3d} {where:24s} {r['killed']!s:>6} {r['resume_rc']:>6} {r['identical']!s:>9} "
-                  f"{r['best_kept']!s:>9}", flush=True)
-    counts = {k: sum(bool(r[k]) for r in results) for k in ("killed", "identical", "best_kept", "dead_end")}
-    ok = (counts["killed"] == counts["identical"] == counts["best_kept"] == len(results)
-          and counts["dead_end"] == 0)
+            print(f"{i:3d} {where:24s} {r['killed']!s:>9} {r['resume_rc']:>9} "
+                  + " ".join(f"{r[c]!s:>9}" for c in checks[1:]), flush=True)
+    counts = {k: sum(bool(r[k]) for r in results) for k in (*checks, "dead_end")}
+    ok = all(counts[k] == len(results) for k in checks) and counts["dead_end"] == 0
+    reported = f", finetune.json the same in {counts['report']}" if finetune else ""
     print(f"\n{len(results)} trials: {counts['killed']} killed, {counts['identical']} resumed bit-identically, "
-          f"{counts['dead_end']} dead ends, best/ kept in {counts['best_kept']}: {'PASS' if ok else 'FAIL'}")
-    record = {"benchmark": "kill_trials", "settings": SETTINGS, "passes": PASSES, "seed": args.seed,
+          f"{counts['dead_end']} dead ends, best/ kept in {counts['best_kept']}{reported}: {'PASS' if ok else 'FAIL'}")
+    record = {"benchmark": "kill_trials", "command": args.command,
+              "settings": FINETUNE_SETTINGS if finetune else SETTINGS, "passes": passes, "seed": args.seed,
               "uninterrupted_s": round(duration, 2), "counts": counts, "trials": results, "pass": ok,
               "machine": {"python": platform.python_version(), "cpus": os.cpu_count()}}
-    path = Path(args.out)
+    path = Path(args.out or f"benchmarks/results/kill_trials{'_finetune' if finetune else ''}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1), encoding="utf-8")
     print(f"wrote {path}")

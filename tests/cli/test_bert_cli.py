@@ -111,7 +111,7 @@ def test_probe_export_import_and_embed(pretrained, tmp_path, capsys):
     (["probe", "RUN", "data=missing.csv"], "not found"),
     (["finetune", "RUN", "data=missing.csv"], "not found"),
     (["embed", "nowhere", "--text", "x"], "not found"),
-    (["import-hf", "nowhere", "--out", "x"], "not found"),
+    (["import-hf", "nowhere", "--out", "x"], "neither a folder nor in the local Hugging Face cache"),
 ])
 def test_bad_input_is_one_line(pretrained, capsys, argv, message):
     run, _ = pretrained

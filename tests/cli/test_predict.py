@@ -168,3 +168,23 @@ def test_a_folder_of_images_beyond_memory_is_one_line_before_any_is_read(runs, t
     err = capsys.readouterr().err.strip()
     assert "3 images of 1 x 32 x 32" in err and "predict the folder in parts" in err and len(err.splitlines()) == 1
     assert not read_any and not out.exists()
+
+
+def test_a_regression_is_written_as_numbers_in_jsonl(runs, tmp_path):
+    _, folders, inputs = runs
+    out = tmp_path / "values.jsonl"
+    run, data = folders["bert-regress"], inputs["bert-regress"]
+    assert main(["predict", str(run), "--data", str(data), "--out", str(out)]) == 0
+    assert all(isinstance(r["prediction"], float) for r in read(out))
+
+
+def test_an_unterminated_quote_is_one_line_and_no_file(runs, tmp_path, capsys):
+    """It used to merge the 60 rows after it into one input, exit 0."""
+    _, folders, _ = runs
+    data = tmp_path / "texts.csv"
+    data.write_text("text\nthe first\n\"an open quote\n" + "another text\n" * 60, encoding="utf-8")
+    out = tmp_path / "out.csv"
+    assert main(["predict", str(folders["bert-classify"]), "--data", str(data), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "texts.csv:3: a quote opened in this row is never closed" in err and len(err.splitlines()) == 1
+    assert not out.exists()

@@ -1,7 +1,8 @@
-"""The study engine under attack: ``attnlab experiment sqrt-dk --quick`` through embedded Ray, through a second Ray
-cluster started here with ``ray start --head`` (loopback only) with one of its workers killed in the middle of a
-run, and with the driver killed and the study resumed. Every run seeds itself, so each must end with the results of an
-undisturbed run (run times aside; see ``_differences``)."""
+"""The study engine under attack: ``attnlab experiment sqrt-dk --quick`` through embedded Ray with the driver killed
+and the study resumed, and through a second Ray cluster started here with ``ray start --head`` (loopback only) with
+one of its workers killed in the middle of a run. Every run seeds itself and runs on one torch thread whichever
+engine runs it, so each must end with the results of an undisturbed run in this process (``--in-process``; run
+times aside, see ``_differences``)."""
 
 from __future__ import annotations
 
@@ -85,26 +86,28 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
 
 @pytest.fixture(scope="session")
 def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """sqrt-dk --quick through embedded Ray, no address given: the reference every other run must equal (as
+    """sqrt-dk --quick, every run in one process, one after another: the reference every Ray run must equal (as
     ``_differences`` compares them). Made once per test session: the first worker to ask makes it, under a file
     lock, and the others read its results.json."""
     from filelock import FileLock
 
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out = shared / "sqrt-dk-embedded"
-    with FileLock(str(shared / "sqrt-dk-embedded.lock")):
+    out = shared / "sqrt-dk-in-process"
+    with FileLock(str(shared / "sqrt-dk-in-process.lock")):
         if not (out / "results.json").is_file():
-            log = _finish(_experiment(out))
-            assert "embedded on this machine" in log
-    return json.loads((out / "results.json").read_text())
+            log = _finish(_experiment(out, "--in-process"))
+            assert "every run in this process" in log
+    record = json.loads((out / "results.json").read_text())
+    assert record["provenance"]["engine"] == "in-process"
+    return record
 
 
-def test_embedded_ray_runs_the_study_with_its_provenance(undisturbed):
-    p = undisturbed["provenance"]
+def _check_provenance(record: dict[str, Any]) -> None:
+    p = record["provenance"]
     assert p["engine"].startswith("ray ") and p["device"] == "cpu" and p["data_sha256"] is None
     assert set(p) == {"commit", "dirty", "data_sha256", "device", "engine", "rule_commit"}
-    assert undisturbed["verdict"] in ("held", "not held", "not decidable")
+    assert record["verdict"] in ("held", "not held", "not decidable")
 
 
 def _kill_a_busy_worker(proc: subprocess.Popen, below: int) -> int:
@@ -120,7 +123,10 @@ def _kill_a_busy_worker(proc: subprocess.Popen, below: int) -> int:
     pytest.fail("no Ray worker was seen running a task")
 
 
-def test_a_killed_driver_resumes_without_redoing_a_finished_run(undisturbed, tmp_path):
+def test_a_killed_driver_resumes_without_redoing_a_finished_run(undisturbed, tmp_path, capsys):
+    """Embedded Ray (no address), its driver killed once four runs are kept; the resume reads them back."""
+    from attnlab.cli import main
+
     out = tmp_path / "resumed"
     proc = _experiment(out, start_new_session=True)
     deadline, exposed = time.monotonic() + 300, None
@@ -137,11 +143,12 @@ def test_a_killed_driver_resumes_without_redoing_a_finished_run(undisturbed, tmp
 
     kept = {f.stem: torch.load(f, weights_only=True)["seconds"] for f in out.glob(".runs/*/*.pt")}
     assert len(kept) >= 4
-    refused = subprocess.run([*ATTNLAB, "experiment", "sqrt-dk", "--quick", "--out", str(out)],
-                             capture_output=True, text=True)
-    assert refused.returncode == 2 and "--resume" in refused.stderr  # a fresh run would throw the kept runs away
-    _finish(_experiment(out, "--resume"))
+    capsys.readouterr()
+    assert main(["experiment", "sqrt-dk", "--quick", "--out", str(out)]) == 2
+    assert "--resume" in capsys.readouterr().err  # a fresh run would throw the kept runs away
+    assert "embedded on this machine" in _finish(_experiment(out, "--resume"))
     record = json.loads((out / "results.json").read_text())
+    _check_provenance(record)
     for name, seconds in kept.items():  # a kept run is read back, not run again: its own run time is in the record
         arm, lr, seed = name.rsplit("_", 2)
         by_lr = record["results"]["training"]["arms"][arm]
@@ -190,14 +197,14 @@ def test_a_second_ray_cluster_given_by_address_survives_a_worker_killed_mid_run(
         log = _finish(proc)
         assert f"at {address}" in log
         record = json.loads((out / "results.json").read_text())
-        assert record["provenance"]["engine"].startswith("ray ")
+        _check_provenance(record)
         moved = _differences(_numbers(record), _numbers(undisturbed))
         assert not moved, moved[:8]
         assert not (exposed := _exposed({head.pid, *(pid for pid, _ in _descendants(head.pid))})), exposed
-    finally:
+    finally:  # `ray start --block` can take a minute over SIGTERM; its own session holds the whole cluster
         os.killpg(head.pid, signal.SIGTERM)
         try:
-            head.wait(60)
+            head.wait(5)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()

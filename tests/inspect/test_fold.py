@@ -73,7 +73,7 @@ def test_load_processes_a_run_on_request(tmp_path):
     run = train_tiny_run(tmp_path)
     plain, folded = load(run), load(run, fold_ln=True, center_writing_weights=True, center_unembed=True,
                                     fold_value_biases=True)
-    idx = folded._ids("the quick")
+    idx = folded.ids("the quick")
     with torch.no_grad():
         torch.testing.assert_close(folded.model(idx).logits.log_softmax(-1), plain.model(idx).logits.log_softmax(-1),
                                    atol=1e-4, rtol=0)

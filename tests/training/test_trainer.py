@@ -15,7 +15,7 @@ from attnlab.training.loop import train_step
 from attnlab.training.runs import read_metrics
 from attnlab.training.schedule import lr_at
 from attnlab.training.trainer import Trainer, TrainingInterrupted, make_optimizer
-from tests.helpers import EXACT, tiny_config, write_corpus
+from tests.helpers import EXACT, tiny_config, tiny_overrides, write_corpus
 
 
 @pytest.fixture
@@ -328,9 +328,14 @@ def test_fit_stops_where_the_step_callback_returns_true():
     assert seen == [0, 1, 2, 3] and len(result.losses) == 4
 
 
-def test_compile_true_trains_as_the_eager_model_does(corpus, tmp_path):
-    """compile=true (training.compiling: inductor with its C++ wrapper on a CPU) changes the kernels, not the
-    arithmetic's meaning: the same run's losses and final weights agree with the eager run's to float rounding."""
+def test_compile_true_trains_as_the_eager_model_does(corpus, tmp_path, monkeypatch):
+    """compile=true puts the forward under torch.compile (and, through AOTAutograd, the backward): the same run's
+    losses and final weights agree with the eager run's, and the saved model is the plain one. Traced here with
+    the aot_eager backend (the graphs, not inductor's C++ build of each: tests/cpu/test_compiled.py trains a GPT
+    through inductor's graphs against eager)."""
+    import attnlab.training.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "compile_forward", lambda net, device: torch.compile(net, backend="aot_eager"))
     runs = {c: Trainer(tiny_config(corpus, tmp_path / "runs", name=f"compile-{c}", compile=c, max_iters=6,
                                    log_interval=1, device="cpu")) for c in (False, True)}
     assert hasattr(runs[True].forward, "_orig_mod") and not hasattr(runs[False].forward, "_orig_mod")
@@ -342,3 +347,19 @@ def test_compile_true_trains_as_the_eager_model_does(corpus, tmp_path):
         assert v0 is None or v0 == pytest.approx(v1, rel=1e-4)
     for (n, p), q in zip(_weights(done[False].run_dir).items(), _weights(done[True].run_dir).values(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=n)
+
+
+def test_a_second_writer_of_a_named_run_is_refused_while_the_first_lives(corpus, tmp_path, capsys):
+    """Two `train name=same` at once once both exited 0 into one folder (steps logged twice, one model
+    overwritten): the run folder's lock refuses the second, in one line naming the holder, before any work."""
+    import os
+
+    from attnlab.cli import main
+
+    first = Trainer(tiny_config(corpus, tmp_path / "runs", name="same", max_iters=2))
+    overrides = tiny_overrides(corpus, tmp_path / "runs", name="same", max_iters=2)
+    assert main(["train", "configs/shakespeare-char.yaml", *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"being written by process {os.getpid()}" in err, err
+    first.train()
+    assert main(["resume", str(tmp_path / "runs" / "same")]) == 0  # train() released it

@@ -1,5 +1,6 @@
 """The command line: ``attnlab train | resume | sample | eval | inspect | heads | explore | bench |
-experiment | import-hf | export | embed | probe | finetune | translate``.
+experiment | lens | import-hf | export | embed | probe | finetune | translate | predict | data | completion``,
+and ``attnlab --version``.
 
 A run folder argument may be ``runs/latest``: the newest finished run (``training.runs.resolve_run_dir``).
 Every user error (bad config, missing file, unknown character, corrupt checkpoint) ends with one
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     except AttnlabError as e:
         if args.debug:
             raise
-        print(f"attnlab: error: {e}", file=sys.stderr)
+        from attnlab.core.schema import cut
+
+        print(f"attnlab: error: {cut(str(e), 1000)}", file=sys.stderr)  # a value quoted in it is cut too
         return 2
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
@@ -49,7 +52,14 @@ def main(argv: list[str] | None = None) -> int:
             return 141
         if args.debug:
             raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        from attnlab.core.oserrors import as_os_error, describe, is_user_error
+        from attnlab.core.schema import cut
+
+        os_error = as_os_error(e)
+        if is_user_error(os_error):  # a name too long, no permission, a full disk, ulimit -f: the path, what to do
+            print(f"attnlab: error: {describe(os_error)}", file=sys.stderr)
+            return 2
+        msg = cut(str(e).strip().splitlines()[0], 1000) if str(e).strip() else ""
         print(f"attnlab: error: {type(e).__name__}: {msg} (run with --debug for the traceback)",
               file=sys.stderr)
         return 1

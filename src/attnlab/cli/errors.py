@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,9 +20,41 @@ PATHS = {"run_dir": "RUN", "directory": "DIRECTORY", "config": "CONFIG", "data":
          "faithfulness": "--faithfulness", "results": "--results"}
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """``--help`` with each option's default: `` (default: 32)`` after its help (or as its help, where it has
+    none), unless the help already says it, the option has no value of its own (None, an on/off flag, an empty
+    list) or it is a required argument."""
+
+    @staticmethod
+    def default_text(action: argparse.Action) -> str | None:
+        """`` (default: X)`` for ``action``, or None where no default is shown (see the class)."""
+        default = action.default
+        if (action.help == argparse.SUPPRESS or (action.help and "default" in action.help.lower())
+                or default is None or default is argparse.SUPPRESS or isinstance(default, bool) or default == []
+                or isinstance(action, argparse._StoreConstAction | argparse._VersionAction)
+                or not (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))):
+            return None
+        shown = repr(default) if isinstance(default, str) and (not default or not default.isprintable()
+                                                                or " " in default) else str(default)
+        return f" (default: {shown.replace('%', '%%')})"  # the help is %-formatted: a % in the value stays one
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return (action.help or "") + (self.default_text(action) or "")
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and self.default_text(action):  # argparse leaves out the help of one that has none
+            action = copy.copy(action)
+            action.help = self.default_text(action).lstrip()
+        return super()._format_action(action)
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the full usage stays available with --help), and an empty
-    path (``PATHS``) is a usage error."""
+    """argparse, but a usage error is one line (the full usage stays available with --help), an empty
+    path (``PATHS``) is a usage error, and ``--help`` shows the defaults (``DefaultsFormatter``). Sub-parsers are
+    made of this class too (argparse's ``add_subparsers`` uses the parent's class), so every command has all three."""
+
+    def __init__(self, *args, formatter_class: type[argparse.HelpFormatter] = DefaultsFormatter, **kwargs) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"attnlab: error: {message} (see '{self.prog} --help')\n")

@@ -120,7 +120,7 @@ def _run_study(args: argparse.Namespace, out: Path, address: str | None) -> int:
     context = {"experiment": args.name, "quick": args.quick, "threads": args.cpus_per_run,
                "data": sha256(Path(args.data)) if args.data is not None else None}
     if args.in_process or "device" not in takes:  # an experiment that trains nothing has no runs to spread
-        runner = InProcess(keep_root=out / RUNS, device=args.device, context=context)
+        runner = InProcess(keep_root=out / RUNS, device=args.device, context=context, threads=args.cpus_per_run)
     else:
         runner = RayEngine(address=address, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
                            max_in_flight=args.workers, device=args.device, keep_root=out / RUNS, context=context)

@@ -12,8 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explore", help="the offline web explorer: attention maps, toy example, conv vs attention")
     p.add_argument("run_dir")
     p.add_argument("--port", type=at_least(1), default=8000)
-    p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only); anything "
-                   "else makes the unauthenticated explorer reachable from the network")
+    p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only); an address "
+                   "beyond loopback (0.0.0.0) makes the unauthenticated explorer reachable from the network; on "
+                   "any address it answers only requests addressed to this machine, and from its own page")
     p.set_defaults(func=_cmd_explore)
 
 

@@ -53,6 +53,9 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from attnlab.training.distributed import resolve_device
     from attnlab.training.runs import load_model_and_tokenizer, with_kernels
 
+    if args.num_beams > 1 and args.num_samples > 1:  # beam search is deterministic: it gives one best sequence
+        raise ConfigError(f"--num-beams {args.num_beams} gives one best sequence, not --num-samples "
+                          f"{args.num_samples}; drop one of the two (samples are drawn with --num-beams 1)")
     device = resolve_device(args.device)
     model, tok = load_model_and_tokenizer(args.run_dir)
     family = model.config.family

@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     """Look inside a trained run on one input: --text (attention figures + a JSON dump of the
     probabilities) or --image (a ViT's [CLS] attention per layer/head and rollout, or a CNN's Grad-CAM, as a PNG)."""
+    _require_captum(args)  # before anything is loaded or written
     from attnlab.core.errors import ConfigError
 
     if sum(x is not None for x in (args.text, args.image, args.audio)) != 1:
@@ -84,6 +85,27 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     paths = inspect_text(args.run_dir, args.text, out, layer=args.layer, head=args.head)
     print(f"wrote {len(paths)} files to {out}: " + ", ".join(p.name for p in paths))
     return 0
+
+
+def _require_captum(args: argparse.Namespace) -> None:
+    """MissingExtraError (one line, exit 2) where this inspect would need captum and it is not installed: every
+    --faithfulness, a GPT's attribution figure for --text, a CNN's Grad-CAM for --image."""
+    from pathlib import Path
+
+    from attnlab.core.extras import require
+    from attnlab.models.base import CONFIG_NAME, read_config
+
+    if args.audio is not None:
+        return
+    if args.faithfulness is not None:
+        require("captum", "inspect --faithfulness")
+    elif (Path(args.run_dir) / CONFIG_NAME).is_file():  # else the run folder's own error comes later
+        family = read_config(args.run_dir).family
+        if args.text is not None and family == "gpt":
+            require("captum", "the attribution figure of inspect --text")
+        elif args.image is not None and family == "cnn":
+            require("captum", "Grad-CAM (inspect --image on a cnn run)")
+
 
 def _faithfulness(args: argparse.Namespace) -> int:
     import json

@@ -17,7 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("resume", help="continue a run from its newest valid checkpoint")
     p.add_argument("run_dir")
-    p.add_argument("overrides", nargs="*", help="key=value, e.g. max_iters=4000")
+    p.add_argument("overrides", nargs="*", help="run settings as key=value, e.g. max_iters=4000 threads=2 (what the "
+                   "run is, its data, tokenizer, task, model and seed, cannot change)")
     p.set_defaults(func=_cmd_resume)
 
     p = sub.add_parser("finetune", help="fine-tune a pre-trained encoder as a classifier on (text, label) rows")
@@ -83,42 +84,60 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
-    from attnlab.training.runs import RUN_CONFIG
+    """Continue a run: ``attnlab train`` of its config.yaml, or, for a fine-tuning run, ``attnlab finetune``'s."""
+    from attnlab.core.errors import ConfigError
+    from attnlab.training.finetune import finetuned_from
+    from attnlab.training.runs import RUN_CONFIG, check_resume_overrides, load_train_config
 
+    run_dir = Path(args.run_dir)
+    pretrained = finetuned_from(run_dir)
     args.config = str(run_dir / RUN_CONFIG)
     if not Path(args.config).is_file():
-        from attnlab.core.errors import ConfigError
-
+        if pretrained is not None:  # killed before the Trainer wrote anything
+            raise ConfigError(f"{run_dir} is not a run folder (no {RUN_CONFIG}): the fine-tuning stopped before "
+                              f"it began, so run attnlab finetune {pretrained} again")
         if not (run_dir / "checkpoints").exists():  # e.g. a train killed before it wrote anything
             raise ConfigError(f"{run_dir} is not a run folder (no {RUN_CONFIG}): nothing of a run was saved "
                               "there, so run the train command again")
         raise ConfigError(f"{run_dir} is not a run folder (no {RUN_CONFIG})")
+    check_resume_overrides(run_dir, args.overrides)  # what the run is cannot change (tokenizer=, model.*, ...)
     # quoted as YAML strings: a folder named null, true, 1.50 or #x is that folder, not None, True, 1.5 or ""
     name, out_dir = ("'" + v.replace("'", "''") + "'" for v in (run_dir.name, str(run_dir.parent)))
     args.overrides = [*args.overrides, "resume=true", f"name={name}", f"out_dir={out_dir}"]
     args.dump = True
-    return _cmd_train(args)
+    if pretrained is None:
+        return _cmd_train(args)
+    from attnlab.training.finetune import finetuning_trainer
+
+    cfg = load_train_config(args.config, args.overrides, dump=True)
+    return _finetune(finetuning_trainer(cfg, pretrained), pretrained)
+
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
     """Pre-trained encoder + fresh classification head, trained on (text, label) rows through the Trainer."""
-    from attnlab.training.finetune import finetune_report, finetune_trainer
+    from attnlab.training.finetune import finetune_trainer
+
+    return _finetune(finetune_trainer(args.run_dir, args.overrides), args.run_dir)
+
+
+def _finetune(trainer, pretrained: str) -> int:
+    """Train a fine-tuning run (new or resumed) to its max_iters, then write and print its held-out scores."""
+    from attnlab.training.finetune import finetune_report
     from attnlab.training.trainer import TrainingInterrupted
 
-    trainer = finetune_trainer(args.run_dir, args.overrides)
     task, cfg = trainer.task, trainer.cfg
     if cfg.task == "image-classification":
         n_train, n_val, unit = len(task.data["train"]), len(task.data["test"]), "test images"
     else:
         n_train, n_val, unit = len(task.rows["train"]), len(task.rows["val"]), "held-out rows"
-    print(f"run: {trainer.run_dir}  fine-tuning {args.run_dir} ({trainer.model.num_parameters() / 1e6:.2f}M "
+    print(f"run: {trainer.run_dir}  fine-tuning {pretrained} ({trainer.model.num_parameters() / 1e6:.2f}M "
           f"parameters) on {cfg.data}: {len(task.classes)} classes, {n_train} train / {n_val} {unit}")
     try:
         result = trainer.train()
     except TrainingInterrupted as e:
         print(f"{e}; continue with: attnlab resume {e.run_dir}", file=sys.stderr)
         return 130
-    r = finetune_report(trainer, args.run_dir, result.step, result.wall_time_s)
+    r = finetune_report(trainer, pretrained, result.step, result.wall_time_s)
     print(f"done: step {result.step}, {result.wall_time_s:.1f} s; held-out accuracy {r['accuracy']:.4f}, "
           f"macro-F1 {r['macro_f1']:.4f} on {r['n']} {unit.split()[-1]} "
           f"(majority-class baseline {r['majority_baseline']:.4f}); "

@@ -8,9 +8,10 @@ line instead of an ImportError traceback.
     inspect        captum, scikit-learn         attributions, linear probes, data=digits
     experiments    scipy, scikit-learn, sacrebleu, captum, ray   experiments' fits, BLEU, the study engine
     tensorboard    tensorboard                  logger=tensorboard
+    mlflow         mlflow                       logger=mlflow (not in all: it brings a server and a database)
     audio          librosa, soundfile, espeakng-loader   WAV data, log-mel frames, spoken-word synthesis
     materials      pyxtal (with pymatgen)       XRD patterns of generated crystals
-    all            every one of them
+    all            every one of them but mlflow
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "fastapi": ("fastapi", "web"), "uvicorn": ("uvicorn", "web"), "captum": ("captum", "inspect"),
     "sklearn": ("scikit-learn", "inspect"), "scipy": ("scipy", "experiments"),
     "sacrebleu": ("sacrebleu", "experiments"), "ray": ("ray", "experiments"),
-    "tensorboard": ("tensorboard", "tensorboard"),
+    "tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow"),
     "librosa": ("librosa", "audio"), "soundfile": ("soundfile", "audio"),
     "espeakng_loader": ("espeakng-loader", "audio"), "pyxtal": ("pyxtal", "materials"),
 }
+
+NOT_IN_ALL = frozenset({"mlflow"})  # extras that attnlab[all] leaves out (pyproject.toml)
 
 
 class MissingExtraError(AttnlabError):
@@ -41,5 +44,6 @@ def require(module: str, purpose: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         package, extra = EXTRAS[module]
+        also = "" if extra in NOT_IN_ALL else " (or attnlab[all])"
         raise MissingExtraError(f"{purpose} needs {package}, which is not installed: "
-                                f"pip install 'attnlab[{extra}]' (or attnlab[all])") from None
+                                f"pip install 'attnlab[{extra}]'{also}") from None

@@ -8,7 +8,10 @@ newest model at the top of the run folder. Each such place calls ``kill_point(na
 
 the process kills itself (SIGKILL: no handler, no cleanup, as ``kill -9``) the 2nd time it reaches
 ``best.swap``. Unset, as in every normal run, a call is one environment lookup. The names are
-``KILL_POINTS``; tests/training/test_kill_points.py and benchmarks/kill_trials.py use them.
+``KILL_POINTS``; tests/training/test_kill_points.py, tests/training/test_finetune_kills.py and
+benchmarks/kill_trials.py use them. Set, every pass of every point is counted (``passes``); with
+``ATTNLAB_KILL_AT=none`` (``COUNT_ONLY``) the process only counts, so an uninterrupted run says which windows it
+has and how often it passes each.
 """
 
 from __future__ import annotations
@@ -24,18 +27,29 @@ KILL_POINTS = {
     "mirror.renaming": "the first top-level file renamed in, the others not",
     "mirror.manifest": "every top-level file renamed in, their manifest not yet written",
     "prune": "an older checkpoint about to be deleted",
+    "finetune.report": "a fine-tuning trained and published, its finetune.json not yet written",
+    "staging.filled": "a staged output folder (import-hf, data) written in whole, not yet renamed into place",
 }
+COUNT_ONLY = "none"  # ATTNLAB_KILL_AT=none: count the passes, kill nowhere
 _passed: dict[str, int] = {}
 
 
 def kill_point(name: str) -> None:
-    """SIGKILL this process if ``ATTNLAB_KILL_AT`` names ``name`` (``name`` or ``name:n``, the n-th pass)."""
+    """SIGKILL this process if ``ATTNLAB_KILL_AT`` names ``name`` (``name`` or ``name:n``, the n-th pass); any
+    value set counts the pass."""
     spec = os.environ.get("ATTNLAB_KILL_AT")
     if not spec:
         return
-    target, _, nth = spec.partition(":")
-    if target != name:
-        return
     _passed[name] = _passed.get(name, 0) + 1
-    if _passed[name] == int(nth or 1):
+    target, _, nth = spec.partition(":")
+    if target == name and _passed[name] == int(nth or 1):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def passes(reset: bool = False) -> dict[str, int]:
+    """How many times this process passed each kill point while ``ATTNLAB_KILL_AT`` was set; ``reset``: start
+    counting afresh (the counts so far are returned)."""
+    counts = dict(_passed)
+    if reset:
+        _passed.clear()
+    return counts

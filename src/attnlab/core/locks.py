@@ -1,8 +1,8 @@
 """One writer per folder: an OS file lock that every command which writes a run or an output folder holds.
 
-    with folder_lock(run_dir):          # RUN/.lock inside a folder the command keeps writing (a run)
-        ...
     with folder_lock(out, beside=True): # .OUT.lock beside a folder that is staged and renamed into place
+        ...
+    lock = hold(run_dir, beside=True)   # held for a run's life (the Trainer), then lock.release()
 
 The lock is ``flock(LOCK_EX | LOCK_NB)`` on a small file that records the holder's pid. The kernel drops it
 when the holder exits, however it exits (kill -9 included), so a lock is never stale; the file itself is
@@ -43,9 +43,23 @@ def _holder(path: Path) -> str:
     return f"process {pid}" if pid.isdigit() else "another process"
 
 
-@contextlib.contextmanager
-def folder_lock(folder: str | Path, beside: bool = False, what: str = "folder") -> Iterator[Path]:
-    """Hold ``folder``'s lock for the ``with`` body (the folder itself must exist unless ``beside``).
+class FolderLock:
+    """A held folder lock (``hold``): released by ``release()``, by garbage collection, or by the process's end."""
+
+    def __init__(self, folder: Path, path: Path, fd: int) -> None:
+        self.folder, self.path, self._fd = folder, path, fd
+
+    def release(self) -> None:
+        """Drop the lock (closing the descriptor releases it); a second call does nothing."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    __del__ = release
+
+
+def hold(folder: str | Path, beside: bool = False, what: str = "folder") -> FolderLock:
+    """Take ``folder``'s lock until ``release()`` (the folder itself must exist unless ``beside``).
 
     Raises FolderBusy ("... is being written by process N ...") if another process holds it."""
     folder = Path(folder)
@@ -53,16 +67,24 @@ def folder_lock(folder: str | Path, beside: bool = False, what: str = "folder") 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FolderBusy(f"{what} {folder} is being written by {_holder(path)}; wait for it to finish, "
-                             "or write elsewhere") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode("ascii"))
-        yield path
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FolderBusy(f"{what} {folder} is being written by {_holder(path)}; wait for it to finish, "
+                         "or write elsewhere") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+    return FolderLock(folder, path, fd)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | Path, beside: bool = False, what: str = "folder") -> Iterator[Path]:
+    """Hold ``folder``'s lock for the ``with`` body (``hold``), and yield the lock file's path."""
+    lock = hold(folder, beside, what)
+    try:
+        yield lock.path
     finally:
-        os.close(fd)  # closing the descriptor releases the lock
+        lock.release()
 
 
 def held_by_other(folder: str | Path, beside: bool = False) -> bool:

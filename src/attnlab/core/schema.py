@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
+from attnlab.core import yamlsafe
 from attnlab.core.errors import ConfigError
 
 C = TypeVar("C")
@@ -43,10 +44,22 @@ def _type_name(tp: Any) -> str:
 INT_LIMIT = 2**63  # integers in a config fit in a signed 64-bit integer (torch's seeds and sizes)
 
 
-def _shown(value: Any, limit: int = 40) -> str:
-    """repr(value), cut to ``limit`` characters (a 400-digit number stays one short line)."""
-    text = repr(value)
+SHOWN_CHARS = 200  # a value quoted in an error message is cut to this many characters
+
+
+def _shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """repr(value), cut to ``limit`` characters (a 400-digit number, a long list stay one short line). A value too
+    large to write out at all (an integer past Python's 4,300 digits) is named by its type."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an {type(value).__name__} too long to show"
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def cut(text: str, limit: int = 100) -> str:
+    """``text``, or its first ``limit`` characters and "..." (a key or a name quoted in an error message)."""
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
@@ -62,13 +75,13 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 return coerce(value, arg, key)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"'{key}' must be {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"'{key}' must be {_type_name(tp)}, got {_shown(value)}")
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
             raise ConfigError(
-                f"'{key}' must be one of {', '.join(map(str, choices))}; got {value!r}"
-                + (did_you_mean(str(value), map(str, choices)) if isinstance(value, str) else "")
+                f"'{key}' must be one of {', '.join(map(str, choices))}; got {_shown(value)}"
+                + (did_you_mean(value, map(str, choices)) if isinstance(value, str) and len(value) < 100 else "")
             )
         return value
     if dataclasses.is_dataclass(tp):
@@ -77,7 +90,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         if chooses_subclass(tp):
             return tp.from_mapping(value, prefix=f"{key}.")
         if not isinstance(value, Mapping):
-            raise ConfigError(f"'{key}' must be a mapping of {tp.__name__} fields, got {value!r}")
+            raise ConfigError(f"'{key}' must be a mapping of {tp.__name__} fields, got {_shown(value)}")
         return from_dict(tp, value, prefix=f"{key}.")
     if tp is bool:
         if isinstance(value, bool):
@@ -94,12 +107,15 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             try:
                 number = int(value)
             except ValueError:
+                if value.strip().lstrip("+-").isdigit():  # an integer past Python's 4,300 digits
+                    raise ConfigError(f"'{key}' = {_shown(value, 40)} is outside the range of a 64-bit "
+                                      "integer") from None
                 with contextlib.suppress(ValueError, OverflowError):
                     f = float(value)
                     number = int(f) if f.is_integer() else None
         if number is not None:
             if not -INT_LIMIT <= number < INT_LIMIT:
-                raise ConfigError(f"'{key}' = {_shown(value)} is outside the range of a 64-bit integer")
+                raise ConfigError(f"'{key}' = {_shown(value, 40)} is outside the range of a 64-bit integer")
             return number
     elif tp is float:
         number = None
@@ -110,16 +126,28 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 number = float(value)
         if number is not None:
             if not math.isfinite(number):
-                raise ConfigError(f"'{key}' must be a finite number, got {_shown(value)}")
+                raise ConfigError(f"'{key}' must be a finite number, got {_shown(value, 40)}")
             return number
     elif tp is str:
         if isinstance(value, str):
+            check_utf8(value, key)
             return value
         if isinstance(value, int | float) and not isinstance(value, bool):
             return str(value)
     else:  # pragma: no cover - a field annotated with a type this module does not know
         raise TypeError(f"unsupported config annotation {tp!r} for '{key}'")
-    raise ConfigError(f"'{key}' must be {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"'{key}' must be {_type_name(tp)}, got {_shown(value)}")
+
+
+def check_utf8(value: str, key: str) -> None:
+    """ConfigError unless ``value`` can be written as UTF-8: a command-line argument holding bytes that are not
+    UTF-8 (a file name in another encoding) arrives with them as lone surrogates, and would give a run folder
+    whose config.yaml cannot be read back."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(f"'{key}' holds bytes that are not UTF-8 text (at character {e.start + 1}); "
+                          "give it in UTF-8") from None
 
 
 def field_types(cls: type) -> dict[str, Any]:
@@ -151,7 +179,8 @@ def from_dict(cls: type[C], data: Mapping[str, Any], prefix: str = "", check: bo
     kwargs = {}
     for key, value in data.items():
         if key not in fields:
-            raise ConfigError(f"unknown config key '{prefix}{key}'{did_you_mean(str(key), fields, prefix)}")
+            shown = cut(str(key))
+            raise ConfigError(f"unknown config key '{prefix}{shown}'{did_you_mean(shown, fields, prefix)}")
         kwargs[key] = coerce(value, fields[key], prefix + key)
     obj = cls(**kwargs)
     validate = getattr(obj, "validate", None)
@@ -165,17 +194,25 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config file is at most 1 MiB (a run's config.yaml is a few KiB)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; a missing file or a syntax error is a one-line ConfigError."""
+    """Read a YAML mapping; a missing or over-large file, a syntax error, an alias or too deep a nesting
+    (``core/yamlsafe.py``) is a one-line ConfigError."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config {path} is {size:,} bytes; a config file is at most {MAX_CONFIG_BYTES:,}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yamlsafe.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         where = getattr(e, "problem_mark", None)
         at = f" (line {where.line + 1})" if where is not None else ""
-        raise ConfigError(f"cannot parse config {path}{at}: {str(e).splitlines()[0]}") from None
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"cannot parse config {path}{at}: {cut(first, SHOWN_CHARS)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -186,14 +223,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 def parse_override(text: str) -> tuple[str, Any]:
     """'model.n_layer=6' -> ('model.n_layer', 6). Values are read as YAML scalars."""
     if "=" not in text:
-        raise ConfigError(f"override {text!r} is not of the form key=value")
+        raise ConfigError(f"override {_shown(text)} is not of the form key=value")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"override {text!r} has an empty key")
+        raise ConfigError(f"override {_shown(text)} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = yamlsafe.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:  # an alias, a deep nesting or a very long integer too: the text, for the schema to judge
         value = raw
     if isinstance(value, dict | list):
         value = raw  # keep free text like 'a: b' or '[x]' as a string; the schema will judge it
@@ -219,10 +256,10 @@ def apply_overrides(cls: type, data: dict[str, Any], overrides: list[str]) -> di
             if not owners:
                 every = list(top) + [f"{s}.{f}" for s, t in sections.items() for f in option_names(t)]
                 every += [f for t in sections.values() for f in option_names(t)]
-                raise ConfigError(f"unknown config key '{key}'{did_you_mean(key, every)}")
+                raise ConfigError(f"unknown config key '{cut(key)}'{did_you_mean(cut(key), every)}")
             path = [owners[0], key]
         if len(path) > 2 or (len(path) == 2 and path[0] not in sections):
-            raise ConfigError(f"unknown config key '{key}'{did_you_mean(key, top)}")
+            raise ConfigError(f"unknown config key '{cut(key)}'{did_you_mean(cut(key), top)}")
         if len(path) == 1:
             data[path[0]] = value
         else:

@@ -26,6 +26,11 @@ from attnlab.core.extras import require
 SAMPLE_RATE = 16_000
 WINDOW, HOP = 400, 160  # 25 ms, 10 ms at 16 kHz
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
+# the clips read: a sample rate a recording has (a header saying 1 Hz would resample 400 KB into 13 GB), and at
+# most 10 minutes (9.6M samples at 16 kHz) before the clip is cropped to its ``seconds``
+MIN_RATE, MAX_RATE = 1_000, 384_000
+MAX_SECONDS = 600
+MAX_DECODED = 2**27  # samples of all channels decoded from one file (512 MB as float32)
 
 
 @dataclass(frozen=True)
@@ -57,10 +62,22 @@ def fit_length(x: np.ndarray, n: int) -> np.ndarray:
     return np.pad(x, (left, n - len(x) - left))
 
 
+def check_clip(n_samples: int, rate: int, what: str = "the clip") -> None:
+    """DataError naming ``what`` unless ``rate`` is in MIN_RATE..MAX_RATE Hz and the clip at most MAX_SECONDS long:
+    checked before anything is resampled or allocated."""
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise DataError(f"{what} has a sample rate of {rate:,} Hz; attnlab reads audio at {MIN_RATE:,} to "
+                        f"{MAX_RATE:,} Hz")
+    if n_samples > MAX_SECONDS * rate:
+        raise DataError(f"{what} lasts {n_samples / rate:,.0f} s; attnlab reads clips of at most {MAX_SECONDS} s "
+                        "(cut it first)")
+
+
 def log_mel(x: np.ndarray, rate: int, front: FrontEnd = FrontEnd()) -> np.ndarray:
     """Samples (n,) at ``rate`` Hz -> normalised log-mel frames (T, n_mels) float32 (equations above)."""
     librosa = require("librosa", "audio features")
     x = np.asarray(x, dtype=np.float32)
+    check_clip(len(x), rate)
     if rate != SAMPLE_RATE:
         x = librosa.resample(x, orig_sr=rate, target_sr=SAMPLE_RATE)
     x = fit_length(x, round(front.seconds * SAMPLE_RATE))
@@ -73,9 +90,15 @@ def log_mel(x: np.ndarray, rate: int, front: FrontEnd = FrontEnd()) -> np.ndarra
 
 
 def read_audio(path: Path) -> tuple[np.ndarray, int]:
-    """A sound file -> (mono samples (n,) float32, sample rate); DataError when it cannot be decoded."""
+    """A sound file -> (mono samples (n,) float32, sample rate); DataError when it cannot be decoded, or when its
+    header gives a rate, a length or a size beyond the bounds above (``check_clip``, ``MAX_DECODED``)."""
     sf = require("soundfile", "reading audio files")
     try:
+        info = sf.info(str(path))  # the header: checked before the samples are decoded
+        check_clip(info.frames, info.samplerate, str(path))
+        if info.frames * info.channels > MAX_DECODED:  # a compressed file of silence decodes into gigabytes
+            raise DataError(f"{path} holds {info.frames * info.channels:,} samples ({info.channels} channels); "
+                            f"attnlab decodes at most {MAX_DECODED:,} (cut it or mix it down first)")
         x, rate = sf.read(str(path), dtype="float32", always_2d=True)
     except (RuntimeError, sf.LibsndfileError, OSError) as e:
         raise DataError(f"cannot read audio {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import gzip
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +136,18 @@ def load_digits() -> ImageSet:
     return ImageSet(images, torch.from_numpy(d.target.astype(np.int64)), [str(k) for k in range(10)])
 
 
+MAX_IMAGE_PIXELS = 64 * 2**20  # an image file is read up to 64 Mpixels (8192 x 8192): 200 MB as RGB
+
+
+def check_pixels(path: Path, size: tuple[int, int]) -> None:
+    """DataError naming ``path`` when the (width, height) its header gives exceed ``MAX_IMAGE_PIXELS``: a file of a
+    few KiB can claim 100,000 x 100,000 pixels (a decompression bomb) and decode into tens of GB."""
+    width, height = size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise DataError(f"{path} is {width}x{height} pixels; an image is read up to {MAX_IMAGE_PIXELS:,} pixels "
+                        "(resize it first)")
+
+
 def read_image(path: str | Path, channels: int, size: int | None = None, resize: bool = False) -> Tensor:
     """One image file as uint8 (C, H, W), converted to ``channels`` (1 grey, 3 RGB).
 
@@ -147,20 +160,27 @@ def read_image(path: str | Path, channels: int, size: int | None = None, resize:
     if channels not in (1, 3):
         raise DataError(f"images can be read with 1 (grey) or 3 (RGB) channels, not {channels}")
     try:
-        with Image.open(path) as img:
+        with warnings.catch_warnings():  # Pillow's own bomb warning (over 89M pixels) as an error, not a line
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(path)
+        with img:
+            check_pixels(path, img.size)  # from the header, before a pixel is decoded
+            if size is not None and img.size != (size, size) and not resize:
+                raise DataError(f"{path} is {img.size[0]}x{img.size[1]} pixels but the model takes "
+                                f"{size}x{size}; resize it (images.resize=true to train, --resize to inspect)")
             img = img.convert("L" if channels == 1 else "RGB")
             if size is not None and img.size != (size, size):
-                if not resize:
-                    raise DataError(f"{path} is {img.size[0]}x{img.size[1]} pixels but the model takes "
-                                    f"{size}x{size}; resize it (images.resize=true to train, --resize to inspect)")
                 img = img.resize((size, size), Image.Resampling.BILINEAR)
             array = np.asarray(img, dtype=np.uint8)
     except UnidentifiedImageError:
         raise DataError(f"{path} is not an image Pillow can read") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):  # its header claims a huge size
+        raise DataError(f"{path} claims more than {MAX_IMAGE_PIXELS:,} pixels; an image is read at most that "
+                        "large (resize it first)") from None
     except (OSError, SyntaxError, ValueError) as e:
         if isinstance(e, DataError):
             raise
-        raise DataError(f"{path} is corrupt or truncated: {e}") from None
+        raise DataError(f"{path} is corrupt or truncated: {str(e)[:200]}") from None
     t = torch.from_numpy(array.copy())
     return t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)  # (C, H, W)
 

@@ -13,11 +13,13 @@ ships it, 1,025 training and 257 test molecules, read from the SDF files in the 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.core import jsonsafe
 from attnlab.core.errors import DataError
 from attnlab.core.fileio import check_regular_file
 
@@ -91,51 +93,122 @@ def read_solubility(name: str) -> LabelledText:
     return LabelledText(texts, labels, held_out)
 
 
+def read_table_text(path: Path, what: str) -> str:
+    """The text of a CSV/TSV/JSONL/TXT input file, decoded as UTF-8 with or without a byte-order mark (Excel's
+    "CSV UTF-8" writes one); DataError naming the file when it is not a regular file or not UTF-8."""
+    check_regular_file(path, what, DataError)
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not UTF-8 text") from None
+
+
+def csv_records(path: Path, raw: str, delimiter: str = ",") -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
+    """(header, [(line, {column: field})]) of a CSV/TSV text, a record per row (a quoted field may span lines;
+    blank lines are skipped), ``line`` the line the row starts on. DataError naming the file and line for a
+    row with more or fewer fields than the header, a quote that is never closed, or any other malformed row;
+    never a silent merge of rows."""
+    reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, strict=True)
+    header: list[str] | None = None
+    records: list[tuple[int, dict[str, str]]] = []
+    while True:
+        line = reader.line_num + 1
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            if "unexpected end of data" in str(e):
+                raise DataError(f"{path}:{line}: a quote opened in this row is never closed") from None
+            raise DataError(f"{path}: {e} (the row at line {line})") from None  # e.g. a field over 128 KiB
+        if not fields:
+            continue
+        if header is None:
+            header = fields
+            continue
+        if len(fields) != len(header):
+            hint = f" (quote a field that holds a {'tab' if delimiter == chr(9) else repr(delimiter)})" \
+                if len(fields) > len(header) else ""
+            raise DataError(f"{path}:{line}: {len(fields)} fields where the header has {len(header)}{hint}")
+        records.append((line, dict(zip(header, fields))))
+    if header is None:
+        raise DataError(f"{path}: empty: no header row")
+    return header, records
+
+
+def jsonl_records(path: Path, raw: str) -> list[tuple[int, object]]:
+    """[(line, value)] of a JSONL text, one JSON value per non-blank line; DataError naming the line otherwise."""
+    records = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append((n, jsonsafe.loads(line)))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    return records
+
+
 def read_labelled(path: str | Path) -> LabelledText:
-    """Read (text, label) rows from ``.csv`` or ``.jsonl``, or a built-in set by name (``BUILTIN_LABELLED``);
-    any problem raises DataError naming the file."""
+    """Read (text, label) rows from ``.csv``, ``.tsv`` or ``.jsonl``, or a built-in set by name
+    (``BUILTIN_LABELLED``); any problem raises DataError naming the file: a malformed or ragged row, an empty
+    label, two spellings of one class label (``pos`` / ``POS`` / ``pos ``). Labels are read without their
+    surrounding space."""
     if str(path) in BUILTIN_LABELLED:
         return read_solubility(str(path))
     path = Path(path)
-    check_regular_file(path, "labelled data file", DataError)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise DataError(f"{path} is not UTF-8 text") from None
-    texts, labels = [], []
-    if path.suffix.lower() in (".jsonl", ".json"):
-        for n, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    raw = read_table_text(path, "labelled data file")
+    texts, labels, lines = [], [], []
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        for n, row in jsonl_records(path, raw):
             if not isinstance(row, dict) or "text" not in row or "label" not in row:
                 raise DataError(f"{path}:{n}: each line needs an object with 'text' and 'label'")
             texts.append(str(row["text"]))
-            labels.append(str(row["label"]))
-    elif path.suffix.lower() in (".csv", ".tsv"):
-        reader = csv.DictReader(raw.splitlines(), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-        try:
-            if reader.fieldnames is None or "text" not in reader.fieldnames or "label" not in reader.fieldnames:
-                raise DataError(f"{path}: the header must name a 'text' and a 'label' column, got "
-                                f"{reader.fieldnames}")
-            for n, row in enumerate(reader, 2):
-                if row["text"] is None or row["label"] is None:
-                    raise DataError(f"{path}:{n}: the row has too few columns")
-                texts.append(row["text"])
-                labels.append(row["label"].strip())
-        except csv.Error as e:  # e.g. a field over the csv module's limit (128 KiB)
-            raise DataError(f"{path}: {e}") from None
+            labels.append("" if row["label"] is None else str(row["label"]))
+            lines.append(n)
+    elif suffix in (".csv", ".tsv"):
+        header, records = csv_records(path, raw, "\t" if suffix == ".tsv" else ",")
+        if "text" not in header or "label" not in header:
+            raise DataError(f"{path}: the header must name a 'text' and a 'label' column, got {header}")
+        for n, row in records:
+            texts.append(row["text"])
+            labels.append(row["label"])
+            lines.append(n)
     else:
         raise DataError(f"{path}: labelled data must be .csv, .tsv or .jsonl")
     if len(texts) < 4:
         raise DataError(f"{path}: need at least 4 labelled rows, found {len(texts)}")
-    data = LabelledText(texts, labels)
+    data = LabelledText(texts, check_labels(path, labels, lines))
     if data.numeric_labels() is None and len(data.classes) < 2:
-        raise DataError(f"{path}: all rows have the same label {labels[0]!r}; nothing to learn")
+        raise DataError(f"{path}: all rows have the same label {data.labels[0]!r}; nothing to learn")
     return data
+
+
+def check_labels(path: Path, labels: list[str], lines: list[int]) -> list[str]:
+    """``labels`` without their surrounding space; DataError naming the line of an empty label, or the lines of two
+    spellings of one class that differ only in case or surrounding space (numbers, a regression's targets, are
+    not compared so)."""
+    for label, n in zip(labels, lines):
+        if not label.strip():
+            raise DataError(f"{path}:{n}: the label is empty; give every row a label")
+    stripped = [label.strip() for label in labels]
+    if all(_is_number(label) for label in stripped):
+        return stripped
+    first: dict[str, tuple[str, int]] = {}  # casefolded class -> (its first spelling, its line)
+    for label, n in zip(labels, lines):
+        seen, line = first.setdefault(label.strip().casefold(), (label, n))
+        if seen != label:
+            raise DataError(f"{path}: the labels {seen!r} (line {line}) and {label!r} (line {n}) differ only in case "
+                            "or surrounding space; spell each class one way")
+    return stripped
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def held_out_split(data: LabelledText, test_fraction: float, seed: int) -> tuple[list[int], list[int]]:

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.core.errors import DataError
-from attnlab.core.fileio import check_writable_folder
+from attnlab.core.fileio import check_writable_folder, staged_folder
 from attnlab.core.resources import check_room
 
 KINDS = ("pore", "crack", "inclusion")  # mask codes 1, 2, 3
@@ -287,13 +287,14 @@ def write_folder(root: str | Path, task: str, n: int, size: int, seed: int = 0, 
     images, labels, masks, defects = generate(task, n, size, seed)
     test = set(np.random.default_rng([seed, 2]).permutation(n)[:max(1, round(test_fraction * n))].tolist())
     lines = []
-    for i in range(n):
-        split, name = ("test" if i in test else "train"), TASKS[task][labels[i]]
-        rel = Path(split) / name / f"{i:06d}.png"
-        for base, array in ((root, images[i, 0]), (root / "masks", masks[i] * 80)):
-            (base / rel).parent.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(np.ascontiguousarray(array)).save(base / rel)
-        lines.append(json.dumps({"file": rel.as_posix(), "class": name, "defects": [
-            {"kind": d.kind, "centre": [round(c, 1) for c in d.centre], "box": list(d.box)} for d in defects[i]]}))
-    (root / "defects.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with staged_folder(root, DataError) as staging:  # a kill leaves no root or all of it, never a part
+        for i in range(n):
+            split, name = ("test" if i in test else "train"), TASKS[task][labels[i]]
+            rel = Path(split) / name / f"{i:06d}.png"
+            for base, array in ((staging, images[i, 0]), (staging / "masks", masks[i] * 80)):
+                (base / rel).parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(np.ascontiguousarray(array)).save(base / rel)
+            lines.append(json.dumps({"file": rel.as_posix(), "class": name, "defects": [
+                {"kind": d.kind, "centre": [round(c, 1) for c in d.centre], "box": list(d.box)} for d in defects[i]]}))
+        (staging / "defects.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return n

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from attnlab.core import jsonsafe
 from attnlab.core.errors import ConfigError, DataError
 from attnlab.core.fileio import check_regular_file
 
@@ -105,7 +106,7 @@ def read_pair_file(path: str | Path) -> list[Pair]:
             continue
         if jsonl:
             try:
-                row = json.loads(line)
+                row = jsonsafe.loads(line)  # deep nesting, long integers: bad JSON too
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
             if not isinstance(row, dict) or not isinstance(row.get("source"), str) \

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.core.errors import DataError
-from attnlab.core.fileio import atomic_path, default_cache_dir
+from attnlab.core.fileio import atomic_path, default_cache_dir, staged_folder
 from attnlab.core.resources import check_room
 from attnlab.data.audio import SAMPLE_RATE, FrontEnd, log_mel, write_wav
 
@@ -142,11 +142,12 @@ def write_folder(out: Path, n: int, seed: int = 0) -> dict:
                advice="use a smaller --n", error=DataError)
     waves, words, held, voices = generate(n, seed)
     records = []
-    for i, (x, word, h, voice) in enumerate(zip(waves, words, held, voices, strict=True)):
-        split = "test" if h else "train"
-        folder = out / split / word
-        folder.mkdir(parents=True, exist_ok=True)
-        write_wav(folder / f"{i:05d}.wav", x, SAMPLE_RATE)
-        records.append({"file": f"{split}/{word}/{i:05d}.wav", "word": word, "voice": voice, "split": split})
-    (out / "clips.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    with staged_folder(out, DataError) as staging:  # a kill leaves no out or all of it, never a part
+        for i, (x, word, h, voice) in enumerate(zip(waves, words, held, voices, strict=True)):
+            split = "test" if h else "train"
+            folder = staging / split / word
+            folder.mkdir(parents=True, exist_ok=True)
+            write_wav(folder / f"{i:05d}.wav", x, SAMPLE_RATE)
+            records.append({"file": f"{split}/{word}/{i:05d}.wav", "word": word, "voice": voice, "split": split})
+        (staging / "clips.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return {"train": int((~held).sum()), "test": int(held.sum()), "words": len(WORDS)}

@@ -11,6 +11,7 @@ text); ``repeated`` (lines of repeated random strings, for induction heads) is g
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ from attnlab.core.errors import DataError
 from attnlab.core.fileio import CACHE_DIR_ENV, atomic_path, check_regular_file, default_cache_dir
 from attnlab.data.corpora import BUILTIN_CORPORA, builtin_corpus
 
-TOKEN_CACHE_VERSION = b"attnlab-token-cache-v1"
+TOKEN_CACHE_VERSION = b"attnlab-token-cache-v2"  # v2: a byte-order mark at the start is no token
 SPLITS = ("train", "val")
 
 
@@ -77,17 +78,22 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _decode_text(path: Path, raw: bytes) -> str:
-    """Decode ``raw`` as UTF-8, rejecting NUL bytes (binary files) and invalid sequences."""
+    """Decode ``raw`` as UTF-8, rejecting NUL bytes (binary files) and invalid sequences. A byte-order mark at the
+    start (Windows editors write one) is dropped: it marks the encoding, it is no character of the text."""
     nul = raw.find(b"\x00")
     if nul >= 0:
         raise DataError(f"data file looks binary (NUL byte at offset {nul}), not text: {path}")
+    bom = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     try:
-        return raw.decode("utf-8")
+        text = raw[bom:].decode("utf-8")
     except UnicodeDecodeError as err:
-        byte = raw[err.start]
+        offset = bom + err.start
         raise DataError(
-            f"data file is not UTF-8 (byte 0x{byte:02x} at offset {err.start}): {path}"
+            f"data file is not UTF-8 (byte 0x{raw[offset]:02x} at offset {offset}): {path}"
         ) from None
+    if not text:
+        raise DataError(f"data file is empty (a byte-order mark alone): {path}")
+    return text
 
 
 # --------------------------------------------------------------------------- token dataset

@@ -71,8 +71,9 @@ class InProcess:
     engine = "in-process"
 
     def __init__(self, keep_root: Path | None = None, device: str = "cpu",
-                 context: dict[str, Any] | None = None) -> None:
+                 context: dict[str, Any] | None = None, threads: int | None = None) -> None:
         self.context = context  # what names this run's kept runs beside each study's protocol (study_folder)
+        self.threads = threads  # torch threads per run, as a Ray task's CPUs (None: this process's own)
         if device == "auto":
             import torch
 
@@ -96,9 +97,16 @@ class InProcess:
         return f"every run in this process, one after another, device {self.device}"
 
     def results(self, jobs: Sequence[Job]) -> Iterator[tuple[int, dict[str, Any]]]:
-        """``(index, result)`` of each job, run here in turn."""
-        for i, (fn, seed, lr) in enumerate(jobs):
-            yield i, timed(fn, seed, lr)
+        """``(index, result)`` of each job, run here in turn (with ``threads``: on that many torch threads, the
+        process's own count restored after, so that a run gives what it gives as a Ray task asking for as many CPUs)."""
+        import torch
+
+        before = torch.get_num_threads()
+        try:
+            for i, (fn, seed, lr) in enumerate(jobs):
+                yield i, timed(fn, seed, lr, self.threads)
+        finally:
+            torch.set_num_threads(before)
 
 
 class RayEngine:

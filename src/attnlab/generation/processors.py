@@ -31,8 +31,10 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
-        # drop a token if the tokens before it already reach top_p (the first is always kept)
+        # drop a token if the tokens before it already reach top_p; the first is always kept, also for a top_p that
+        # rounds to 0 in float32 (1e-300), which would otherwise drop every token
         drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
+        drop_sorted[..., 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     if min_p is not None and min_p > 0:

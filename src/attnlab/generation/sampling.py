@@ -9,7 +9,10 @@ At each step the model gives logits z over the vocabulary for the next token, pr
                                     set whose probability reaches top_p (nucleus), and to the tokens
                                     with p_v >= min_p * max_u p_u (min-p)
 
-then draws from p (or takes the argmax at temperature 0, after the repetition penalty).
+then draws from p (or takes the argmax at temperature 0, after the repetition penalty). A temperature is 0 or
+at least MIN_TEMPERATURE (1e-4): below it z / temperature leaves the range of a float, and the draw is the
+argmax anyway. A top_p as small as a float allows keeps the most likely token (the nucleus is never empty). The
+repetition penalty r is in REPETITION_PENALTY_RANGE (1e-3 to 1e3).
 
 With the cache, the prompt is run once (prefill) and each later step feeds one token; the
 output is identical to re-running the whole sequence every step (tested). ``compile=True`` runs
@@ -27,6 +30,9 @@ import torch
 from torch import Tensor
 
 from attnlab.generation.processors import filter_logits, repetition_penalty
+
+MIN_TEMPERATURE = 1e-4  # the smallest temperature > 0: below it sampling is greedy, and z / T overflows
+REPETITION_PENALTY_RANGE = (1e-3, 1e3)  # beyond it z / r overflows (a penalty of 1e-300 is a division by 0)
 
 
 @dataclass
@@ -62,14 +68,19 @@ class SamplingConfig:
             raise ConfigError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {self.temperature:g}; "
+                              "use 0 for the most likely token at each step")
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError(f"top_k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
             raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise ConfigError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
+            raise ConfigError(f"repetition_penalty must be in [{low:g}, {high:g}] (1 = none, > 1 discourages "
+                              f"repeats), got {self.repetition_penalty:g}")
         if self.num_beams < 1:
             raise ConfigError(f"num_beams must be >= 1, got {self.num_beams}")
 

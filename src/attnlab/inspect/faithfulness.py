@@ -254,6 +254,7 @@ def run_report(run_dir, text: str | None = None, image: str | None = None, resiz
     (features: its tokens, removed = a space, else id 0), a BERT classifier's class of ``text``
     (features: the tokens between [CLS] and [SEP], removed = [MASK]), or a ViT's class of ``image``
     (features: the patches, removed = the mean image)."""
+    from attnlab.tokenizers.specials import encode_for
     from attnlab.training.runs import load_model_and_tokenizer
 
     if image is not None:
@@ -287,7 +288,7 @@ def run_report(run_dir, text: str | None = None, image: str | None = None, resiz
         elif family == "bert" and getattr(model, "classifier", None) is not None:
             if not 1 <= len(ids) <= model.config.block_size - 2:
                 raise ConfigError(f"--text must be 1..{model.config.block_size - 2} tokens, got {len(ids)}")
-            idx = torch.tensor([[tok.cls_id, *ids, tok.sep_id]])
+            idx = torch.tensor([encode_for(model, tok, text or "")])  # [CLS] ids [SEP]: tokenizers.specials
             ex = for_token_classifier(model, lambda x: model(x).logits, idx, model.embeddings.tok_emb,
                                       range(1, len(ids) + 1), tok.mask_id,
                                       "cls" if model.config.pooling == "cls" else "mean")

@@ -86,12 +86,13 @@ def grid_rows(tok, ids: list[int], top: Tensor, p: Tensor) -> list[dict]:
 def _gpt_and_ids(run_dir, text: str, min_tokens: int = 2, model=None):
     """A run's GPT (eval mode) and ``text`` as ids (1, T); one-line errors for anything else.
     ``model``: a (model, tokenizer) already loaded from the run."""
+    from attnlab.tokenizers.specials import encode_for
     from attnlab.training.runs import load_model_and_tokenizer
 
     model, tok = model or load_model_and_tokenizer(run_dir)
     if model.config.family != "gpt":
         raise ConfigError(f"{run_dir} holds a {model.config.family} model; the lens commands read a gpt")
-    ids = tok.encode(text)
+    ids = encode_for(model, tok, text)  # the one text encoding (a gpt's: the bare text)
     if len(ids) < min_tokens:
         raise ConfigError("give --text of at least two tokens (the lens scores each next token)"
                           if min_tokens == 2 else "give a text of at least one token")

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from attnlab.core import jsonsafe
 from attnlab.core.errors import ConfigError, DataError
 from attnlab.core.extras import require
 from attnlab.core.fileio import check_regular_file
@@ -61,7 +62,7 @@ def read_word_labels(path: str | Path, limit: int = 100_000) -> WordLabels:
                 if len(sentences) >= limit:
                     raise DataError(f"{path}: more than {limit} sentences")
                 try:
-                    row = json.loads(line)
+                    row = jsonsafe.loads(line)  # deep nesting, long integers: bad JSON too
                     words, labs = row["words"], row["labels"]
                 except (json.JSONDecodeError, KeyError, TypeError) as e:
                     raise DataError(f"{path}:{n}: expected {{\"words\": [...], \"labels\": [...]}} ({e})") from None

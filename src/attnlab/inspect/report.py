@@ -46,9 +46,12 @@ def _context(model: nn.Module) -> int:
     return int(getattr(model.config, "block_size", MAX_TEXT_TOKENS))
 
 
-def _encode_text(tok, text: str, limit: int) -> list[int]:
-    ids = tok.encode(text)  # TokenizerError for characters outside the vocabulary
-    if not ids:
+def _encode_text(model: nn.Module, tok, text: str, limit: int) -> list[int]:
+    """The ids the model reads for ``text`` (a BERT's with its [CLS] and [SEP]: ``tokenizers.specials``)."""
+    from attnlab.tokenizers.specials import encode_for, n_specials
+
+    ids = encode_for(model, tok, text)  # TokenizerError for characters outside the vocabulary
+    if len(ids) <= n_specials(model, tok):
         raise ConfigError("the text is empty: give at least one token with --text")
     if len(ids) > limit:
         raise ConfigError(f"the text has {len(ids)} tokens, more than the {limit} this model can inspect; shorten it")
@@ -112,7 +115,7 @@ def inspect_text(
                 "maps are hook points in Python, attnlab.nn.hooks"}.get(family, "it has no text tokenizer")
         raise ConfigError(f"inspect --text reads a gpt or bert run; {run_dir} holds a {family} model ({hint})")
     model, tok = _load(run_dir)
-    ids = _encode_text(tok, text, min(_context(model), MAX_TEXT_TOKENS))
+    ids = _encode_text(model, tok, text, min(_context(model), MAX_TEXT_TOKENS))
     tokens = [tok.decode([i]) for i in ids]
     idx = torch.tensor([ids])
     out = Path(out)

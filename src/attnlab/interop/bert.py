@@ -28,11 +28,13 @@ from pathlib import Path
 
 import torch
 
-from attnlab.core.errors import CheckpointError, ConfigError
+from attnlab.core.errors import CheckpointError
+from attnlab.interop.checks import check_config_numbers, check_model_config
 from attnlab.interop.hfio import (
     FROM_HF_ACTIVATION,
     HF_ACTIVATION,
     dense_attention_mismatches,
+    finish_import,
     layer_names,
     mismatches,
     read_hf_config,
@@ -42,7 +44,6 @@ from attnlab.interop.hfio import (
 )
 from attnlab.models import BertConfig
 from attnlab.models.config import ModelConfig
-from attnlab.models.size import check_fits
 
 BERT_HEADS = ("pooler.", "mlm_", "nsp_head.")  # attnlab tensors that a BertModel folder may lack
 
@@ -185,9 +186,14 @@ def save_bert(model, directory: str | Path, classes: list[str] | None = None,
 
 
 def hf_bert_model_config(cfg: dict, where: Path) -> ModelConfig:
-    """ModelConfig of the attnlab Bert equivalent to an HF BERT config.json."""
+    """ModelConfig of the attnlab Bert equivalent to an HF BERT config.json (its numbers checked, ``checks``,
+    and that the model fits in memory)."""
     if cfg.get("model_type") != "bert":
         raise CheckpointError(f"{where}: model_type {cfg.get('model_type')!r} is not bert")
+    check_config_numbers(cfg, where, sizes=("vocab_size", "max_position_embeddings", "num_hidden_layers",
+                                            "num_attention_heads", "hidden_size", "intermediate_size",
+                                            "type_vocab_size"),
+                         eps=("layer_norm_eps",), positive=("initializer_range",), flags=("tie_word_embeddings",))
     act = cfg.get("hidden_act", "gelu")
     if act not in FROM_HF_ACTIVATION:
         raise CheckpointError(f"{where}: hidden_act {act!r} has no attnlab equivalent; the logits would differ")
@@ -204,10 +210,7 @@ def hf_bert_model_config(cfg: dict, where: Path) -> ModelConfig:
         )
     except KeyError as e:
         raise CheckpointError(f"{where}: no {e.args[0]!r}") from None
-    try:
-        config.validate()
-    except ConfigError as e:
-        raise CheckpointError(f"{where}: {e}") from None
+    check_model_config(config, where)
     return config
 
 
@@ -221,7 +224,6 @@ def load_bert(directory: str | Path) -> tuple:
 
     directory = Path(directory)
     config = hf_bert_model_config(read_hf_config(directory), directory / "config.json")
-    check_fits(config, f"{directory / 'config.json'}: the model")
     tensors = read_hf_weights(directory)
     renamed = {}
     for key, t in tensors.items():  # legacy TF names, and folders with or without the "bert." prefix
@@ -266,5 +268,4 @@ def load_bert(directory: str | Path) -> tuple:
             put("mlm_decoder.weight", renamed["cls.predictions.decoder.weight"], "cls.predictions.decoder.weight")
         else:
             missing_heads.append("mlm_decoder.weight")
-    model.load_state_dict(state)
-    return model.eval(), sorted(set(missing_heads))
+    return finish_import(model, state, directory), sorted(set(missing_heads))

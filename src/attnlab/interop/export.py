@@ -10,28 +10,31 @@ as a folder the ecosystem reads.
 
 Anything else (ALiBi, hyper-connections, experts, an SSM mixer ...) has no exact equivalent and is
 refused in one line naming the option. The folder also holds the tokenizer files (``AutoTokenizer``
-gives attnlab's ids), an image processor config for ViT and a README model card. ``--out`` must not
-exist or be empty: the folder is written under a temporary name beside it and renamed into place, so it
-is either complete or absent.
+gives attnlab's ids), ``generation_config.json`` for a causal LM (the tokenizer's bos/eos/pad ids, max_length
+= the context), an image processor config for ViT and a README model card (``model_card.py``). ``--out`` must
+not exist or be empty: the folder is written under a temporary name beside it and renamed into place, so it
+is either complete or absent. ``--push REPO`` then uploads it to the Hub (``hub.push``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_write_text, check_writable_folder
 from attnlab.inspect.encoders import SentenceSettings
 from attnlab.interop.bert import check_bert_compatible, check_sequence_head, head_kind, save_bert
 from attnlab.interop.gpt2 import check_gpt2_compatible, save_gpt2
+from attnlab.interop.hub import check_push, push
 from attnlab.interop.llama import check_llama_compatible, save_llama
 from attnlab.interop.model_card import model_card
 from attnlab.interop.neox import check_neox_compatible, save_neox
 from attnlab.interop.sentence import save_sentence_transformers
-from attnlab.interop.tokenizer_files import write_tokenizer_files
+from attnlab.interop.tokenizer_files import special_tokens, write_tokenizer_files
 from attnlab.interop.vit import check_vit_compatible, save_vit
 from attnlab.models.base import read_config
 from attnlab.models.config import ModelConfig
@@ -41,10 +44,12 @@ FORMATS = ("hf", "sentence-transformers")
 
 @dataclass
 class Exported:
-    """What ``export_run`` wrote: the folder, the transformers architecture and the file names."""
+    """What ``export_run`` wrote: the folder, the transformers architecture, the file names, and the commit's URL
+    where it was pushed."""
     out: Path
     architecture: str
     files: list[str]
+    pushed: str | None = None
 
 
 def architecture(config: ModelConfig, fmt: str = "hf") -> str:
@@ -84,14 +89,29 @@ def check_out(out: Path) -> None:
     check_writable_folder(out.parent, "the folder of --out", ConfigError)  # the export is staged beside out
 
 
-def export_run(run: str | Path, fmt: str, out: str | Path) -> Exported:
-    """Write ``run``'s model (its top-level weights: the newest, or the best where the run kept it) to ``out``."""
+def load_path(out: str | Path) -> str:
+    """The folder as a usage snippet loads it: the relative path the user gave (``./name``), or the folder's name
+    for an absolute one (a card never names a path on this machine)."""
+    out = Path(out)
+    if out.is_absolute():
+        return f"./{out.name}"
+    text = PurePosixPath(*out.parts).as_posix() if out.parts else "."
+    return text if text.startswith(".") else f"./{text}"
+
+
+def export_run(run: str | Path, fmt: str, out: str | Path, license: str | None = None,
+               push_to: str | None = None) -> Exported:
+    """Write ``run``'s model (its top-level weights: the newest, or the best where the run kept it) to ``out``;
+    ``license`` overrides the card's licence (else the base model's, else ``unknown``); ``push_to`` uploads the
+    folder to that Hub model repo afterwards (its card's snippet then loads the repo)."""
     from attnlab.models.registry import from_pretrained
 
-    run, out = Path(run), Path(out)
+    run, given, out = Path(run), out, Path(out)
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     check_out(out)
+    if push_to is not None:
+        check_push(push_to)  # a bad id or no token: refused before any work
     if not run.is_dir():
         raise CheckpointError(f"run folder not found: {run}")
     arch = architecture(read_config(run), fmt)  # refused here, before the weights are read
@@ -101,14 +121,16 @@ def export_run(run: str | Path, fmt: str, out: str | Path) -> Exported:
     staging.mkdir(parents=True)
     try:
         files = _write(run, model, arch, fmt, staging)
-        atomic_write_text(staging / "README.md", model_card(run, model, arch, fmt))
+        card = model_card(run, model, arch, fmt, push_to or load_path(given), license)
+        atomic_write_text(staging / "README.md", card)
         if out.exists():
             out.rmdir()  # checked empty above
         staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return Exported(out, arch, [*files, "README.md"])
+    pushed = push(out, push_to) if push_to is not None else None  # a failed push leaves the folder in place
+    return Exported(out, arch, [*files, "README.md"], pushed)
 
 
 def _write(run: Path, model, arch: str, fmt: str, out: Path) -> list[str]:
@@ -123,7 +145,19 @@ def _write(run: Path, model, arch: str, fmt: str, out: Path) -> list[str]:
         save_bert(model, out, *_head_files(run, model.config))
     else:
         {"GPT-2": save_gpt2, "GPT-NeoX": save_neox, "LLaMA": save_llama}[arch](model, out)
-    return ["config.json", "model.safetensors", *write_tokenizer_files(tokenizer, out, model.config.block_size)]
+        atomic_write_text(out / "generation_config.json",
+                          json.dumps(generation_config(tokenizer, model.config.block_size), indent=2) + "\n")
+    files = write_tokenizer_files(tokenizer, out, model.config.block_size)
+    return ["config.json", "model.safetensors", *(["generation_config.json"] if arch != "BERT" else []), *files]
+
+
+def generation_config(tokenizer, block_size: int) -> dict:
+    """``generation_config.json`` of a causal LM: the bos/eos/pad ids the tokenizer files name (None where the
+    tokenizer has no such token) and ``max_length`` = the context, as ``transformers.GenerationConfig`` reads it."""
+    roles = special_tokens(tokenizer)
+    ids = {t["content"]: t["id"] for t in json.loads(tokenizer.to_json()).get("added_tokens") or []}
+    config = {f"{role}_id": ids.get(roles.get(role)) for role in ("bos_token", "eos_token", "pad_token")}
+    return {**config, "max_length": block_size}
 
 
 def _head_files(run: Path, config) -> tuple[list[str] | None, tuple[list[float], list[float]] | None]:

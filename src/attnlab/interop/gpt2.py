@@ -27,11 +27,13 @@ from pathlib import Path
 import torch
 
 from attnlab.core.errors import CheckpointError
+from attnlab.interop.checks import check_config_numbers, check_model_config
 from attnlab.interop.hfio import (
     FROM_HF_ACTIVATION,
     HF_ACTIVATION,
     bias_or_zeros,
     dense_attention_mismatches,
+    finish_import,
     layer_names,
     mismatches,
     read_hf_config,
@@ -42,7 +44,6 @@ from attnlab.interop.hfio import (
 )
 from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
-from attnlab.models.size import check_fits
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # GPT-2 reads its activation from transformers' ACT2FN like the other architectures; gelu_new is GPT-2's own name
@@ -103,7 +104,11 @@ def save_gpt2(model: GPT, directory: str | Path) -> Path:
 
 
 def gpt2_model_config(cfg: dict, where: Path) -> GPTConfig:
-    """The attnlab GPTConfig equivalent to a GPT-2 config.json."""
+    """The attnlab GPTConfig equivalent to a GPT-2 config.json (its numbers checked, ``checks``)."""
+    check_config_numbers(cfg, where, sizes=("vocab_size", "n_positions", "n_layer", "n_head", "n_embd", "n_inner"),
+                         eps=("layer_norm_epsilon",), flags=("tie_word_embeddings", "scale_attn_weights",
+                                                             "scale_attn_by_inverse_layer_idx",
+                                                             "reorder_and_upcast_attn"))
     act = cfg.get("activation_function", "gelu_new")
     if act not in FROM_HF_ACTIVATION:
         raise CheckpointError(f"{where}: activation_function {act!r} has no attnlab equivalent "
@@ -121,7 +126,7 @@ def gpt2_model_config(cfg: dict, where: Path) -> GPTConfig:
                            tie_embeddings=cfg.get("tie_word_embeddings", True))
     except KeyError as e:
         raise CheckpointError(f"{where}: no {e.args[0]!r}") from None
-    config.validate()
+    check_model_config(config, where)  # its rules, and that it fits in memory, before anything is read
     return config
 
 
@@ -132,7 +137,6 @@ def load_gpt2(directory: str | Path) -> GPT:
     if cfg.get("model_type") != "gpt2":
         raise CheckpointError(f"{directory / 'config.json'}: model_type {cfg.get('model_type')!r} is not gpt2")
     config = gpt2_model_config(cfg, directory / "config.json")
-    check_fits(config, f"{directory / 'config.json'}: the model")  # before reading or building anything
     tensors = read_hf_weights(directory)
     if not any(k.startswith("transformer.") for k in tensors):  # a GPT2Model folder: no "transformer." prefix
         tensors = {f"transformer.{k}": t for k, t in tensors.items()}
@@ -144,5 +148,4 @@ def load_gpt2(directory: str | Path) -> GPT:
         state[mine] = t.t() if theirs.endswith(CONV1D) else t
     if not config.tie_embeddings:
         state["lm_head.weight"] = take(tensors, "lm_head.weight", state["lm_head.weight"].shape, directory)
-    model.load_state_dict(state)
-    return model.eval()
+    return finish_import(model, state, directory)

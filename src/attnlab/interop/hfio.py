@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from attnlab.core.errors import CheckpointError
 from attnlab.core.fileio import atomic_path, atomic_write_text
+from attnlab.interop.checks import check_finite_weights, check_model_config, file_present, read_json
 
 # attnlab's activation -> the name transformers' ACT2FN gives the same function
 HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "relu2": "relu2"}
@@ -33,13 +34,9 @@ def layer_names(n_layer: int, per_layer: list[tuple[str, str]], prefix: str,
 
 
 def read_hf_config(directory: Path) -> dict:
-    """The folder's config.json as a dict; CheckpointError (one line) when absent or not a JSON object."""
-    try:
-        cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"no config.json in {directory}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{directory / 'config.json'} is not valid JSON: {e}") from None
+    """The folder's config.json as a dict; CheckpointError (one line) when absent, not a regular file of at
+    most 16 MB (a FIFO or a link to /dev/zero would never finish reading) or not a JSON object."""
+    cfg = read_json(directory / "config.json", "config file")
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{directory / 'config.json'} must hold a JSON object")
     return cfg
@@ -49,9 +46,9 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     """model.safetensors, else pytorch_model.bin read with ``torch.load(weights_only=True)`` (no pickled code)."""
     safetensors_file, bin_file = directory / "model.safetensors", directory / "pytorch_model.bin"
     try:
-        if safetensors_file.is_file():
+        if file_present(safetensors_file, "weights file"):
             return load_file(str(safetensors_file))
-        if bin_file.is_file():
+        if file_present(bin_file, "weights file"):
             tensors = torch.load(bin_file, map_location="cpu", weights_only=True)
             if not isinstance(tensors, dict):
                 raise CheckpointError(f"{bin_file} does not hold a state dict")
@@ -111,12 +108,10 @@ def dense_attention_mismatches(config, architecture: str, gated: str = "", group
 
 
 def build_for_import(model_class, config, directory: Path, tensors: dict | None = None) -> tuple:
-    """Validate ``config``, check the model fits in memory, read the folder's weights (unless ``tensors``
-    were read already), build the model: (model, its state dict to fill, the folder's tensors)."""
-    from attnlab.models.size import check_fits
-
-    config.validate()
-    check_fits(config, f"{directory / 'config.json'}: the model")  # before reading or building anything
+    """Validate ``config`` and check the model fits in memory (``checks.check_model_config``), read the folder's
+    weights (unless ``tensors`` were read already), build the model: (model, its state dict to fill, the folder's
+    tensors)."""
+    check_model_config(config, directory / "config.json")  # before reading or building anything
     tensors = read_hf_weights(directory) if tensors is None else tensors
     model = model_class(config)
     return model, model.state_dict(), tensors
@@ -126,3 +121,11 @@ def refuse(what: str, wrong: list[str]) -> None:
     """Raise one CheckpointError naming every option that has no exact equivalent in ``what``."""
     if wrong:
         raise CheckpointError(f"this model cannot be written as {what}: " + "; ".join(wrong))
+
+
+def finish_import(model, state: dict[str, torch.Tensor], directory: Path):
+    """Load ``state`` into ``model`` (each tensor cast to the model's dtype), check that every tensor is finite
+    as the model now holds it (``checks.check_finite_weights``), and return the model in eval mode."""
+    model.load_state_dict(state)
+    check_finite_weights(model, directory)
+    return model.eval()

@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 
 from attnlab.core.errors import CheckpointError
+from attnlab.interop.checks import check_config_numbers
 from attnlab.interop.hfio import (
     build_for_import,
+    finish_import,
     layer_names,
     mismatches,
     read_hf_config,
@@ -31,7 +33,7 @@ from attnlab.interop.hfio import (
     take,
     write_hf_folder,
 )
-from attnlab.interop.neox import rope_theta
+from attnlab.interop.neox import rope_parameters, rope_theta
 from attnlab.models import GPTConfig
 from attnlab.models.gpt import GPT
 
@@ -88,7 +90,11 @@ def load_llama(directory: str | Path) -> GPT:
     directory = Path(directory)
     cfg = read_hf_config(directory)
     where = directory / "config.json"
-    params = cfg.get("rope_parameters") or {}
+    check_config_numbers(cfg, where, sizes=("vocab_size", "max_position_embeddings", "num_hidden_layers",
+                                            "num_attention_heads", "num_key_value_heads", "hidden_size",
+                                            "intermediate_size", "head_dim"),
+                         eps=("rms_norm_eps",), flags=("attention_bias", "mlp_bias", "tie_word_embeddings"))
+    params = rope_parameters(cfg, where)
     if params.get("rope_type", "default") != "default" or cfg.get("rope_scaling"):
         raise CheckpointError(f"{where}: scaled RoPE ({params.get('rope_type') or cfg.get('rope_scaling')}) "
                               "is not attnlab's RoPE")
@@ -103,7 +109,7 @@ def load_llama(directory: str | Path) -> GPT:
         config = GPTConfig(vocab_size=cfg["vocab_size"], block_size=cfg.get("max_position_embeddings", 2048),
                            n_layer=cfg["num_hidden_layers"], n_head=h, n_kv_head=cfg.get("num_key_value_heads"),
                            d_model=d, d_ff=cfg["intermediate_size"], activation="swiglu", norm="rmsnorm",
-                           norm_eps=cfg.get("rms_norm_eps", 1e-6), positions="rope", rope_theta=rope_theta(cfg),
+                           norm_eps=cfg.get("rms_norm_eps", 1e-6), positions="rope", rope_theta=rope_theta(cfg, where),
                            bias=bool(cfg.get("attention_bias", False)),
                            tie_embeddings=cfg.get("tie_word_embeddings", False))
     except KeyError as e:
@@ -123,5 +129,4 @@ def load_llama(directory: str | Path) -> GPT:
                 pieces = [take(tensors, f"model.layers.{i}.{name}.{p}", torch.Size((rows, *full[1:])), directory)
                           for name, rows in theirs]
                 state[f"blocks.{i}.{mine}.{p}"] = torch.cat(pieces, dim=0)
-    model.load_state_dict(state)
-    return model.eval()
+    return finish_import(model, state, directory)

@@ -25,12 +25,14 @@ from pathlib import Path
 import torch
 
 from attnlab.core.errors import CheckpointError
+from attnlab.interop.checks import check_config_numbers, number
 from attnlab.interop.hfio import (
     FROM_HF_ACTIVATION,
     HF_ACTIVATION,
     bias_or_zeros,
     build_for_import,
     dense_attention_mismatches,
+    finish_import,
     layer_names,
     mismatches,
     read_hf_config,
@@ -96,10 +98,23 @@ def save_neox(model: GPT, directory: str | Path) -> Path:
     return write_hf_folder(Path(directory), config, out)
 
 
-def rope_theta(cfg: dict) -> float:
-    """RoPE's base from a transformers config (rope_parameters in transformers 5, older keys before)."""
+def rope_parameters(cfg: dict, where: Path) -> dict:
+    """transformers 5's ``rope_parameters`` ({} where the config has none), checked to be a JSON object."""
     params = cfg.get("rope_parameters") or {}
-    return float(params.get("rope_theta", cfg.get("rope_theta", cfg.get("rotary_emb_base", 10000.0))))
+    if not isinstance(params, dict):
+        raise CheckpointError(f"{where}: rope_parameters={params!r} must be a JSON object")
+    return params
+
+
+def rope_theta(cfg: dict, where: Path) -> float:
+    """RoPE's base from a transformers config (rope_parameters in transformers 5, older keys before), checked
+    finite and > 0 (a NaN or infinite base makes every rotation, and so every logit, NaN)."""
+    params = rope_parameters(cfg, where)
+    for key, value in (("rope_parameters.rope_theta", params.get("rope_theta")), ("rope_theta", cfg.get("rope_theta")),
+                       ("rotary_emb_base", cfg.get("rotary_emb_base"))):
+        if value is not None:
+            return number(value, key, where)
+    return 10000.0
 
 
 def load_neox(directory: str | Path) -> GPT:
@@ -107,11 +122,16 @@ def load_neox(directory: str | Path) -> GPT:
     directory = Path(directory)
     cfg = read_hf_config(directory)
     where = directory / "config.json"
-    params = cfg.get("rope_parameters") or {}
+    check_config_numbers(cfg, where, sizes=("vocab_size", "max_position_embeddings", "num_hidden_layers",
+                                            "num_attention_heads", "hidden_size", "intermediate_size"),
+                         eps=("layer_norm_eps",), flags=("use_parallel_residual", "attention_bias",
+                                                         "tie_word_embeddings"))
+    params = rope_parameters(cfg, where)
+    rotary = params.get("partial_rotary_factor", cfg.get("rotary_pct", 0.25))
     if cfg.get("use_parallel_residual", True):
         raise CheckpointError(f"{where}: use_parallel_residual=true (attention and MLP side by side) is not "
                               "attnlab's sequential block")
-    if float(params.get("partial_rotary_factor", cfg.get("rotary_pct", 0.25))) != 1.0:
+    if number(rotary, "rotary_pct", where, 0.0, 1.0) != 1.0:
         raise CheckpointError(f"{where}: rotary on part of each head (rotary_pct < 1) is not attnlab's RoPE")
     if params.get("rope_type", "default") != "default" or cfg.get("rope_scaling"):
         raise CheckpointError(f"{where}: scaled RoPE ({params.get('rope_type') or cfg.get('rope_scaling')}) "
@@ -126,7 +146,7 @@ def load_neox(directory: str | Path) -> GPT:
         config = GPTConfig(vocab_size=cfg["vocab_size"], block_size=cfg.get("max_position_embeddings", 2048),
                            n_layer=cfg["num_hidden_layers"], n_head=cfg["num_attention_heads"],
                            d_model=cfg["hidden_size"], d_ff=cfg.get("intermediate_size"), bias=True,
-                           activation=FROM_HF_ACTIVATION[act], positions="rope", rope_theta=rope_theta(cfg),
+                           activation=FROM_HF_ACTIVATION[act], positions="rope", rope_theta=rope_theta(cfg, where),
                            norm_eps=cfg.get("layer_norm_eps", 1e-5),
                            tie_embeddings=cfg.get("tie_word_embeddings", False))
     except KeyError as e:
@@ -137,5 +157,4 @@ def load_neox(directory: str | Path) -> GPT:
             continue
         t = take(tensors, theirs, state[mine].shape, directory)
         state[mine] = _by_head(t, config.n_head, to_neox=False) if "query_key_value" in theirs else t
-    model.load_state_dict(state)
-    return model.eval()
+    return finish_import(model, state, directory)

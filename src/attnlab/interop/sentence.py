@@ -20,6 +20,7 @@ from attnlab.core.errors import CheckpointError
 from attnlab.core.fileio import atomic_write_text
 from attnlab.inspect.encoders import SentenceSettings
 from attnlab.interop.bert import save_bert
+from attnlab.interop.checks import JSON_LIMIT, file_present, read_json
 from attnlab.interop.tokenizer_files import write_tokenizer_files
 
 POOLING_MODES = {"mean": "pooling_mode_mean_tokens", "cls_token": "pooling_mode_cls_token"}
@@ -28,17 +29,14 @@ ALL_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode
 
 
 def is_sentence_transformers(directory: Path) -> bool:
-    """Whether ``directory`` is a sentence-transformers folder (it has a modules.json)."""
-    return (directory / "modules.json").is_file()
+    """Whether ``directory`` is a sentence-transformers folder (it has a modules.json: anything by that name
+    that is not a regular file is refused, not skipped)."""
+    return file_present(directory / "modules.json", "sentence-transformers modules file", JSON_LIMIT)
 
 
 def _json(path: Path) -> object:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    """A sentence-transformers JSON file: a regular file of at most 16 MB (``checks.read_json``)."""
+    return read_json(path, "sentence-transformers file")
 
 
 def read_sentence_settings(directory: Path) -> SentenceSettings:
@@ -55,7 +53,11 @@ def read_sentence_settings(directory: Path) -> SentenceSettings:
     if any(m.get("path") for m in modules if str(m["type"]).endswith("Transformer")):
         raise CheckpointError(f"{directory / 'modules.json'}: the Transformer module is in a sub-folder; "
                               "attnlab reads it from the folder itself")
-    pooling_dir = directory / next(m.get("path", "") for m in modules if str(m["type"]).endswith("Pooling"))
+    pooling_path = next(m.get("path", "") for m in modules if str(m["type"]).endswith("Pooling"))
+    if not isinstance(pooling_path, str) or Path(pooling_path).is_absolute() or ".." in Path(pooling_path).parts:
+        raise CheckpointError(f"{directory / 'modules.json'}: the Pooling module's path {pooling_path!r} is not a "
+                              "sub-folder of the model folder")
+    pooling_dir = directory / pooling_path
     pool = _json(pooling_dir / "config.json")
     on = [k for k in ALL_MODES if isinstance(pool, dict) and pool.get(k)]
     if len(on) != 1 or on[0] not in POOLING_MODES.values():
@@ -63,7 +65,7 @@ def read_sentence_settings(directory: Path) -> SentenceSettings:
                               "or the [CLS] token")
     pooling = next(k for k, v in POOLING_MODES.items() if v == on[0])
     max_len = None
-    if (directory / "sentence_bert_config.json").is_file():
+    if file_present(directory / "sentence_bert_config.json", "sentence-transformers file", JSON_LIMIT):
         cfg = _json(directory / "sentence_bert_config.json")
         max_len = cfg.get("max_seq_length") if isinstance(cfg, dict) else None
     if max_len is not None and (not isinstance(max_len, int) or max_len < 3):

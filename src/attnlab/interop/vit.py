@@ -27,12 +27,14 @@ from pathlib import Path
 import torch
 
 from attnlab.core.errors import CheckpointError
+from attnlab.interop.checks import check_config_numbers
 from attnlab.interop.hfio import (
     FROM_HF_ACTIVATION,
     HF_ACTIVATION,
     bias_or_zeros,
     build_for_import,
     dense_attention_mismatches,
+    finish_import,
     layer_names,
     mismatches,
     read_hf_config,
@@ -121,19 +123,34 @@ def _v4_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _class_names(labels: object, where: Path) -> list[str]:
+    """The class names of ``id2label`` in id order: ids 0..k-1, each once."""
+    if not isinstance(labels, dict):
+        raise CheckpointError(f"{where}: id2label must map class ids to names")
+    try:
+        ids = {int(k): str(v) for k, v in labels.items()}
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{where}: id2label's keys must be class ids 0, 1, ...") from None
+    if sorted(ids) != list(range(len(labels))):
+        raise CheckpointError(f"{where}: id2label's ids must be 0..{len(labels) - 1}, each once")
+    return [ids[i] for i in range(len(ids))]
+
+
 def load_vit(directory: str | Path) -> tuple[ViT, list[str]]:
     """Read an HF ``ViTForImageClassification`` folder into an attnlab ViT; returns (model, class names)."""
     directory = Path(directory)
     cfg = read_hf_config(directory)
     where = directory / "config.json"
+    check_config_numbers(cfg, where, sizes=("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                            "intermediate_size", "image_size", "patch_size", "num_channels"),
+                         eps=("layer_norm_eps",), flags=("qkv_bias",))
     act = cfg.get("hidden_act", "gelu")
     if act not in FROM_HF_ACTIVATION:
         raise CheckpointError(f"{where}: hidden_act {act!r} has no attnlab equivalent")
     if cfg.get("qkv_bias", True) is False:
         raise CheckpointError(f"{where}: qkv_bias=false (queries, keys and values without biases, every other "
                               "layer with them) has no attnlab equivalent: model.bias sets all of them")
-    labels = cfg.get("id2label") or {}
-    classes = [labels[k] for k in sorted(labels, key=int)] if labels else []
+    classes = _class_names(cfg.get("id2label") or {}, where)
     tensors = _v4_names(read_hf_weights(directory))
     if "classifier.weight" not in tensors:
         raise CheckpointError(f"{directory}: no classifier (a ViTModel folder); attnlab's ViT is a classifier, "
@@ -147,6 +164,8 @@ def load_vit(directory: str | Path) -> tuple[ViT, list[str]]:
                            bias=True, dropout=0.0)
     except KeyError as e:
         raise CheckpointError(f"{where}: no {e.args[0]!r}") from None
+    if classes and len(classes) != config.n_classes:
+        raise CheckpointError(f"{where}: id2label names {len(classes)} classes, the classifier has {config.n_classes}")
     model, state, tensors = build_for_import(ViT, config, directory, tensors)
     state["cls_token"] = take(tensors, "vit.embeddings.cls_token", state["cls_token"].shape, directory)
     state["pos_emb"] = take(tensors, "vit.embeddings.position_embeddings", state["pos_emb"][None].shape,
@@ -159,5 +178,4 @@ def load_vit(directory: str | Path) -> tuple[ViT, list[str]]:
             one = torch.Size((shape[0] // 3, *shape[1:]))
             state[f"blocks.{i}.mixer.qkv_proj.{p}"] = torch.cat(
                 [take(tensors, f"vit.encoder.layer.{i}.attention.attention.{n}.{p}", one, directory) for n in QKV])
-    model.load_state_dict(state)
-    return model.eval(), classes or [str(i) for i in range(config.n_classes)]
+    return finish_import(model, state, directory), classes or [str(i) for i in range(config.n_classes)]

@@ -23,10 +23,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from attnlab.core import legacy
+from attnlab.core import jsonsafe, legacy
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_path, atomic_write_text
 from attnlab.core.manifest import verify_manifest, write_manifest
+from attnlab.core.oserrors import as_os_error
 from attnlab.core.version import __version__
 from attnlab.models.config import CONFIG_VERSION, ModelConfig
 from attnlab.models.size import check_fits
@@ -70,7 +71,7 @@ def read_config(path: str | Path) -> ModelConfig:
     if not file.is_file():
         raise CheckpointError(f"no {CONFIG_NAME} in {path}: not a saved attnlab model")
     try:
-        data: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+        data: dict[str, Any] = jsonsafe.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{file} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
@@ -125,7 +126,10 @@ class PretrainedModel(nn.Module):
         meta = {"config_version": CONFIG_VERSION, "attnlab_version": __version__}
         atomic_write_text(directory / CONFIG_NAME, json.dumps({**meta, **dataclasses.asdict(self.config)}, indent=2))
         with atomic_path(directory / WEIGHTS_NAME) as tmp:
-            save_model(self, str(tmp), metadata={"format": "pt", "attnlab_version": __version__})
+            try:
+                save_model(self, str(tmp), metadata={"format": "pt", "attnlab_version": __version__})
+            except SafetensorError as e:  # an I/O error (a full disk, ulimit -f) as the OSError it is, naming the file
+                raise (as_os_error(e, directory / WEIGHTS_NAME) or e) from None
             sort_metadata(tmp)
         write_manifest(directory, names=(CONFIG_NAME, WEIGHTS_NAME))  # a caller that adds files rewrites it
         return directory

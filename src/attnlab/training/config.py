@@ -141,6 +141,12 @@ DEVICE_SPEC = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 MAX_VOCAB = 2**20  # a learned vocabulary's largest size (large LLM vocabularies are ~100k-260k)
 BPE_MIN_VOCAB = 257  # a byte-level BPE's smallest: 256 bytes and one special token (tokenizers.bpe)
+# the largest counts a run takes (TrainConfig.check_sizes): beyond them a run never finishes
+MAX_EVAL_ITERS = 100_000  # batches per evaluation
+MAX_EVAL_TOKENS = 10**9  # tokens per evaluation: eval_iters x eval batch x block_size
+MAX_SAMPLE_TOKENS = 100_000  # tokens sampled at the end of a run
+MAX_PROFILE_STEPS = 1000  # steps recorded by the profiler (a trace of each is kept in memory)
+MAX_NAME_BYTES = 255  # a folder name (NAME_MAX of Linux, macOS and Windows file systems)
 
 
 @dataclass
@@ -214,7 +220,11 @@ class TrainConfig:
     max_nonfinite_steps: int = 10  # on_nonfinite=skip: consecutive skipped steps after which the run stops
     progress: bool = True  # a progress bar on a terminal (plain lines when piped or false)
     mfu: bool = True  # log model FLOPs utilisation against a measured (cached) matmul peak
-    logger: Literal["none", "tensorboard"] = "none"  # tensorboard: also event files in <run>/tensorboard
+    # tensorboard: also event files in <run>/tensorboard; mlflow: also an MLflow run (params, metrics, plots)
+    logger: Literal["none", "tensorboard", "mlflow"] = "none"
+    # logger=mlflow: the tracking URI (sqlite:///mlflow.db, http://127.0.0.1:5000, ...); None =
+    # MLFLOW_TRACKING_URI, else MLflow's own default (MLflow 3: ./mlflow.db, artifacts in ./mlruns)
+    mlflow_uri: str | None = None
     profile_steps: int = 0  # > 0: record a torch profiler trace of this many steps (after 5 warm-up steps)
     sample_tokens: int = 300  # LM: tokens sampled at the end; mlm/seq2seq/caption: > 0 writes fixed samples; 0 = none
     sample_prompt: str = "\n"  # LM: the prompt of the sample written at the end
@@ -242,6 +252,7 @@ class TrainConfig:
         for key in ("warmup_iters", "sample_tokens", "profile_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"'{key}' must be >= 0, got {getattr(self, key)}")
+        self.check_sizes()
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"'val_fraction' must be in (0, 1), got {self.val_fraction}")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
@@ -275,16 +286,50 @@ class TrainConfig:
             raise ConfigError(f"'device' must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         self.check_sections(task_name(self.task, self.model.family))  # an unknown task fails in task_name
         check_kernels(parse_kernels(self.kernels), self.model)
-        if self.logger == "tensorboard":
+        if self.mlflow_uri is not None and (self.logger != "mlflow" or not self.mlflow_uri.strip()):
+            raise ConfigError("'mlflow_uri' is used only with logger=mlflow" if self.logger != "mlflow" else
+                              "'mlflow_uri' is empty (an unset shell variable?); give a tracking URI or leave it out")
+        if self.logger in ("tensorboard", "mlflow"):
+            import importlib.util
+
             from attnlab.core.extras import require
 
-            require("tensorboard", "logger=tensorboard")
+            if importlib.util.find_spec(self.logger) is None:  # looked up, not imported (MLflow takes seconds)
+                require(self.logger, f"logger={self.logger}")  # one line naming the extra
         for key in ("data", "out_dir", "init_from"):  # `init_from=$RUN` with RUN unset trained from scratch
             if getattr(self, key) == "":
                 raise ConfigError(f"'{key}' is empty (an unset shell variable?); give a path"
                                   + (" or leave it out" if key == "init_from" else ""))
         if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
             raise ConfigError(f"'name' must be a plain folder name, got {self.name!r}")
+
+    def check_sizes(self) -> None:
+        """ConfigError where a count the user sets would keep the run going for days: an evaluation of more than
+        ``MAX_EVAL_ITERS`` batches or ``MAX_EVAL_TOKENS`` tokens (eval_iters x eval batch x block_size), more than
+        ``MAX_SAMPLE_TOKENS`` tokens sampled at the end, more than ``MAX_PROFILE_STEPS`` profiled steps; and a folder
+        name in ``out_dir`` or ``name`` longer than a file system takes (``MAX_NAME_BYTES``)."""
+        if self.eval_iters > MAX_EVAL_ITERS:
+            raise ConfigError(f"'eval_iters' must be <= {MAX_EVAL_ITERS:,} (batches per evaluation), got "
+                              f"{self.eval_iters:,}")
+        batch = self.eval_batch_size or self.batch_size
+        per_batch = batch * getattr(self.model, "block_size", 1)
+        tokens = self.eval_iters * per_batch
+        if tokens > MAX_EVAL_TOKENS and per_batch <= MAX_EVAL_TOKENS:  # a batch too big alone: check_fits names it
+            raise ConfigError(f"an evaluation would read {tokens:,} tokens (eval_iters={self.eval_iters:,} x "
+                              f"{batch:,} examples x block_size {getattr(self.model, 'block_size', 1):,}); at most "
+                              f"{MAX_EVAL_TOKENS:,}: lower eval_iters")
+        if self.sample_tokens > MAX_SAMPLE_TOKENS:
+            raise ConfigError(f"'sample_tokens' must be <= {MAX_SAMPLE_TOKENS:,} (tokens sampled at the end), got "
+                              f"{self.sample_tokens:,}; sample more with attnlab sample RUN --max-new-tokens N")
+        if self.profile_steps > MAX_PROFILE_STEPS:
+            raise ConfigError(f"'profile_steps' must be <= {MAX_PROFILE_STEPS}, got {self.profile_steps:,}")
+        for key in ("out_dir", "name"):
+            long = [part for part in re.split(r"[/\\]", getattr(self, key) or "")
+                    if len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES]
+            if long:
+                raise ConfigError(f"'{key}' holds a folder name of {len(long[0].encode('utf-8', 'surrogateescape'))} "
+                                  f"bytes ({long[0][:40]}...); a folder name is at most {MAX_NAME_BYTES} bytes: choose "
+                                  "a shorter one")
 
     def check_sections(self, task: str) -> None:
         """ConfigError where a section of task options that ``task`` never reads is set away from its defaults

@@ -32,37 +32,30 @@ TEXT_SUFFIXES = (".txt", ".csv", ".tsv", ".jsonl")
 
 
 def read_texts(path: Path) -> list[str]:
-    """Texts to predict: a line each (.txt), the "text" column (.csv/.tsv), or the "text" key (.jsonl)."""
-    import csv
-
+    """Texts to predict: a line each (.txt), the "text" column (.csv/.tsv), or the "text" key (.jsonl); UTF-8 with
+    or without a byte-order mark. A malformed CSV row (a quote never closed, more or fewer fields than the header)
+    is a DataError naming its line, never rows merged into one input."""
     from attnlab.core.fileio import check_regular_file
+    from attnlab.data.labelled import csv_records, jsonl_records, read_table_text
 
     check_regular_file(path, "input file", DataError)
     suffix = path.suffix.lower()
     if suffix not in TEXT_SUFFIXES:
         raise DataError(f"{path}: texts are read from {', '.join(TEXT_SUFFIXES)} files")
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise DataError(f"{path} is not UTF-8 text") from None
+    raw = read_table_text(path, "input file")
     if suffix == ".txt":
         texts = [line for line in raw.splitlines() if line.strip()]
     elif suffix == ".jsonl":
         texts = []
-        for n, line in enumerate(raw.splitlines(), 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                    raise DataError(f"{path}:{n}: each line needs an object with a 'text' string")
-                texts.append(row["text"])
+        for n, row in jsonl_records(path, raw):
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise DataError(f"{path}:{n}: each line needs an object with a 'text' string")
+            texts.append(row["text"])
     else:
-        reader = csv.DictReader(raw.splitlines(), delimiter="\t" if suffix == ".tsv" else ",")
-        if reader.fieldnames is None or "text" not in reader.fieldnames:
-            raise DataError(f"{path}: the header must name a 'text' column, got {reader.fieldnames}")
-        texts = [row["text"] or "" for row in reader]
+        header, records = csv_records(path, raw, "\t" if suffix == ".tsv" else ",")
+        if "text" not in header:
+            raise DataError(f"{path}: the header must name a 'text' column, got {header}")
+        texts = [row["text"] for _, row in records]
     if not texts:
         raise DataError(f"{path}: no texts to predict")
     return texts
@@ -95,6 +88,13 @@ def check_images_fit(files: list[Path], config) -> None:
 def significant(p: float) -> float:
     """A probability to 6 significant digits (a long output's p(y | x) can be 1e-30: not rounded to 0)."""
     return float(f"{p:.6g}")
+
+
+def regressed(values: list[float]) -> float | list[float]:
+    """A regression's prediction as numbers, each to 6 significant digits: one target's value, or the list of
+    several targets' values (a CSV writes them joined by ``;``)."""
+    numbers = [float(f"{v:.6g}") for v in values]
+    return numbers[0] if len(numbers) == 1 else numbers
 
 
 def _batches(n: int, size: int) -> Iterator[slice]:
@@ -175,8 +175,7 @@ def predict_text_rows(model, run: Path, texts: list[str], task: str, batch_size:
         cut = [len(tok.encode(t)) + 2 > max_len for t in texts[s]]
         if task == "regress":
             values = out.predictions.double() * std + mean  # (B, k)
-            part = [{"input": t, "prediction": ";".join(f"{v:.6g}" for v in row.tolist())}
-                    for t, row in zip(texts[s], values)]
+            part = [{"input": t, "prediction": regressed(row.tolist())} for t, row in zip(texts[s], values)]
         else:
             part = _label_rows(texts[s], F.softmax(out.logits.float(), -1), classes)
         rows += [{**r, "truncated": c} if c else r for r, c in zip(part, cut)]
@@ -242,7 +241,7 @@ def _continuous_rows(model, saved: dict, names: list[str], inputs: dict[str, tor
         ids = names[s]
         if model.config.head == "regression":
             values = out.double() * torch.tensor(saved["target_std"]) + torch.tensor(saved["target_mean"])
-            rows += [{"input": i, "prediction": ";".join(f"{v:.6g}" for v in r.tolist())} for i, r in zip(ids, values)]
+            rows += [{"input": i, "prediction": regressed(r.tolist())} for i, r in zip(ids, values)]
         else:
             rows += _label_rows(ids, F.softmax(out.float(), -1), saved["classes"])
     return rows
@@ -332,7 +331,8 @@ def predict(run: str | Path, data: str | Path, batch_size: int = 64, resize: boo
 
 
 def write_predictions(rows: list[dict[str, Any]], out: str | Path) -> Path:
-    """Write ``rows`` as CSV (columns input, prediction, probability, truncated) or JSONL, atomically."""
+    """Write ``rows`` as CSV (columns input, prediction, probability, truncated) or JSONL, atomically. JSONL keeps
+    a regression's values as JSON numbers (a list for several targets); CSV writes them as ``%.6g`` joined by ``;``."""
     import csv
     import io
 
@@ -346,7 +346,14 @@ def write_predictions(rows: list[dict[str, Any]], out: str | Path) -> Path:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({**r, "prediction": _csv_value(r["prediction"])} for r in rows)
         text = buffer.getvalue()
     atomic_write_text(out, text)
     return out
+
+
+def _csv_value(prediction: Any) -> Any:
+    """A regression's value(s) as one CSV field (``1.5``, ``1.5;-0.25``); a class or a text as it is."""
+    if isinstance(prediction, list):
+        return ";".join(f"{v:.6g}" for v in prediction)
+    return f"{prediction:.6g}" if isinstance(prediction, float) else prediction

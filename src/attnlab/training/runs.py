@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from attnlab.core import jsonsafe, yamlsafe
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_write_text, check_writable_folder
 from attnlab.core.schema import apply_overrides, from_dict, load_yaml
@@ -76,6 +77,40 @@ def save_train_config(run_dir: Path, cfg: Any) -> None:
     atomic_write_text(run_dir / RUN_CONFIG, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 
 
+# what a run is: its data and split, tokenizer, task, model, seed, optimiser and task options. A resume continues
+# that run (its tokenizer, class names and weights come from the checkpoint), so an override of these is refused:
+# it used to be ignored, or to train another run from step 0, and was written into config.yaml either way
+FIXED_ON_RESUME = ("task", "data", "tokenizer", "bpe_vocab_size", "val_fraction", "init_from", "seed", "optimizer",
+                   "model", "images", "mlm", "classify", "seq2seq", "continuous")
+SET_BY_RESUME = ("name", "out_dir", "resume")  # the run folder is resume's argument
+
+
+def check_resume_overrides(run_dir: str | Path, overrides: list[str]) -> None:
+    """Refuse, in one ConfigError line and before any work, the ``key=value`` overrides of ``attnlab resume
+    RUN`` that would change what the run is (``FIXED_ON_RESUME``: ``tokenizer=bpe``, ``model.n_layer=4``,
+    ``data=...``) or name another folder (``SET_BY_RESUME``). Run settings (max_iters, lr, intervals, threads,
+    device, ...) may change; an override equal to the run's value is accepted."""
+    from attnlab.core.schema import parse_override
+
+    for text in overrides:
+        key = parse_override(text)[0]
+        if key in SET_BY_RESUME:
+            raise ConfigError(f"{key}= is not an option of resume: the run folder is its argument (attnlab resume "
+                              f"{run_dir})")
+    run_dir = Path(run_dir)
+    before = dataclasses.asdict(load_run_config(run_dir))
+    after = dataclasses.asdict(load_train_config(run_dir / RUN_CONFIG, overrides, dump=True))
+    for key in FIXED_ON_RESUME:
+        old, new = before[key], after[key]
+        if old == new:
+            continue
+        if isinstance(old, dict):  # a section: name the option
+            field = next(f for f in {**old, **new} if old.get(f) != new.get(f))
+            key, old, new = f"{key}.{field}", old.get(field), new.get(field)
+        raise ConfigError(f"{key}={new} cannot change on resume: {run_dir} is a run with {key}={old}; start a "
+                          "new run to train with it")
+
+
 def load_run_config(run_dir: str | Path):
     """The TrainConfig a run folder was trained with (its config.yaml)."""
     run_dir = Path(run_dir)
@@ -124,7 +159,7 @@ def finished(folder: Path) -> bool:
     if not (folder / RUN_CONFIG).is_file():
         return True
     try:
-        config = yaml.safe_load((folder / RUN_CONFIG).read_text(encoding="utf-8"))
+        config = yamlsafe.safe_load((folder / RUN_CONFIG).read_text(encoding="utf-8"))  # no aliases, bounded
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     target = config.get("max_iters") if isinstance(config, dict) else None
@@ -167,13 +202,34 @@ def load_run_with_text(path: str | Path, data: str):
     return model.eval(), tok, text
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float in it (at any depth of lists and dicts) replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
+def _has_nonfinite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, list | tuple):
+        return any(map(_has_nonfinite, value))
+    return isinstance(value, dict) and any(map(_has_nonfinite, value.values()))
+
+
 def strict_record(record: dict[str, Any]) -> dict[str, Any]:
     """A metrics record that strict JSON readers accept: a non-finite number becomes null and its key is
-    listed under "nonfinite" (with its value as text: "nan", "inf", "-inf")."""
-    bad = {k: str(v) for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)}
+    listed under "nonfinite" (with its value as text: "nan", "inf", "-inf"; a list or mapping holding one
+    becomes the same with nulls, its text "[0.5, nan]"). A record already carrying "nonfinite" keeps what it lists."""
+    bad = {k: str(v) for k, v in record.items() if k != "nonfinite" and _has_nonfinite(v)}
     if not bad:
         return record
-    return {**{k: None if k in bad else v for k, v in record.items()}, "nonfinite": bad}
+    kept = record.get("nonfinite") if isinstance(record.get("nonfinite"), dict) else {}
+    return {**{k: _finite(v) if k in bad else v for k, v in record.items()}, "nonfinite": {**kept, **bad}}
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
@@ -197,16 +253,26 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     records = []
     for line in file.read_text(encoding="utf-8").splitlines():
         try:
-            records.append(json.loads(line))
+            record = jsonsafe.loads(line)
         except json.JSONDecodeError:
-            continue  # a line cut short by a crash
+            continue  # a line cut short by a crash (or edited past what JSON can be read as)
+        if isinstance(record, dict):  # anything else is no record of the run's
+            records.append(record)
     return records
 
 
+def _logged_by(record: dict[str, Any], last_step: int) -> bool:
+    """Whether ``record`` was logged at or before ``last_step``: its step is an integer up to it, or it has none."""
+    step = record.get("step", 0)
+    return isinstance(step, int) and not isinstance(step, bool) and step <= last_step
+
+
 def truncate_metrics(run_dir: Path, last_step: int) -> None:
-    """Drop records after ``last_step`` (logged after the checkpoint a run resumes from)."""
-    kept = [r for r in read_metrics(run_dir) if r.get("step", 0) <= last_step]
-    atomic_write_text(Path(run_dir) / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
+    """Keep the records logged up to ``last_step`` (``_logged_by``: those after the checkpoint a run resumes from
+    are dropped), rewritten as strict JSON: a NaN or infinity the file holds (written by hand or by an earlier
+    version) becomes null (``strict_record``), never a bare NaN that strict JSON readers refuse."""
+    kept = [strict_record(r) for r in read_metrics(run_dir) if _logged_by(r, last_step)]
+    atomic_write_text(Path(run_dir) / METRICS, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
 
 
 def default_run_name(preset: str | None) -> str:
@@ -237,6 +303,19 @@ def claim_new_folder(run_dir: Path) -> Path:
         except FileExistsError:
             k += 1
             candidate = run_dir.with_name(f"{run_dir.name}-{k}")
+
+
+def hold_run(run_dir: Path, resume: bool):
+    """The lock of the folder ``run_dir`` (``RUN/.lock``), held by the one process that writes the run while it
+    trains: a second train, resume or finetune of the same folder is refused in one line naming the holder. Taken,
+    the folder is checked again: a run that another process finished meanwhile is never trained over."""
+    from attnlab.core.locks import hold
+
+    lock = hold(run_dir, what="run folder")
+    if not resume and (run_dir / "checkpoints").exists():
+        lock.release()
+        raise ConfigError(f"run folder {run_dir} already holds a run; pass resume=true or another name=")
+    return lock
 
 
 def run_folder(out_dir: str | Path, name: str, check: bool) -> Path:

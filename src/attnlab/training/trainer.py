@@ -16,14 +16,13 @@ import dataclasses
 import math
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from attnlab.core import runtime
-from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError
+from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.training import checkpoint as ckpt
 from attnlab.training import distributed, runs, threaded
 from attnlab.training.compiling import compile_forward
@@ -34,35 +33,12 @@ from attnlab.training.loop import evaluate_model, train_step
 from attnlab.training.mfu import MFUMeter
 from attnlab.training.moe_log import MoELog
 from attnlab.training.optim import make_optimizer, state_is_finite
+from attnlab.training.outcomes import TrainingDiverged, TrainingInterrupted, TrainResult
 from attnlab.training.parts_step import PartsStep
 from attnlab.training.profiling import StepProfiler
 from attnlab.training.runs import RUN_CONFIG, save_train_config, truncate_metrics
 from attnlab.training.schedule import lr_at
 from attnlab.training.signals import StopRequest
-
-
-class TrainingInterrupted(Exception):
-    """Raised after SIGINT/SIGTERM once a checkpoint of the last finished step is on disk."""
-
-    def __init__(self, step: int, run_dir: Path) -> None:
-        super().__init__(f"interrupted after step {step}; checkpoint saved in {run_dir}")
-        self.step, self.run_dir = step, run_dir
-
-
-class TrainingDiverged(AttnlabError):
-    """The loss or gradients stayed non-finite; the run stopped without saving the bad state."""
-
-
-@dataclass
-class TrainResult:
-    """What a run ends with: its folder, steps, last train and val loss, wall time, sample, time spent training."""
-    run_dir: Path
-    step: int
-    train_loss: float | None
-    val_loss: float | None
-    wall_time_s: float
-    sample: str | None
-    train_time_s: float = 0.0  # wall time minus evaluations and checkpoint writes
 
 
 class Trainer:
@@ -90,6 +66,8 @@ class Trainer:
         if (slow := runtime.slow_bfloat16_warning(self.device.type, self.dtype)) is not None:
             self.log(slow)
         self.run_dir = runs.run_folder(cfg.out_dir, cfg.name or runs.default_run_name(preset), self.dist.is_main)
+        named = self.dist.is_main and cfg.name and self.run_dir.is_dir()  # a default name claims a folder later
+        self.lock = runs.hold_run(self.run_dir, cfg.resume) if named else None
         checkpoint = (ckpt.resume_point(self.run_dir, RUN_CONFIG, self.dist.is_main, cfg.max_iters)
                       if cfg.resume else None)
         if cfg.resume and checkpoint is None:
@@ -143,6 +121,7 @@ class Trainer:
         self.records: RunLog | None = None  # metrics.jsonl (+ TensorBoard), on the main process
         if self.dist.is_main:
             self.run_dir = runs.make_run_folder(self.run_dir, claim=not cfg.name)  # a default name: a folder of its own
+            self.lock = self.lock or runs.hold_run(self.run_dir, cfg.resume)  # one writer per run folder
             save_train_config(self.run_dir, cfg)
             if cfg.resume and checkpoint is None:
                 truncate_metrics(self.run_dir, 0)
@@ -258,12 +237,15 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------
 
     def train(self) -> TrainResult:
-        """Train to max_iters; the process's thread count and kernel modes are restored afterwards."""
+        """Train to max_iters; the process's thread count and kernel modes are restored afterwards, and the run
+        folder's lock (held from the Trainer's making) released."""
         try:
             with StopRequest() as self._stop:
                 return self._train()
         finally:
             runtime.apply(self._runtime_before, self.log)
+            if self.lock is not None:
+                self.lock.release()
 
     def _train(self) -> TrainResult:
         from tqdm import tqdm
@@ -367,6 +349,7 @@ class Trainer:
                 sample = self.task.write_samples(model, self.run_dir)
                 model.train()
             self.records.plot()
+            self.records.finish()  # logger=mlflow: the plots and config.yaml as artifacts
         distributed.barrier(self.dist)
         return TrainResult(self.run_dir, self.step, last_train, last_val, wall, sample, wall - pause_total)
 

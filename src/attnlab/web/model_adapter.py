@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from attnlab.core.errors import AttnlabError, CheckpointError, ConfigError, DataError
+from attnlab.tokenizers.specials import encode_for
 
 #: ceiling on tokens per request even for long-context models: the (L, H, T, T) maps go to the
 #: browser as JSON, and 128^2 * L * H numbers is already megabytes for a 6x6 model
@@ -246,18 +247,19 @@ class BertAdapter(ExplorerAdapter):
                                  "initialised, so the [MASK] guesses below mean nothing (the attention maps do)")
 
     def _fits(self, text: str) -> bool:
-        ids = self.tokenizer.encode(text)
-        return len(ids) + 2 <= self.info.max_tokens and self.tokenizer.mask_id in ids \
+        ids = encode_for(self.model, self.tokenizer, text)
+        return len(ids) <= self.info.max_tokens and self.tokenizer.mask_id in ids \
             and self.tokenizer.unk_id not in ids
 
     def encode(self, text: str, mask: list[int] | None = None) -> list[int]:
-        """[CLS] ids [SEP], with the positions in ``mask`` (counted with [CLS] = 0) set to [MASK]."""
+        """[CLS] ids [SEP] (``tokenizers.specials.encode_for``, as every text path encodes a BERT's text), with
+        the positions in ``mask`` (counted with [CLS] = 0) set to [MASK]."""
         info, tok = self.info, self.tokenizer
         if not text.strip():
             raise ConfigError("the text is empty: type at least one word")
         if len(text) > info.max_chars:
             raise ConfigError(f"the text has {len(text)} characters; the explorer takes at most {info.max_chars}")
-        ids = [tok.cls_id, *tok.encode(text), tok.sep_id]
+        ids = encode_for(self.model, tok, text)
         if len(ids) > info.max_tokens:
             raise ConfigError(f"the text is {len(ids)} tokens long with [CLS] and [SEP], more than the limit of "
                               f"{info.max_tokens}; shorten it")

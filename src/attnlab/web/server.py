@@ -29,8 +29,10 @@ Limits (issue 9, item 5):
 * a request whose inference has not finished within ``timeout_s`` gets 503 (the slot stays taken
   until the computation really ends, so a slow model cannot pile up work);
 * the run folder is fixed at start-up: no request names a file, unknown JSON fields are refused;
-* on a loopback address it answers only Host headers naming this machine (no DNS rebinding) and no
+* on any address it answers only Host headers naming this machine (no DNS rebinding: the loopback names,
+  the bound address, and beyond loopback this machine's name and addresses; web/binding.py) and no
   browser request sent from another origin's page (the Origin header must name this host and port);
+* a port in use, or a host that is not this machine's, is one line before the model is loaded;
 * every error is JSON ``{"error": "one line"}``.
 """
 
@@ -41,7 +43,6 @@ import base64
 import binascii
 import concurrent.futures
 import contextlib
-import ipaddress
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -55,6 +56,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab.core.errors import AttnlabError, ConfigError
+from attnlab.web import binding
+from attnlab.web.binding import LOOPBACK_NAMES as LOOPBACK_NAMES  # kept here: create_app(allowed_hosts=...)
+from attnlab.web.binding import host_warning as host_warning
 from attnlab.web.connections import GuardSettings, uvicorn_config
 from attnlab.web.limits import BodyBudget, BodyLimitMiddleware, HostGuard, error_response, return_large_frees
 from attnlab.web.model_adapter import MAX_UPLOAD_BYTES, ExplorerAdapter, load_adapter
@@ -136,9 +140,6 @@ class InferenceGate:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-LOOPBACK_NAMES = {"127.0.0.1", "localhost", "[::1]"}
-
-
 class TextRequest(BaseModel):
     """The only input the model endpoint takes: text. Unknown fields (a path, a model name) are refused."""
 
@@ -193,8 +194,8 @@ def create_app(
 ) -> FastAPI:
     """The explorer app for one run folder (loaded now; a bad folder raises a one-line AttnlabError).
 
-    ``allowed_hosts``: the Host header names it answers to (None: any; ``serve`` passes the loopback
-    names when it binds a loopback address). ``max_body_bytes`` None: 16 KiB for text, room for a 2 MiB
+    ``allowed_hosts``: the Host header names it answers to (None: any; ``serve`` passes
+    ``binding.allowed_hosts`` of the address it binds). ``max_body_bytes`` None: 16 KiB for text, room for a 2 MiB
     image in base64 for a vit run.
     """
     adapter = adapter or load_adapter(run_dir)
@@ -284,24 +285,6 @@ def create_app(
     return app
 
 
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and 'localhost'."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def host_warning(host: str) -> str | None:
-    """A warning line when the explorer would be reachable from other machines."""
-    if is_loopback(host):
-        return None
-    return (f"warning: binding {host}: the explorer (and the model it serves) is reachable from other "
-            "machines on this network; it has no authentication. Use the default 127.0.0.1 to keep it local.")
-
-
 def serve(
     run_dir: str | Path,
     host: str = DEFAULT_HOST,
@@ -316,12 +299,13 @@ def serve(
 
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be between 1 and 65535, got {port}")
-    allowed = LOOPBACK_NAMES if is_loopback(host) else None  # elsewhere the user chose to be reachable
+    binding.check_bindable(host, port)  # a port in use, another machine's address: one line, before the model loads
+    allowed = binding.allowed_hosts(host)  # on every address: no page elsewhere drives the explorer via a browser
     app = create_app(run_dir, max_body_bytes=max_body_bytes, timeout_s=timeout_s, max_queue=max_queue,
                      allowed_hosts=allowed)
-    warning = host_warning(host)
+    warning = binding.host_warning(host)
     if warning:
-        print(warning, file=sys.stderr)
+        print(f"{warning} It answers requests addressed to {', '.join(sorted(allowed))}.", file=sys.stderr)
     shown = f"[{host}]" if ":" in host else host
     print(f"attnlab explorer for {Path(run_dir).resolve()} on http://{shown}:{port}/  (Ctrl-C to stop)")
     return_large_frees()  # memory returns to its level after a burst of uploads
