@@ -20,7 +20,7 @@ def run(tmp_path_factory):
     (["sample", "RUN", "--num-samples", "0"], "--num-samples: must be an integer >= 1"),
     (["sample", "RUN", "--max-new-tokens", "-5"], "--max-new-tokens: must be an integer >= 0"),
     (["sample", "RUN", "--seed", str(2**70)], "--seed: must fit in a 64-bit integer"),
-    (["eval", "RUN", "--eval-iters", "0"], "--eval-iters: must be an integer >= 1"),
+    (["eval", "RUN", "--eval-iters", "0"], "--eval-iters: must be an integer from 1 to 100,000"),
     (["eval", "RUN", "--batch-size", "0"], "--batch-size: must be an integer >= 1"),
     (["translate", "RUN", "--text", "x", "--max-len", "-5"], "--max-len: must be an integer >= 1"),
     (["translate", "RUN", "--text", "x", "--length-penalty", "nan"], "--length-penalty: must be a finite"),

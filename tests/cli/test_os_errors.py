@@ -94,8 +94,13 @@ def test_a_read_only_folder(corpus, tmp_path, capsys):
 def test_an_out_dir_that_is_not_utf8_is_refused(corpus, tmp_path, capsys):
     out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/runs-\xff")  # as the command line hands such a name over
     assert train(corpus, out) == 2
-    assert "'out_dir' holds bytes that are not UTF-8 text" in one_line(capsys)
+    assert "runs-\\xff" in (line := one_line(capsys)) and "is not valid UTF-8" in line  # the command line's check
     assert not os.path.exists(os.fsencode(str(tmp_path)) + b"/runs-\xff")
+    from attnlab.core.errors import ConfigError
+    from attnlab.training.runs import load_train_config
+
+    with pytest.raises(ConfigError, match="'out_dir' holds bytes that are not UTF-8 text"):  # the config's, for Python
+        load_train_config(None, [f"out_dir={out}"])
 
 
 def test_an_io_error_of_a_library_in_rust_is_mapped(corpus, tmp_path, capsys, monkeypatch):

@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, or a usage error already printed on one line
         return int(e.code or 0)
     try:
+        _check_utf8(args)
         if isinstance(getattr(args, "run_dir", None), str):  # every command's run folder: `runs/latest` too
             from attnlab.training.runs import resolve_run_dir
 
@@ -63,6 +64,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"attnlab: error: {type(e).__name__}: {msg} (run with --debug for the traceback)",
               file=sys.stderr)
         return 1
+
+
+def _check_utf8(args) -> None:
+    """ConfigError where an argument (a path, a text) is not valid UTF-8: Python keeps such bytes as lone
+    surrogates, which no config, card or JSON file can hold, so a folder named so could never be loaded."""
+    from attnlab.core.errors import ConfigError
+
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    shown = repr(os.fsencode(text))[2:-1][:80]  # the bytes as given: b'out\\xff' -> out\\xff
+                    raise ConfigError(f"{shown} (the {name} argument) is not valid UTF-8; rename it, or give "
+                                      "another") from None
 
 
 def _stdout_closed() -> bool:

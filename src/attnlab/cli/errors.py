@@ -94,6 +94,18 @@ def at_least(low: int):
     return parse
 
 
+def between(low: int, high: int, why: str = ""):
+    """An argparse type: an integer from ``low`` to ``high``, else a one-line usage error (``why``: what it counts)."""
+
+    def parse(text: str) -> int:
+        value = _number(text, int, "an integer")
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer from {low:,} to {high:,}{why}, got {text[:40]}")
+        return value
+
+    return parse
+
+
 def seed(text: str) -> int:
     """An argparse type: a seed, any integer of 64 bits."""
     value = _number(text, int, "an integer")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnlab.cli.errors import at_least, kernel_names
+from attnlab.cli.errors import at_least, between, kernel_names
+
+MAX_EVAL_ITERS = 100_000  # as train's eval_iters (training/config.py; here without importing torch for --help)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,8 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="loss, perplexity or accuracy of a run on its data (or --data)")
     p.add_argument("run_dir")
     p.add_argument("--data", default=None)
-    p.add_argument("--eval-iters", type=at_least(1), default=100, help="batches per split (tasks with a small "
-                   "finite split evaluate all of it)")
+    p.add_argument("--eval-iters", type=between(1, MAX_EVAL_ITERS), default=100,
+                   help="batches per split (tasks with a small finite split evaluate all of it)")
     p.add_argument("--batch-size", type=at_least(1), default=32)
     p.add_argument("--splits", nargs="+", default=None, help="default: the task's, e.g. train val")
     p.add_argument("--kernels", type=kernel_names, default="none",

@@ -90,8 +90,12 @@ def read_manifest(folder: Path) -> dict | None:
             raise TypeError(f"'step' must be a count of steps, got {step!r}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path} is unreadable: {e}") from None
-    if int(manifest.get("format", 1)) > FORMAT:
-        raise CheckpointError(f"{path} has format {manifest['format']}, newer than this attnlab reads ({FORMAT}); "
+    version = manifest.get("format", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"{path} is unreadable: 'format' must be a version number (1, 2, ...), got "
+                              f"{str(version)[:40]!r}")
+    if version > FORMAT:
+        raise CheckpointError(f"{path} has format {version}, newer than this attnlab reads ({FORMAT}); "
                               "upgrade attnlab")
     return manifest
 

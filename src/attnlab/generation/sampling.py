@@ -31,6 +31,7 @@ from torch import Tensor
 
 from attnlab.generation.processors import filter_logits, repetition_penalty
 
+MAX_NEW_TOKENS = 100_000  # tokens one call generates (at 1 ms a token, about 2 minutes)
 MIN_TEMPERATURE = 1e-4  # the smallest temperature > 0: below it sampling is greedy, and z / T overflows
 REPETITION_PENALTY_RANGE = (1e-3, 1e3)  # beyond it z / r overflows (a penalty of 1e-300 is a division by 0)
 
@@ -64,8 +65,9 @@ class SamplingConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"{name} must be an integer, got {value!r}")
-        if self.max_new_tokens < 0:
-            raise ConfigError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ConfigError(f"max_new_tokens must be 0 to {MAX_NEW_TOKENS:,} (a generation would run for hours "
+                              f"beyond), got {self.max_new_tokens:,}")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if 0 < self.temperature < MIN_TEMPERATURE:
