@@ -9,6 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
+from tests.hf_folders import VOCAB, tiny_hf_folders
+
 OWN_PROCESS = " [own process]"  # a case run only in a process of its own (tests/bad_inputs_round2.py)
 
 
@@ -18,35 +20,8 @@ def _write(path: Path, text: str, encoding: str = "utf-8") -> Path:
     return path
 
 
-HF_VOCAB = 60  # the token rows of the GPT-2, LLaMA and BERT folders
 POOLING = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-
-
-def _hf_sources(root: Path) -> Path:
-    """Tiny random-weights folders written by transformers itself (as tests/interop/test_import_checks.py)."""
-    import transformers
-
-    from attnlab.tokenizers import CharTokenizer
-    from tests.interop.test_interop_hf import _folder_from
-
-    transformers.logging.set_verbosity_error()
-    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-    _folder_from(transformers.GPT2LMHeadModel, transformers.GPT2Config(
-        vocab_size=HF_VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4), root / "gpt2")
-    _folder_from(transformers.LlamaForCausalLM, transformers.LlamaConfig(
-        vocab_size=HF_VOCAB, max_position_embeddings=16, **small), root / "llama")
-    _folder_from(transformers.BertForMaskedLM, transformers.BertConfig(
-        vocab_size=HF_VOCAB, max_position_embeddings=16, **small), root / "bert")
-    _folder_from(transformers.ViTForImageClassification, transformers.ViTConfig(
-        image_size=8, patch_size=4, num_channels=3, num_labels=2, **small), root / "vit")
-    for name in ("gpt2", "llama"):
-        CharTokenizer(list("abcdefghijklmnopqrstuvwxyz .,")).save(root / name)
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    (root / "bert" / "vocab.txt").write_text("\n".join(special + list("abcdefghijklmnopqrstuvwxyz")) + "\n")
-    (root / "vit" / "preprocessor_config.json").write_text(json.dumps(
-        {"image_processor_type": "ViTImageProcessor", "image_mean": [0.5, 0.4, 0.3], "image_std": [0.2, 0.3, 0.4]}))
-    return root
 
 
 def _json_edit(path: Path, **changes) -> None:
@@ -72,7 +47,7 @@ def hf_cases(root: Path, out: Path) -> list[tuple[str, list[str], str]]:
     from attnlab.cli import main
     from attnlab.tokenizers import CharTokenizer
 
-    src = _hf_sources(root / "hf-sources")
+    src = tiny_hf_folders(root / "hf-sources")
     cases, n = [], 0
 
     def broken(family: str, name: str, expect: str = "refused") -> Path:
@@ -104,16 +79,16 @@ def hf_cases(root: Path, out: Path) -> list[tuple[str, list[str], str]]:
     for processor in ({"image_std": [0]}, {"image_std": [0.2, 0.0, 0.3]}, {"image_mean": [nan, 0.5, 0.5]},
                       {"image_std": [inf, 0.2, 0.2]}, {"image_mean": [0.5, 0.5]}):
         (broken("vit", f"preprocessor {processor}") / "preprocessor_config.json").write_text(json.dumps(processor))
-    CharTokenizer([chr(c) for c in range(0x100, 0x100 + HF_VOCAB + 40)]).save(
-        broken("gpt2", f"a tokenizer of {HF_VOCAB + 40} tokens, {HF_VOCAB} rows"))
+    CharTokenizer([chr(c) for c in range(0x100, 0x100 + VOCAB + 40)]).save(
+        broken("gpt2", f"a tokenizer of {VOCAB + 40} tokens, {VOCAB} rows"))
     folder = broken("llama", "added tokens past the vocabulary")
     payload = json.loads((folder / "tokenizer.json").read_text())
     start = len(payload["model"]["vocab"])
     payload["added_tokens"] = [{"id": start + i, "content": f"<extra_{i}>", "special": True, "single_word": False,
-                                "lstrip": False, "rstrip": False, "normalized": False} for i in range(HF_VOCAB)]
+                                "lstrip": False, "rstrip": False, "normalized": False} for i in range(VOCAB)]
     (folder / "tokenizer.json").write_text(json.dumps(payload))
     _write(broken("bert", "vocab.txt longer than the vocabulary") / "vocab.txt",
-           "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(HF_VOCAB))]) + "\n")
+           "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(VOCAB))]) + "\n")
     folder = broken("bert", "a repeated vocab.txt token")
     _write(folder / "vocab.txt", (folder / "vocab.txt").read_text() + "q\n")
     for family, name in (("gpt2", "config.json"), ("gpt2", "tokenizer.json"), ("bert", "vocab.txt"),

@@ -20,34 +20,15 @@ from attnlab.cli import main
 from attnlab.core.fileio import STAGING_MARK, staged_folder
 from attnlab.models.registry import from_pretrained
 from attnlab.tokenizers import CharTokenizer, load_tokenizer
-from tests.interop.test_interop_hf import _folder_from
+from tests.hf_folders import VOCAB, tiny_hf_folders
 
 transformers = pytest.importorskip("transformers")
-VOCAB = 60  # the token rows of the decoders and the BERT
-SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    """Tiny random-weights transformers folders, written by transformers itself: GPT-2 and LLaMA with a char
-    tokenizer.json, BERT with a vocab.txt, ViT with a preprocessor_config.json."""
-    transformers.logging.set_verbosity_error()
-    root = tmp_path_factory.mktemp("hf-sources")
-    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-    _folder_from(transformers.GPT2LMHeadModel, transformers.GPT2Config(
-        vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4), root / "gpt2")
-    _folder_from(transformers.LlamaForCausalLM, transformers.LlamaConfig(
-        vocab_size=VOCAB, max_position_embeddings=16, **small), root / "llama")
-    _folder_from(transformers.BertForMaskedLM, transformers.BertConfig(
-        vocab_size=VOCAB, max_position_embeddings=16, **small), root / "bert")
-    _folder_from(transformers.ViTForImageClassification, transformers.ViTConfig(
-        image_size=8, patch_size=4, num_channels=3, num_labels=2, **small), root / "vit")
-    for name in ("gpt2", "llama"):
-        CharTokenizer(list("abcdefghijklmnopqrstuvwxyz .,")).save(root / name)
-    (root / "bert" / "vocab.txt").write_text("\n".join(SPECIAL + list("abcdefghijklmnopqrstuvwxyz")) + "\n")
-    (root / "vit" / "preprocessor_config.json").write_text(json.dumps(
-        {"image_processor_type": "ViTImageProcessor", "image_mean": [0.5, 0.4, 0.3], "image_std": [0.2, 0.3, 0.4]}))
-    return root
+    """Tiny random-weights transformers folders, written by transformers itself (tests/hf_folders.py)."""
+    return tiny_hf_folders(tmp_path_factory.mktemp("hf-sources"))
 
 
 @pytest.fixture(autouse=True)
