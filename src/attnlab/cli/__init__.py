@@ -77,7 +77,8 @@ def _check_utf8(args) -> None:
                 try:
                     text.encode("utf-8")
                 except UnicodeEncodeError:
-                    shown = repr(os.fsencode(text))[2:-1][:80]  # the bytes as given: b'out\\xff' -> out\\xff
+                    shown = repr(os.fsencode(text))[2:-1]  # the bytes as given: b'out\\xff' -> out\\xff
+                    shown = shown if len(shown) <= 120 else "..." + shown[-117:]  # the end: a path's own name
                     raise ConfigError(f"{shown} (the {name} argument) is not valid UTF-8; rename it, or give "
                                       "another") from None
 
