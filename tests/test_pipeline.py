@@ -12,11 +12,8 @@ import attnlab
 from attnlab.cli import main
 from attnlab.core.errors import ConfigError
 from attnlab.data.labelled import generate_topics, write_labelled_csv
+from tests.cli.test_predict import SMALL, TINY  # the tiny budgets of predict's runs
 from tests.helpers import train_tiny_run, write_corpus
-
-TINY = ["max_iters=3", "eval_interval=3", "eval_iters=1", "log_interval=1", "warmup_iters=1", "progress=false",
-        "sample_tokens=0"]
-SMALL = ["model.n_layer=1", "model.n_head=2", "model.d_model=32"]
 
 
 @pytest.fixture(scope="module")
