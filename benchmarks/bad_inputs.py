@@ -14,10 +14,14 @@ Hugging Face folders, bad resumes) adds cases that must work (exit 0 and a check
 row predicted), cases run under ``ulimit -f`` and a port this script holds; a child above --kill-rss-mb is killed
 (an unbounded allocation must not take the machine) and counted as over the memory cap.
 
-    python benchmarks/bad_inputs.py [--round 1|2|all] [--timeout 60] [--jobs 2] [--max-rss-mb 1500] [--limit N]
+Round three (``tests/bad_inputs_round3.py``) takes the same kinds of case to the commands the first two touched least:
+inspect, heads, experiment, export, eval, sample, predict, embed, lens, data, explore, completion, bench, resume.
 
-Prints one line per failing case and a summary table per round; writes ``benchmarks/results/bad_inputs.json``
-(each round's counts and results; a round not run keeps its entry from the file's last run).
+    python benchmarks/bad_inputs.py [--round 1|2|3|all] [--timeout 60] [--jobs 2] [--max-rss-mb 1500] [--limit N]
+                                    [--out FILE.json]
+
+Prints one line per failing case and a summary table per round; writes ``benchmarks/results/bad_inputs.json`` (or
+--out: each round's counts and results; a round not run keeps its entry from the file's last run).
 """
 
 from __future__ import annotations
@@ -52,14 +56,22 @@ def _rss_mb(pid: int) -> float:
 
 
 def run_case(argv: list[str], timeout: float, cwd: Path, fsize: int | None = None,
-             kill_rss_mb: float | None = None) -> dict:
+             kill_rss_mb: float | None = None, unprivileged: bool = False) -> dict:
     """One subprocess: exit status, stderr, wall time, peak RSS (os.wait4), killed on timeout. ``fsize``: its
-    RLIMIT_FSIZE in bytes (``ulimit -f``); ``kill_rss_mb``: killed once its resident memory passes this."""
+    RLIMIT_FSIZE in bytes (``ulimit -f``); ``kill_rss_mb``: killed once its resident memory passes this;
+    ``unprivileged``: run where file permissions bind it (root without its override, ``as_unprivileged``)."""
+    from tests.helpers import as_unprivileged
+
+    command = [sys.executable, "-m", "attnlab.cli", *argv]
+    if unprivileged:
+        command = as_unprivileged(command)
+        if command is None:
+            raise SystemExit("a permission case needs setpriv when run as root (util-linux)")
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
     limit = None if fsize is None else (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize)))
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli", *argv], cwd=cwd, stdout=out, stderr=err,
+        proc = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True, preexec_fn=limit)
         hung = over = False
         while True:
@@ -107,7 +119,7 @@ def judge_round2(case: dict, expect: str, max_rss_mb: float, runs_dir: Path) -> 
     round one's judge, and the line holds TEXT and is at most 1,000 characters; "stopped": the same, a run folder
     may stay; "works:CHECK": exit 0, no traceback, and the check finds nothing wrong; "either": refused, or exit 0
     without a traceback)."""
-    from tests.bad_inputs_round2 import check
+    from tests.bad_inputs_round3 import check  # round two's checks, and round three's
 
     kind, _, detail = expect.partition(":")
     if kind == "either" and (case["hung"] or case["rc"] != 0):
@@ -153,7 +165,7 @@ def _category(problem: str) -> str:
 def list_cases(round_: int, root: Path) -> list[dict]:
     """A round's cases ({name, argv, expect}), built in a child process: this process never imports torch, so the
     children it forks start small and their peak RSS (os.wait4) is their own."""
-    module = "tests.bad_inputs" if round_ == 1 else "tests.bad_inputs_round2"
+    module = {1: "tests.bad_inputs", 2: "tests.bad_inputs_round2", 3: "tests.bad_inputs_round3"}[round_]
     listing = subprocess.run([sys.executable, "-c", "import json, sys; from pathlib import Path; "
                               f"from {module} import build_cases; "
                               "print(json.dumps(build_cases(Path(sys.argv[1]))))", str(root)],
@@ -165,7 +177,7 @@ def list_cases(round_: int, root: Path) -> list[dict]:
 
 def run_round(round_: int, args) -> dict:
     """Build, run and judge one round; print its failures and table; its record for the JSON."""
-    from tests.bad_inputs_round2 import FSIZE_LIMITS, HELD_PORT
+    from tests.bad_inputs_round3 import FSIZE_LIMITS, HELD_PORT, UNPRIVILEGED
 
     root = Path(tempfile.mkdtemp(prefix=f"attnlab-bad{round_}-"))
     cases = list_cases(round_, root)[: args.limit]
@@ -183,7 +195,8 @@ def run_round(round_: int, args) -> dict:
             held.bind(("127.0.0.1", 0))
             held.listen()
             argv = [str(held.getsockname()[1]) if a == HELD_PORT else a for a in argv]
-            result = run_case(argv, args.timeout, ROOT, FSIZE_LIMITS.get(c["name"]), args.kill_rss_mb)
+            result = run_case(argv, args.timeout, ROOT, FSIZE_LIMITS.get(c["name"]), args.kill_rss_mb,
+                              unprivileged=UNPRIVILEGED in c["name"])
         return {"name": c["name"], "argv": argv, "expect": c["expect"], "out_dir": str(own), **result}
 
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -198,13 +211,13 @@ def run_round(round_: int, args) -> dict:
             print(f"FAIL {r['name']}: {', '.join(r['problems'])}: {r['stderr'].strip()[-300:]!r}")
     kinds = ("hang", "exit 0", "traceback", "stderr lines", "peak RSS", "partial run folder")
     counts = {k: sum(k in " ".join(r["problems"]) for r in results) for k in kinds}
-    if round_ == 2:  # the same, and what round two adds: other exit statuses, wrong output, the line itself
+    if round_ >= 2:  # the same, and what round two adds: other exit statuses, wrong output, the line itself
         counts = {k: sum(k in {_category(p) for p in r["problems"]} for r in results) for k in ROUND2_KINDS}
     passed = sum(not r["problems"] for r in results)
     print(f"\n{len(results)} bad inputs over {len({r['argv'][0] if r['argv'] else '' for r in results})} "
           f"subcommands in {time.perf_counter() - started:.0f} s ({args.jobs} at a time)")
     print(f"{'one line, exit 2, nothing left behind' if round_ == 1 else 'as expected':>40}: {passed}")
-    if round_ == 2:
+    if round_ >= 2:
         works = [r for r in results if r["expect"].startswith("works")]
         print(f"{'of which must work (exit 0, checked)':>40}: {sum(not r['problems'] for r in works)} "
               f"of {len(works)}")
@@ -218,15 +231,17 @@ def run_round(round_: int, args) -> dict:
 
 def main() -> int:
     p = OneLineParser(description=__doc__.split("\n")[0])
-    p.add_argument("--round", choices=("1", "2", "all"), default="all", help="which cases: round one, two or both")
+    p.add_argument("--round", choices=("1", "2", "3", "all"), default="all",
+                   help="which cases: round one, two, three or all")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--jobs", type=at_least(1), default=2)
     p.add_argument("--max-rss-mb", type=float, default=1500.0, help="what no bad input may allocate")
     p.add_argument("--kill-rss-mb", type=float, default=4000.0, help="round two: a child past this is killed")
     p.add_argument("--limit", type=at_least(1), default=None, help="only the first N cases of each round")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bad_inputs.json")
     args = p.parse_args()
-    rounds = [1, 2] if args.round == "all" else [int(args.round)]
-    out = ROOT / "benchmarks" / "results" / "bad_inputs.json"
+    rounds = [1, 2, 3] if args.round == "all" else [int(args.round)]
+    out = args.out
     try:
         kept = json.loads(out.read_text()).get("rounds", {})
     except (OSError, ValueError, AttributeError):

@@ -16,8 +16,17 @@ fine-tuned for 6 on 90 labelled rows, a checkpoint every step, an evaluation eve
 run's finetune.json holds the uninterrupted run's held-out scores. Writes
 ``benchmarks/results/kill_trials_finetune.json``.
 
+With ``--command folders`` the trials are of the commands that write a folder whole (import-hf, data
+micrographs, export, inspect --text, heads, experiment; tests/kill_trials_folders.py): each killed at every
+window it passes (``staging.filled``; for those that replace an earlier output of their own also
+``staging.swapping`` and ``staging.swapped``) and at random moments of its run, over its earlier output where it
+replaces one. A trial passes when OUT right after the kill is absent, the earlier output whole or the new one
+whole, and the same command run again exits 0 with the new output whole and nothing left beside it. Writes
+``benchmarks/results/kill_trials_folders.json``.
+
     python benchmarks/kill_trials.py                      # ~5 minutes on 2 cores
     python benchmarks/kill_trials.py --command finetune   # ~3 minutes on 2 cores
+    python benchmarks/kill_trials.py --command folders    # ~6 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -68,12 +77,17 @@ CHECKS = ("killed", "identical", "best_kept")
 
 def main() -> None:
     ap = OneLineParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--command", choices=("train", "finetune"), default="train", help="the command killed")
-    ap.add_argument("--trials", type=at_least(1), default=30, help="named-window trials first, random moments after")
+    ap.add_argument("--command", choices=("train", "finetune", "folders"), default="train",
+                    help="the command killed (folders: the six that write a folder whole)")
+    ap.add_argument("--trials", type=at_least(1), default=None, help="named-window trials first, random moments "
+                    "after (default 30; with folders: per command, default its windows and 2 random moments)")
     ap.add_argument("--seed", type=any_seed, default=0)
     ap.add_argument("--out", type=writable_file, default=None,
                     help="default: benchmarks/results/kill_trials.json (kill_trials_finetune.json with finetune)")
     args = ap.parse_args()
+    if args.command == "folders":
+        return folders(args)
+    args.trials = args.trials or 30
     finetune = args.command == "finetune"
     passes = FINETUNE_PASSES if finetune else PASSES
     checks = (*CHECKS, "report") if finetune else CHECKS
@@ -127,6 +141,49 @@ def main() -> None:
               "uninterrupted_s": round(duration, 2), "counts": counts, "trials": results, "pass": ok,
               "machine": {"python": platform.python_version(), "cpus": os.cpu_count()}}
     path = Path(args.out or f"benchmarks/results/kill_trials{'_finetune' if finetune else ''}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    print(f"wrote {path}")
+    sys.exit(0 if ok else 1)
+
+
+def folders(args) -> None:
+    """The trials of the folder writers (``--command folders``)."""
+    from tests.kill_trials_folders import CHECKS as FOLDER_CHECKS
+    from tests.kill_trials_folders import reference as folder_reference
+    from tests.kill_trials_folders import trial as folder_trial
+    from tests.kill_trials_folders import writers
+
+    rng = random.Random(args.seed)
+    results, timings = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        print(f"{'command':18s} {'killed at':24s} " + " ".join(f"{c:>9}" for c in (*FOLDER_CHECKS, "found", "rerun")))
+        for writer in writers(root / "inputs"):
+            ref = folder_reference(writer, root)
+            timings[writer.name] = round(ref["seconds"], 2)
+            plan = [{"kill_at": w} for w in writer.windows]
+            n = args.trials or len(plan) + 2
+            plan = plan[:n] + [{"kill_after_s": round(rng.uniform(0.05, 0.95) * ref["seconds"], 2)}
+                               for _ in range(n - len(plan[:n]))]
+            for i, spec in enumerate(plan):
+                r = folder_trial(writer, ref, root / "trials" / f"{writer.name.replace(' ', '-')}-{i}", **spec)
+                results.append(r)
+                where = spec.get("kill_at") or f"after {spec['kill_after_s']} s"
+                print(f"{writer.name:18s} {where:24s} " + " ".join(f"{r[c]!s:>9}" for c in FOLDER_CHECKS)
+                      + f" {r['found']:>9} {r['rerun_rc']:>9}", flush=True)
+    named = [r for r in results if r["kill_at"]]
+    counts = {k: sum(bool(r[k]) for r in results) for k in (*FOLDER_CHECKS, "dead_end")}
+    # a random moment may fall after the command ended (not killed): it must still leave the new output whole
+    ok = (all(r["killed"] for r in named) and counts["dead_end"] == 0
+          and all(counts[k] == len(results) for k in ("whole", "identical", "clean")))
+    print(f"\n{len(results)} trials ({len(named)} at named windows): {counts['killed']} killed, {counts['whole']} "
+          f"left a whole folder, {counts['dead_end']} dead ends, {counts['identical']} ran again to the uninterrupted "
+          f"output, {counts['clean']} left nothing beside it: {'PASS' if ok else 'FAIL'}")
+    record = {"benchmark": "kill_trials", "command": "folders", "seed": args.seed, "uninterrupted_s": timings,
+              "counts": counts, "trials": results, "pass": ok,
+              "machine": {"python": platform.python_version(), "cpus": os.cpu_count()}}
+    path = Path(args.out or "benchmarks/results/kill_trials_folders.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1), encoding="utf-8")
     print(f"wrote {path}")

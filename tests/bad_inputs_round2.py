@@ -15,7 +15,8 @@ the broken inputs) and returns the cases: (name, argv, expect). ``expect`` is
 
 ``HELD_PORT`` in an argv stands for a port the runner holds open while the case runs. A name ending in
 ``OWN_PROCESS`` is a case that could block, take gigabytes or set a process limit if its guard broke: it runs
-only in a process of its own (the benchmark); ``FSIZE_LIMITS`` gives the RLIMIT_FSIZE of the cases run under one.
+only in a process of its own (the benchmark); ``FSIZE_LIMITS`` gives the RLIMIT_FSIZE of the cases run under one,
+and a name holding ``UNPRIVILEGED`` runs without root's permission override.
 This module imports no torch at its top (the benchmark's parent process stays small).
 """
 
@@ -34,6 +35,9 @@ from pathlib import Path
 from tests.bad_inputs_hf import OWN_PROCESS, hf_cases
 
 HELD_PORT = "HELD_PORT"
+# a case whose name holds this writes inside a read-only folder: run where permissions bind it, root too
+# (``tests.helpers.as_unprivileged``); only in a process of its own
+UNPRIVILEGED = "inside a read-only folder"
 FSIZE_LIMITS = {f"ulimit -f: {what}{OWN_PROCESS}": size for what, size in (
     ("train", 64 * 1024), ("predict --out", 1024), ("import-hf --out", 16 * 1024), ("export --out", 16 * 1024))}
 ROWS = 121  # the rows of every predict input below
@@ -336,14 +340,13 @@ def build_cases(root: Path) -> list[tuple[str, list[str], str]]:
               for what, name in (("300 characters", LONG), ("not UTF-8", NOT_UTF8))]
     if not (root / "loop").is_symlink():
         (root / "loop").symlink_to(root / "loop")
-    if os.geteuid() != 0:  # root writes into a read-only folder all the same
-        locked = root / "read-only"
-        locked.mkdir(exist_ok=True)
-        locked.chmod(0o500)
-        cases += [("train out_dir: inside a read-only folder", [*without, f"out_dir={locked / 'x'}", "name=bad"],
-                   "refused"),
-                  ("predict --out: inside a read-only folder", ["predict", gpt, "--data", str(corpus), "--out",
-                                                                str(locked / "p.csv")], "refused")]
+    locked = root / "read-only"  # run unprivileged (UNPRIVILEGED): root writes into it all the same
+    locked.mkdir(exist_ok=True)
+    locked.chmod(0o500)
+    cases += [(f"train out_dir: {UNPRIVILEGED}{OWN_PROCESS}", [*without, f"out_dir={locked / 'x'}", "name=bad"],
+               "refused"),
+              (f"predict --out: {UNPRIVILEGED}{OWN_PROCESS}", ["predict", gpt, "--data", str(corpus), "--out",
+                                                               str(locked / "p.csv")], "refused")]
     cases += [(f"ulimit -f: train{OWN_PROCESS}", [*base, "checkpoint_interval=5"], "stopped"),
               (f"ulimit -f: predict --out{OWN_PROCESS}", ["predict", gpt, "--data", str(files / "bom.csv"), "--out",
                                                           str(out / "p.csv")], "refused"),

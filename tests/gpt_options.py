@@ -27,6 +27,8 @@ CHANGES = [  # each a change to a base; together they name every field of GPTCon
     {"mixer": "hybrid", "hybrid_attention_every": 2},
     {"moe_experts": 2, "moe_top_k": 1, "moe_capacity_factor": None, "moe_every": 2, "moe_aux_weight": 0.1,
      "moe_z_weight": 0.0},
+    {"engram_layers": "0,1", "engram_order": 2, "engram_heads": 2, "engram_table_size": 31, "engram_dim": 8,
+     "engram_conv": 3},
 ]
 # not tried: the family (attnlab's C++ kernels are a run's setting, not a model's option: tests/cpu/)
 FIXED = {"family"}

@@ -162,3 +162,18 @@ def micrograph_folder(root, n: int = 60, size: int = 32):
         (root / TASKS["type"][label]).mkdir(parents=True, exist_ok=True)
         Image.fromarray(image[0]).save(root / TASKS["type"][label] / f"{i}.png")
     return root
+
+
+def as_unprivileged(argv: list[str]) -> list[str] | None:
+    """``argv`` run so that file permissions bind it: as it is for a user, and for root (who writes into a
+    read-only folder all the same) through ``setpriv`` without the capabilities that override them; None where
+    root has no ``setpriv`` (a permission case cannot be tried)."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return argv
+    if shutil.which("setpriv") is None:
+        return None
+    drop = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}", "--", *argv]

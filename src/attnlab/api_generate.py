@@ -17,7 +17,8 @@ The padding is filled with the row's first token, so a repetition penalty sees t
 A sequence that outgrows the context slides, as ``generation.stream`` does: each step re-runs the last
 block_size columns, whose pads are the row's own. Greedy rows equal their solo generation (tested); sampled
 rows draw from one generator for the batch. A model whose layers carry state along the sequence (an SSM or
-recurrent mixer, latent attention) would read the pads, so its prompts are generated one at a time.
+recurrent mixer, latent attention, an Engram memory) would read the pads, so its prompts are generated one at a
+time.
 """
 
 from __future__ import annotations
@@ -83,11 +84,13 @@ def left_padded(model: nn.Module, pads: Tensor) -> Iterator[None]:
 
 
 def batches_exactly(model: nn.Module) -> bool:
-    """Whether left padding leaves each row as it is alone: every block mixes tokens by attention only."""
+    """Whether left padding leaves each row as it is alone: every block mixes tokens by attention only (an Engram
+    sub-layer's n-grams and convolution would read the pads)."""
     from attnlab.nn.attention.mha import MultiHeadAttention
 
     blocks = getattr(model, "blocks", None)
-    return blocks is not None and all(isinstance(getattr(b, "mixer", None), MultiHeadAttention) for b in blocks)
+    return blocks is not None and all(isinstance(getattr(b, "mixer", None), MultiHeadAttention)
+                                      and not hasattr(b, "engram") for b in blocks)
 
 
 def pad_left(rows: list[list[int]]) -> tuple[Tensor, Tensor]:

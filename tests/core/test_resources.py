@@ -51,14 +51,17 @@ def test_an_absurd_generated_data_set_is_one_line_before_any_work(tmp_path, caps
 
 
 def test_heads_refuses_more_batches_than_memory_holds(tiny, tmp_path, capsys):
-    """The batches are kept (the ablation pass reuses them): 10^9 of them grew until killed."""
+    """The batches are kept (the ablation pass reuses them): 10^9 of them grew until killed. Such a count is
+    refused as a count; the most batches allowed, of a batch size far beyond memory, by their memory."""
     run, corpus = tiny
     capsys.readouterr()
-    assert main(["heads", str(run), "--data", str(corpus), "--n-batches", "1000000000",
-                 "--out", str(tmp_path / "h")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "1,000,000,000 batches" in err and "use a smaller --n-batches" in err and len(err.splitlines()) == 1
-    assert not (tmp_path / "h").exists()
+    for n, size, says in (("1000000000", "16", "--n-batches 1,000,000,000 is more than 10,000"),
+                          ("10000", "100000", "10,000 batches of 100000 x")):
+        assert main(["heads", str(run), "--data", str(corpus), "--n-batches", n, "--batch-size", size,
+                     "--out", str(tmp_path / "h")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1, err
+        assert not (tmp_path / "h").exists()
 
 
 def test_sample_refuses_more_beams_than_memory_holds_and_the_lens_more_tokens_than_the_vocabulary(tiny, capsys):

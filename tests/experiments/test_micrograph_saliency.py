@@ -41,6 +41,8 @@ def test_a_quick_run_cut_off_resumes_from_its_kept_runs_and_scores_every_map(tmp
     record, results = read_quick_experiment("micrograph-saliency", tmp_path)
     assert len(results["arms"]["vit"]["test_accuracy"]["values"]) == 3
     assert (tmp_path / "maps.png").stat().st_size > 5000  # drawn from seed 0's weights kept by the first sitting
+    assert (tmp_path / "pointing.png").stat().st_size > 1000  # drawn in the training part too, and published
+    assert "![maps.png](maps.png)" in (tmp_path / "report.md").read_text()
     protocol = record["protocol"]
     assert protocol["seeds"] == [0, 1, 2] and protocol["confirm_seeds"] == [3]
     assert protocol["select_on"] == "val_accuracy" and set(protocol["lr_sweep"]) == {"vit", "cnn"}

@@ -99,7 +99,7 @@ def test_a_full_run_puts_the_rule_in_its_protocol(name, monkeypatch, tmp_path):
     assert seen == [module.rule()]
 
 
-def test_flash_memory_records_the_rule_and_decides_its_parts():
+def test_flash_memory_records_the_rule_and_decides_its_parts(tmp_path):
     """Without measuring: fake peaks (eager quadratic, the others linear) through the run's own rule and fit."""
     from attnlab.experiments import flash_memory as fm
 
@@ -114,7 +114,7 @@ def test_flash_memory_records_the_rule_and_decides_its_parts():
         m.setattr(fm.bench, "measure", measure)
         m.setattr(fm, "_plot", lambda *a: None)
         m.setattr(fm, "write_outputs", lambda *a, protocol, **k: recorded.update(protocol=protocol, outcomes=a[4]))
-        fm.run(Path("unused"), quick=True)
+        fm.run(tmp_path / "unused", quick=True)
     assert recorded["protocol"]["verdict_rule"] == fm.rule()
     assert [o["rule"] for o in recorded["outcomes"]["outcomes"]] == fm.rule()
     assert [o["verdict"] for o in recorded["outcomes"]["outcomes"]] == ["held"] * 3

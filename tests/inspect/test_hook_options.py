@@ -2,7 +2,7 @@
 padded batch: listening on the attention probabilities leaves the outputs as they were; those probabilities equal
 what ``inspect.record`` rebuilds from the softmax's inputs, are causal rows that sum to 1 (GPT) and give no padded
 key any probability (BERT, seq2seq); and in a standard pre-norm block the stream leaving it is the stream entering it
-plus what the mixer and the feed-forward network add."""
+plus what the mixer and the feed-forward network (and, where it has one, the Engram memory) add."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from attnlab.nn.hooks import capture, hook_points
 from tests.gpt_options import BASES, CHANGES, SHAPE, built, change_id
 
 POINTS = ("blocks.*.mixer.hook_pattern", "blocks.*.hook_resid_pre", "blocks.*.hook_resid_post",
-          "blocks.*.hook_mixer_out", "blocks.*.hook_ffn_out")
+          "blocks.*.hook_mixer_out", "blocks.*.hook_ffn_out", "blocks.*.hook_engram_out")
 
 
 @pytest.mark.parametrize("base", BASES)
@@ -37,6 +37,8 @@ def test_hook_points_tell_the_truth(base, change):
             for i in range(c.n_layer):
                 b = f"blocks.{i}."
                 added = seen[b + "hook_resid_pre"] + seen[b + "hook_mixer_out"] + seen[b + "hook_ffn_out"]
+                if b + "hook_engram_out" in seen:  # an Engram block: x + Engram(Norm(x), ids) before the mixer
+                    added = added + seen[b + "hook_engram_out"]
                 torch.testing.assert_close(seen[b + "hook_resid_post"], added, rtol=1e-5, atol=1e-5)
         patterns = {k.removesuffix(".hook_pattern"): v for k, v in seen.items() if k.endswith("hook_pattern")}
         if not patterns:

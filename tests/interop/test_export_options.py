@@ -46,7 +46,9 @@ SHARED = [  # the encoder options of both
 ]
 BERT_CHANGES = [*SHARED, {"tie_embeddings": False}, {"vocab_size": 70}, {"block_size": 40}, {"rope_theta": 500.0},
                 {"n_segments": 0}, {"n_segments": 3}, {"n_targets": 2}, {"n_classes": 3, "n_targets": 1},
-                {"n_classes": 3, "pooling": "mean"}, {"positions": "rope", "rope_theta": 500.0}]
+                {"n_classes": 3, "pooling": "mean"}, {"positions": "rope", "rope_theta": 500.0},
+                {"head_type": "token", "n_classes": 5}, {"head_type": "token", "n_classes": 5, "pooling": "mean"},
+                {"head_type": "span"}, {"head_type": "span", "pooling": "mean"}, {"head_type": "span", "n_classes": 3}]
 VIT_CHANGES = [*SHARED, {"image_size": 20}, {"in_channels": 3}, {"patch_size": 8}]
 
 
@@ -93,6 +95,15 @@ def test_a_changed_bert_option_is_exported_exactly_or_refused(tmp_path, change):
         ours = model(**inputs, with_mlm=True)
         theirs = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path).eval()(**inputs).logits
         assert (theirs - ours.mlm_logits)[mask.bool()].abs().max().item() < 1e-4
+        if config.head_type == "token":  # BertForTokenClassification: the token classifier's logits
+            head = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path).eval()(**inputs).logits
+            assert (head - ours.token_logits)[mask.bool()].abs().max().item() < 1e-4
+            return
+        if config.head_type == "span":  # BertForQuestionAnswering: start and end logits
+            span = transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path).eval()(**inputs)
+            for theirs_, ours_ in ((span.start_logits, ours.start_logits), (span.end_logits, ours.end_logits)):
+                assert (theirs_ - ours_)[mask.bool()].abs().max().item() < 1e-4
+            return
         if config.n_classes is None and k is None:
             return
         head = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()(**inputs).logits

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnlab.cli import main
-from attnlab.core.fileio import STAGING_MARK, staged_folder
+from attnlab.core.staging import STAGING_MARK, staged_folder
 from attnlab.models.registry import from_pretrained
 from attnlab.tokenizers import CharTokenizer, load_tokenizer
 from tests.hf_folders import VOCAB, tiny_hf_folders

@@ -29,7 +29,8 @@ from attnlab.models.base import read_config
 
 # options added after the flat version-1 schema (the speed run's QK-norm and logit soft-cap)
 ADDED_SINCE_THE_FLAT_SCHEMA = {"qk_norm", "logit_softcap", "n_targets", "mask_ratio", "decoder_layers",
-                               "decoder_d_model", "decoder_n_head", "norm_pix_loss"}
+                               "decoder_d_model", "decoder_n_head", "norm_pix_loss", "engram_layers", "engram_order",
+                               "engram_heads", "engram_table_size", "engram_dim", "engram_conv", "head_type"}
 
 FAMILIES = {"gpt": GPTConfig, "bert": BertConfig, "seq2seq": Seq2SeqConfig, "vit": ViTConfig, "cnn": CNNConfig,
             "encoder": EncoderConfig, "mae": MAEConfig}

@@ -127,3 +127,25 @@ def test_resume_keeps_run_settings_and_drops_nan_from_the_metrics(setup, tmp_pat
     records = [json.loads(x, parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl")) for x in text.splitlines()]
     assert records[0]["train_loss"] is None and records[0]["nonfinite"] == {"train_loss": "nan"}
     assert len(records) == len(lines) and all(isinstance(r.get("step"), int) for r in records)
+
+
+def test_the_run_folder_stays_locked_until_finetune_json_is_written(setup, tmp_path, monkeypatch, capsys):
+    """A second writer cannot slip in between the last checkpoint and the report: the lock is still held while
+    finetune.json is written, and released after."""
+    from attnlab.core.locks import held_here
+    from attnlab.training import finetune
+    from tests.kill_trials import finetune_args
+
+    seen = []
+    report = finetune.finetune_report
+
+    def watched(trainer, *args, **kwargs):
+        seen.append(held_here(trainer.run_dir))
+        return report(trainer, *args, **kwargs)
+
+    monkeypatch.setattr(finetune, "finetune_report", watched)
+    pretrained, data = setup[0], setup[1]
+    assert main(finetune_args(pretrained, data, tmp_path / "runs", "held")) == 0
+    assert seen == [True] and not held_here(tmp_path / "runs" / "held")
+    assert (tmp_path / "runs" / "held" / "finetune.json").is_file()
+    capsys.readouterr()

@@ -33,6 +33,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import ast
     import subprocess
 
+    if args.name is not None and not args.name.strip():  # an unset shell variable: not a request for the list
+        from attnlab.core.errors import ConfigError
+
+        raise ConfigError("the benchmark name is empty (an unset shell variable?); see attnlab bench --list")
     folder = _benchmarks_dir()
     scripts = {p.stem: p for p in sorted(folder.glob("*.py")) if not p.name.startswith("_")}
     if args.name and args.name not in scripts:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.errors import at_least
+from attnlab.cli.errors import at_least, between
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +28,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--n", type=at_least(20), default=1000, help="clips in all, >= 20 (default 1000)")
     w.add_argument("--seed", type=at_least(0), default=0, help="the generator's seed, >= 0 (default 0)")
     w.set_defaults(func=_cmd_spoken_words)
+    for name, what in (("entities", "sentences with BIO-tagged PER, LOC, ORG and DATE entities ({tokens, tags})"),
+                       ("questions", "SQuAD-shaped passages, questions and answer spans ({context, question, "
+                        "answer: {text, start}})")):
+        g = gens.add_parser(name, help=f"{what} as train.jsonl, val.jsonl and test.jsonl (test: names not in "
+                            "train or val)")
+        g.add_argument("--out", required=True, help="a new or empty folder")
+        g.add_argument("--n", type=between(10, 200_000), default=5000, help="rows in all, 10..200000 (default 5000: "
+                       "80%% train, 10%% val, 10%% test)")
+        g.add_argument("--seed", type=at_least(0), default=0, help="the generator's seed, >= 0 (default 0)")
+        g.set_defaults(func=_cmd_spans, kind=name)
 
 
 def _cmd_micrographs(args: argparse.Namespace) -> int:
@@ -61,4 +71,14 @@ def _cmd_spoken_words(args: argparse.Namespace) -> int:
     counts = write_folder(out, args.n, args.seed)
     print(f"wrote {counts['train']} training and {counts['test']} test clips of {counts['words']} words to {out}: "
           f"train/, test/ (voices not heard in train/), clips.jsonl; train on them with data={out}")
+    return 0
+
+
+def _cmd_spans(args: argparse.Namespace) -> int:
+    from attnlab.data.spans import write_folder
+
+    counts = write_folder(args.out, args.kind, args.n, args.seed)
+    task = "token-classification" if args.kind == "entities" else "question-answering"
+    print(f"wrote {counts['train']} train, {counts['val']} val and {counts['test']} test rows of {args.kind} to "
+          f"{args.out}: train.jsonl, val.jsonl, test.jsonl; train on them with task={task} data={args.out}")
     return 0

@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predict each input of a file or folder with a trained run (CSV or JSONL)")
     p.add_argument("run_dir")
     p.add_argument("--data", required=True, help="texts (.txt/.csv/.tsv/.jsonl), rows (.csv/.npz), an image "
-                   "or a folder of images, as the run's task reads")
+                   "or a folder of images, {question, context} rows (.jsonl) for a question-answering run, as the "
+                   "run's task reads")
     p.add_argument("--out", required=True, help="a new .csv or .jsonl file (never overwritten)")
     p.add_argument("--batch-size", type=at_least(1), default=64)
     p.add_argument("--resize", action="store_true", help="resize images of another size to the model's")

@@ -39,6 +39,8 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     from attnlab.core.errors import ConfigError
     from attnlab.experiments import EXPERIMENTS, load
 
+    if args.name is not None and not args.name.strip():  # an unset shell variable: not a request for the list
+        raise ConfigError("the experiment name is empty (an unset shell variable?); see attnlab experiment --list")
     if args.name and args.name not in EXPERIMENTS:
         raise unknown_name("experiment", args.name, list(EXPERIMENTS))
     if args.list or not args.name:
@@ -81,8 +83,10 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / "experiments" / args.name
     check_writable_folder(out, "the output folder", ConfigError)  # before any work
     from attnlab.core.locks import folder_lock
+    from attnlab.core.staging import recover
 
     with folder_lock(out, beside=True, what="the output folder"):  # one study writes OUT at a time
+        recover(out)  # what a publication cut off by a kill left beside OUT, resolved before OUT is read
         return _run_study(args, out, address)
 
 
@@ -108,6 +112,11 @@ def _run_study(args: argparse.Namespace, out: Path, address: str | None) -> int:
     if args.device != "cpu" and "device" not in takes:
         raise ConfigError(f"experiment {args.name!r} trains nothing (it measures on this machine's CPU); leave out "
                           f"--device")
+    spread = [flag for flag, given in (("--address", args.address is not None), ("--workers", args.workers))
+              if given and "device" not in takes]
+    if spread:  # it runs here, in this process: a cluster or a worker count asked for would be ignored
+        raise ConfigError(f"experiment {args.name!r} trains nothing (it measures on this machine's CPU, in this "
+                          f"process); leave out {' and '.join(spread)}")
     if not args.quick:  # a full run decides by a rule fixed and committed before it
         from attnlab.experiments.provenance import check_committed, check_registered
 

@@ -56,6 +56,14 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     if args.num_beams > 1 and args.num_samples > 1:  # beam search is deterministic: it gives one best sequence
         raise ConfigError(f"--num-beams {args.num_beams} gives one best sequence, not --num-samples "
                           f"{args.num_samples}; drop one of the two (samples are drawn with --num-beams 1)")
+    from attnlab.generation.sampling import MAX_NEW_TOKENS
+
+    # a length beyond its own bound is the sampling config's to refuse; here: the samples, and the tokens in all
+    total = args.num_samples * min(args.max_new_tokens, MAX_NEW_TOKENS)
+    if args.num_samples > MAX_NEW_TOKENS or total > 10 * MAX_NEW_TOKENS:
+        raise ConfigError(f"--num-samples {args.num_samples:,} of --max-new-tokens {args.max_new_tokens:,} is more "
+                          f"than one call generates (at most {MAX_NEW_TOKENS:,} samples and "
+                          f"{10 * MAX_NEW_TOKENS:,} tokens in all); ask for fewer")
     device = resolve_device(args.device)
     model, tok = load_model_and_tokenizer(args.run_dir)
     family = model.config.family

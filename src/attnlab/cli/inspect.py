@@ -25,8 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--faithfulness", default=None, metavar="JSON",
                    help="instead: score attention, rollout, gradient x input, integrated gradients, occlusion, LIME, "
                    "KernelSHAP and a random order by deletion/insertion AUC on this input; write them to JSON")
-    p.add_argument("--samples", type=at_least(10), default=200,
-                   help="model calls for LIME and KernelSHAP (default 200)")
+    p.add_argument("--samples", type=at_least(10), default=None,
+                   help="with --faithfulness: model calls for LIME and KernelSHAP (default 200)")
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("heads", help="per-head statistics and head types (previous-token, induction, ...)")
@@ -50,13 +50,17 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     if sum(x is not None for x in (args.text, args.image, args.audio)) != 1:
         raise ConfigError("give one input to inspect: --text \"...\", --image path.png or --audio clip.wav")
+    _refuse_unused(args)
     from pathlib import Path
 
     from attnlab.core.fileio import check_writable_file, check_writable_folder
 
     if args.faithfulness is None:  # before the model is loaded
         if args.text is not None:
+            from attnlab.inspect.report import check_text_out
+
             check_writable_folder(Path(args.out or "inspect"), "--out", ConfigError)
+            check_text_out(Path(args.out or "inspect"))
         else:
             check_writable_file(Path(args.out or ("saliency.png" if args.image else "attention-over-time.png")),
                                 "--out", ConfigError, create=True)
@@ -85,6 +89,21 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     paths = inspect_text(args.run_dir, args.text, out, layer=args.layer, head=args.head)
     print(f"wrote {len(paths)} files to {out}: " + ", ".join(p.name for p in paths))
     return 0
+
+
+def _refuse_unused(args: argparse.Namespace) -> None:
+    """ConfigError for an option this inspect would ignore: --layer/--head draw the single-head figure of --text,
+    --samples sets --faithfulness's model calls, --resize fits an --image."""
+    from attnlab.core.errors import ConfigError
+
+    figure = args.text is not None and args.faithfulness is None
+    unused = [flag for flag, given, used in (("--layer", args.layer is not None, figure),
+                                             ("--head", args.head is not None, figure),
+                                             ("--samples", args.samples is not None, args.faithfulness is not None),
+                                             ("--resize", args.resize, args.image is not None)) if given and not used]
+    if unused:
+        raise ConfigError(f"{' and '.join(unused)} would be ignored here: --layer and --head choose the figure of "
+                          "--text (without --faithfulness), --samples applies to --faithfulness, --resize to --image")
 
 
 def _require_captum(args: argparse.Namespace) -> None:
@@ -116,9 +135,10 @@ def _faithfulness(args: argparse.Namespace) -> int:
     from attnlab.inspect.faithfulness import run_report
 
     check_writable_file(Path(args.faithfulness), "--faithfulness", ConfigError)
-    if not 10 <= args.samples <= 100_000:
+    samples = 200 if args.samples is None else args.samples
+    if not 10 <= samples <= 100_000:
         raise ConfigError("--samples must be in 10..100000")
-    r = run_report(args.run_dir, text=args.text, image=args.image, resize=args.resize, n_samples=args.samples)
+    r = run_report(args.run_dir, text=args.text, image=args.image, resize=args.resize, n_samples=samples)
     print(f"explaining {r['explained']} (p = {r['probability']:.3f}) over {len(r['features'])} features; "
           "most faithful first (deletion AUC: lower is better; insertion AUC: higher is better):")
     for row in r["methods"]:
@@ -136,11 +156,12 @@ def _cmd_heads(args: argparse.Namespace) -> int:
 
     from attnlab.core.errors import ConfigError
     from attnlab.core.fileio import atomic_write_text, check_writable_file, check_writable_folder
-    from attnlab.inspect.report import head_report, heads_json, summary
+    from attnlab.inspect.report import check_heads_out, head_report, heads_json, summary
 
     if args.json:
         check_writable_file(Path(args.json), "--json", ConfigError)
     check_writable_folder(Path(args.out), "--out", ConfigError)  # both before the model is loaded
+    check_heads_out(Path(args.out))
     report = head_report(args.run_dir, args.data, args.out, n_batches=args.n_batches, batch_size=args.batch_size,
                          seed=args.seed)
     if args.json:

@@ -51,7 +51,15 @@ def _cmd_import_hf(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    import re
+
     from attnlab.interop.export import export_run
+
+    if args.license is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+-]{0,63}", args.license):
+        from attnlab.core.errors import ConfigError  # the card's YAML header holds it as given
+
+        raise ConfigError(f"--license {args.license!r} is not a licence id (letters, digits, . + -; e.g. mit, "
+                          "apache-2.0, cc-by-4.0, other)")
 
     done = export_run(args.run_dir, args.format, args.out, license=args.license, push_to=args.push)
     what = "a sentence-transformers folder around " if args.format == "sentence-transformers" else ""

@@ -91,10 +91,13 @@ def _check_json(path: str | None, figure: str | None = None) -> None:
     from pathlib import Path
 
     from attnlab.core.fileio import check_writable_file
+    from attnlab.inspect.figure_path import check_figure_path
 
     for flag, value in (("--json", path), ("--figure", figure)):
         if value:
             check_writable_file(Path(value), flag, ConfigError)
+    if figure:
+        check_figure_path(figure, "--figure")
 
 
 def _figure(draw: str, report: dict, path: str | None) -> None:

@@ -133,11 +133,13 @@ def _finetune(trainer, pretrained: str) -> int:
     print(f"run: {trainer.run_dir}  fine-tuning {pretrained} ({trainer.model.num_parameters() / 1e6:.2f}M "
           f"parameters) on {cfg.data}: {len(task.classes)} classes, {n_train} train / {n_val} {unit}")
     try:
-        result = trainer.train()
+        result = trainer.train(keep_lock=True)  # held until finetune.json is written too
+        r = finetune_report(trainer, pretrained, result.step, result.wall_time_s)
     except TrainingInterrupted as e:
         print(f"{e}; continue with: attnlab resume {e.run_dir}", file=sys.stderr)
         return 130
-    r = finetune_report(trainer, pretrained, result.step, result.wall_time_s)
+    finally:
+        trainer.release_lock()
     print(f"done: step {result.step}, {result.wall_time_s:.1f} s; held-out accuracy {r['accuracy']:.4f}, "
           f"macro-F1 {r['macro_f1']:.4f} on {r['n']} {unit.split()[-1]} "
           f"(majority-class baseline {r['majority_baseline']:.4f}); "

@@ -106,68 +106,10 @@ def check_writable_file(path: Path, what: str, error: type[Exception], create: b
     check_writable_folder(path.parent, f"the folder of {what}", error, create=create)
 
 
-
-STAGING_MARK = ".attnlab-staging"  # inside every folder staged_folder makes: what marks a leftover as ours
-CREATED_FOLDER_MODE = 0o777 & ~(0o666 & ~CREATED_MODE)  # the mode mkdir gives a new folder (the umask's)
-
-
-def _fsync(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(folder: Path) -> None:
-    """fsync every file and folder under ``folder`` (links are not followed), the folder itself last."""
-    for root, dirs, files in os.walk(folder, topdown=False):
-        for name in [*files, *dirs]:
-            if not os.path.islink(os.path.join(root, name)):
-                _fsync(os.path.join(root, name))
-    _fsync(folder)
-
-
-@contextlib.contextmanager
-def staged_folder(out: str | Path, error: type[Exception] = OSError) -> Iterator[Path]:
-    """Yield a new folder beside ``out`` to write into; on success its files are fsynced and it is renamed onto
-    ``out`` (which must be absent or an empty folder), so a crash or kill leaves either no ``out`` or the whole
-    of it, never part. On an exception the staged folder is removed and ``out`` left as it was.
-
-    Held under ``out``'s lock (``core.locks.folder_lock(out, beside=True)``), so that a folder staged for
-    ``out`` and left by a killed process (``.NAME.staging-*`` holding the ``STAGING_MARK`` file) is known to be
-    a leftover, and removed; nothing else beside ``out`` is touched. ``error`` is raised, in one line, when the
-    finished folder cannot take ``out``'s place (``out`` was filled meanwhile)."""
-    import shutil
-
-    from attnlab.core.killpoints import kill_point
-    from attnlab.core.locks import folder_lock
-
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{out.name}.staging-"
-    with folder_lock(out, beside=True, what="--out"):
-        for leftover in out.parent.iterdir():
-            if (leftover.name.startswith(prefix) and not leftover.is_symlink() and leftover.is_dir()
-                    and (leftover / STAGING_MARK).is_file()):
-                shutil.rmtree(leftover, ignore_errors=True)
-        staging = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
-        try:
-            (staging / STAGING_MARK).touch()
-            yield staging
-            kill_point("staging.filled")
-            (staging / STAGING_MARK).unlink()
-            _fsync_tree(staging)
-            try:
-                os.chmod(staging, stat.S_IMODE(os.stat(out).st_mode))
-            except FileNotFoundError:
-                os.chmod(staging, CREATED_FOLDER_MODE)  # mkdtemp's is 0700
-            try:
-                os.rename(staging, out)  # replaces an empty folder, refuses a full one
-            except OSError as e:
-                raise error(f"cannot put the finished folder at {out} ({e.strerror or e}); nothing was written "
-                            "there") from None
-            _fsync(out.parent)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+def save_figure(fig, path: str | Path, **options) -> Path:
+    """``fig.savefig(path, **options)`` atomically (a kill leaves the old file or the new one, never a truncated
+    image); the format is the suffix's (png if none). Returns ``path``."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", **options)
+    return path

@@ -28,7 +28,10 @@ KILL_POINTS = {
     "mirror.manifest": "every top-level file renamed in, their manifest not yet written",
     "prune": "an older checkpoint about to be deleted",
     "finetune.report": "a fine-tuning trained and published, its finetune.json not yet written",
-    "staging.filled": "a staged output folder (import-hf, data) written in whole, not yet renamed into place",
+    "staging.filled": "a staged output folder (import-hf, data, export, inspect, heads, experiment) written in whole, "
+                      "not yet renamed into place",
+    "staging.swapping": "a staged folder replacing an earlier one: the old one moved aside, the new one not yet in",
+    "staging.swapped": "a staged folder renamed in place of an earlier one, its mark and the old one not yet removed",
 }
 COUNT_ONLY = "none"  # ATTNLAB_KILL_AT=none: count the passes, kill nowhere
 _passed: dict[str, int] = {}

@@ -24,6 +24,7 @@ from pathlib import Path
 from attnlab.core.errors import AttnlabError
 
 LOCK_NAME = ".lock"
+_HELD: set[Path] = set()  # the lock files this process holds now (``held_here``)
 
 
 class FolderBusy(AttnlabError):
@@ -47,13 +48,16 @@ class FolderLock:
     """A held folder lock (``hold``): released by ``release()``, by garbage collection, or by the process's end."""
 
     def __init__(self, folder: Path, path: Path, fd: int) -> None:
-        self.folder, self.path, self._fd = folder, path, fd
+        self.folder, self.path, self._fd, self._key = folder, path, fd, path.resolve()
+        self._held = _HELD  # kept: release may run from __del__ as the interpreter ends
+        self._held.add(self._key)
 
     def release(self) -> None:
         """Drop the lock (closing the descriptor releases it); a second call does nothing."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+            self._held.discard(self._key)
 
     __del__ = release
 
@@ -85,6 +89,11 @@ def folder_lock(folder: str | Path, beside: bool = False, what: str = "folder") 
         yield lock.path
     finally:
         lock.release()
+
+
+def held_here(folder: str | Path, beside: bool = False) -> bool:
+    """Whether this process holds ``folder``'s lock now (so that a writer called under it does not take it again)."""
+    return lock_file(Path(folder), beside).resolve() in _HELD
 
 
 def held_by_other(folder: str | Path, beside: bool = False) -> bool:

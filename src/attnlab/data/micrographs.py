@@ -35,8 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.core.errors import DataError
-from attnlab.core.fileio import check_writable_folder, staged_folder
+from attnlab.core.fileio import check_writable_folder
 from attnlab.core.resources import check_room
+from attnlab.core.staging import staged_folder
 
 KINDS = ("pore", "crack", "inclusion")  # mask codes 1, 2, 3
 TASKS = {"defect": ["defect", "none"], "type": ["crack", "inclusion", "pore"], "count": ["0", "1", "2", "3"]}

@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.core.errors import DataError
-from attnlab.core.fileio import atomic_path, default_cache_dir, staged_folder
+from attnlab.core.fileio import atomic_path, default_cache_dir
 from attnlab.core.resources import check_room
+from attnlab.core.staging import staged_folder
 from attnlab.data.audio import SAMPLE_RATE, FrontEnd, log_mel, write_wav
 
 WORDS = ("yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go")

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.placed_digits import accuracy, placed_splits, quadrant_patches, train_placed_vit
 from attnlab.experiments.study import Protocol, Threshold, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.inspect.faithfulness import attribute, for_vit
@@ -117,7 +117,6 @@ def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
             for m in METHODS}
     outcomes = [rule.decide(arms) for rule in RULES]
     verdict = verdict_of(outcomes)
-    _plot(arms, out)
     rows = "\n".join(f"| {m} | {fmt(a['pointing'])} | {fmt(a['auc'])} | {fmt(a['rank_corr_random'])} | "
                      f"{fmt(a['pointing_random'])} |" for m, a in arms.items())
     rules = outcome_lines(outcomes)
@@ -143,8 +142,10 @@ steps from the all-zero (mean) image.
 finds it *because of the model*: a map that keeps its ranking (high correlation) or keeps pointing at the digit
 when the weights are random is reading the image, not the network (Adebayo et al. 2018). Plot: `saliency.png`.
 **Regime.** A toy stand-in for micrographs with defects; the lecture's micrograph version is issue 24's."""
-    return write_outputs(out, NAME, CLAIM, verdict, results, body, started, quick, protocol=protocol.as_dict(),
-                         device=device)
+    with publishing(out, NAME) as folder:
+        _plot(arms, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict, results, body, started, quick,
+                             protocol=protocol.as_dict(), device=device)
 
 
 def _plot(arms: dict[str, dict[str, Any]], out: Path) -> None:

@@ -3,15 +3,18 @@ verdict) and its plots, all in one output folder."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
+import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from attnlab.core.errors import ConfigError
 from attnlab.core.fileio import atomic_write_text
 from attnlab.core.version import __version__
 from attnlab.experiments import engine
@@ -83,10 +86,12 @@ def pyplot():
 
 
 def save_figure(fig: Any, path: Path) -> None:
-    """Write ``fig`` to ``path`` (creating the folder)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``fig`` to ``path`` (creating the folder), atomically: a kill leaves the old file or the new one."""
+    from attnlab.core.fileio import atomic_path
+
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
 
 
 def label_axes(ax: Any, xlabel: str, ylabel: str, title: str | None = None, legend: int | None = 8) -> None:
@@ -191,3 +196,28 @@ def interleaved_seconds(steps: dict[Any, Any], rounds: int, rng: Any, per_round:
                 steps[k]()
             times[k].append((time.perf_counter() - t0) / per_round)
     return times
+
+
+@contextlib.contextmanager
+def publishing(out: Path, name: str, carry: tuple[str, ...] = ()) -> Iterator[Path]:
+    """The folder a study writes its figures, report.md and results.json into: staged beside ``out``, it replaces
+    ``out`` whole once the last of them is written (``core.staging``), so that a kill never leaves one run's
+    figures beside another's results, nor a figure without its results; what ``out`` keeps for a later
+    ``--resume`` (partial.json) is carried over, and so are the files of ``out`` named in ``carry`` (paths in
+    ``out``, put at the top of the new folder under their own names: files a study drew earlier, e.g. figures
+    drawn into a hidden folder of ``out`` while its models were at hand; one that is absent is not). Taken under
+    ``out``'s lock (unless this process holds it: ``attnlab experiment`` does, for the whole run). ConfigError,
+    before anything is written, where ``out`` holds files that are not a run of experiment ``name`` (they would be
+    replaced)."""
+    from attnlab.core.locks import folder_lock, held_here
+    from attnlab.core.staging import staged_folder
+    from attnlab.experiments.partial import FILE, refuse_foreign_files
+
+    locked = held_here(out, beside=True)
+    with (contextlib.nullcontext() if locked else folder_lock(out, beside=True, what="the output folder")), \
+            staged_folder(out, ConfigError, replace=True, locked=True) as staging:
+        refuse_foreign_files(out, name)
+        for kept in (FILE, *carry):
+            if (out / kept).is_file():
+                shutil.copy2(out / kept, staging / Path(kept).name)
+        yield staging

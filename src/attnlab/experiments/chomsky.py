@@ -49,7 +49,7 @@ from torch import Tensor, nn
 
 from attnlab.core import runtime
 from attnlab.data.formal import TASKS, FormalTask
-from attnlab.experiments.base import write_outputs
+from attnlab.experiments.base import publishing, write_outputs
 from attnlab.experiments.chomsky_protocol import (
     ALIBI_LEFT,
     CLAIM,
@@ -287,11 +287,12 @@ def summarise(out: Path, tasks: dict[str, dict[str, Any]], spent: dict[str, floa
                "task_wall_time_s": spent}
     from attnlab.experiments.chomsky_report import plot, report  # the rendering, in its own module
 
-    plot(tasks, s, out)
-    if wall_time_s is not None:
-        started = time.perf_counter() - wall_time_s
-    return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, report(results, s), started, quick,
-                         protocol=protocol(s).as_dict(), device=device)
+    with publishing(out, NAME) as folder:
+        plot(tasks, s, folder)
+        if wall_time_s is not None:  # after the plots: a re-rendering keeps the run's wall time
+            started = time.perf_counter() - wall_time_s
+        return write_outputs(folder, NAME, CLAIM, verdict_of(outcomes), results, report(results, s), started,
+                             quick, protocol=protocol(s).as_dict(), device=device)
 
 
 def rerender(out: Path) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.placed_digits import accuracy, placed_splits, placed_vit, quadrant_patches, train_placed_vit
 from attnlab.experiments.study import Difference, Protocol, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.inspect.faithfulness import METHODS, faithfulness, for_token_classifier, for_vit
@@ -248,9 +248,10 @@ def run(out: Path, quick: bool = False, settings: dict[str, Any] | None = None, 
                         lr_sweep={"vit": s["vit_lrs"], "minilm (C of the logistic head)": s["text_cs"]},
                         verdict_rule=rule(), select_on="val_accuracy", confirm_seeds=CONFIRM)
     results = {"settings": s, "vit": vit, "minilm": text, "outcomes": outcomes}
-    _plot(results, out / "faithfulness.png")
-    return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, _report(results, s), started, quick,
-                         protocol=protocol.as_dict(), device=device)
+    with publishing(out, NAME) as folder:
+        _plot(results, folder / "faithfulness.png")
+        return write_outputs(folder, NAME, CLAIM, verdict_of(outcomes), results, _report(results, s), started,
+                             quick, protocol=protocol.as_dict(), device=device)
 
 
 def _report(results: dict[str, Any], s: dict[str, Any]) -> str:

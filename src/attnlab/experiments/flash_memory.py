@@ -23,6 +23,7 @@ from typing import Any
 from attnlab.bench import attention as bench
 from attnlab.experiments.base import (
     label_axes,
+    publishing,
     pyplot,
     save_figure,
     slope_rule,
@@ -79,7 +80,6 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
                "lengths": lengths, "skip_above_predicted_mib": max_mib, "cells": cells,
                "memory_slopes": fitted, "time_slopes": time_fitted, "outcomes": outcomes,
                "measurement": "attnlab.bench.attention.measure (profiler peak, median fwd+bwd ms)"}
-    _plot(lengths, cells, mem_slopes, out, bench.IMPLS)
     rows = []
     for T in lengths:
         parts = []
@@ -115,8 +115,10 @@ the per-call overhead; the time slopes above (eager {tm['eager']}, SDPA {tm['sdp
 tiled {tm['tiled']}) are from this run's machine, which may have been shared. Plot: `memory.png`.
 
 {regime(lengths)}"""
-    return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, body, started, quick,
-                         protocol=protocol.as_dict())
+    with publishing(out, NAME) as folder:
+        _plot(lengths, cells, mem_slopes, folder, bench.IMPLS)
+        return write_outputs(folder, NAME, CLAIM, verdict_of(outcomes), results, body, started, quick,
+                             protocol=protocol.as_dict())
 
 
 def regime(lengths: list[int]) -> str:

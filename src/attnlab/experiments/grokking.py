@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.study import Protocol, Threshold, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.models import GPTConfig, build_model
 from attnlab.training.loop import fit
@@ -141,7 +141,6 @@ def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
     outcomes = [rule.decide(arms) for rule in RULES]
     verdict = verdict_of(outcomes)
     curves = {name: [runs[(name, arms[name]["lr"], seed)]["curve"] for seed in protocol.seeds] for name in arms}
-    _plot(curves, arms, out)
     results = {"settings": settings, "train_fraction": 0.3, "arms": arms, "outcomes": outcomes}
     rows = "\n".join(
         f"| {name} ({WEIGHT_DECAY[name]:g}) | {a['lr']:g} | {fmt(a['train_accuracy'])} | {fmt(a['test_accuracy'])} | "
@@ -170,8 +169,10 @@ Learning-rate sweep, validation accuracy at the end: {sweep}.
 **Regime.** The paper trains for up to 10^5 steps and finds that without weight decay generalisation comes
 orders of magnitude later, if at all; here the budget is {settings['steps']} steps, so "stays low" means "within this
 budget". Plot: `curves.png` (train and validation accuracy of every seed at the tuned rates)."""
-    return write_outputs(out, NAME, CLAIM, verdict, results, body, started, quick, protocol=protocol.as_dict(),
-                         device=device)
+    with publishing(out, NAME) as folder:
+        _plot(curves, arms, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict, results, body, started, quick,
+                             protocol=protocol.as_dict(), device=device)
 
 
 def _plot(curves: dict[str, list], arms: dict[str, Any], out: Path) -> None:

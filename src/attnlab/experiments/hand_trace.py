@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from attnlab.data.toy import TOKENS, Q, V
-from attnlab.experiments.base import write_outputs
+from attnlab.experiments.base import publishing, save_figure, write_outputs
 from attnlab.experiments.study import Protocol
 from attnlab.nn.attention import scaled_dot_product_attention
 
@@ -89,7 +89,6 @@ def run(out: Path, quick: bool = False) -> dict[str, Any]:
     held = (max(abs(a - b) for a, b in zip(row_a, (0.2969, 0.1092, 0.2969, 0.2969))) < 1e-4
             and abs(z_a[0] - 5.3446) < 1e-4 and abs(z_a[1] - 1.6862) < 1e-4 and max_err < 1e-12 and jac_err < 1e-12
             and all(a > b for a, b in zip(entropy["scale 1/sqrt(2)"], entropy["scale 1"])))
-    _plot(traces, out)
     fmt = lambda xs: "(" + ", ".join(f"{x:.4f}" for x in xs) + ")"  # noqa: E731
     lines = []
     for label, t in traces.items():
@@ -112,7 +111,9 @@ e/(3e+1) = 0.2969 and 1/(3e+1) = 0.1092. z_A = {fmt(z_a)}.
 Plot: `weights.png`.
 
 {REGIME}"""
-    return write_outputs(out, NAME, CLAIM, held, results, body, started, quick, protocol=PROTOCOL.as_dict())
+    with publishing(out, NAME) as folder:
+        _plot(traces, folder)
+        return write_outputs(folder, NAME, CLAIM, held, results, body, started, quick, protocol=PROTOCOL.as_dict())
 
 
 def _plot(traces: dict[str, Any], out: Path) -> None:
@@ -131,6 +132,4 @@ def _plot(traces: dict[str, Any], out: Path) -> None:
         ax.set_xticks(range(4), [f"key {k}" for k in TOKENS])
         ax.set_yticks(range(4), [f"query {k}" for k in TOKENS])
         ax.set_title(f"softmax weights, {label}")
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out / "weights.png")
+    save_figure(fig, out / "weights.png")

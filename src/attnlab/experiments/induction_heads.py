@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.study import Protocol, Threshold, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.inspect.heads import collect_head_stats
 from attnlab.inspect.intervene import ablated, head, run_with_cache
@@ -188,7 +188,6 @@ def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
     runs = {seed: {k: v for k, v in r.items() if k != "seconds"} for (_, _, seed), r in record.items()}
     outcomes = [rule.decide(arms) for rule in RULES]
     verdict = verdict_of(outcomes)
-    _plot(runs, s, out)
     a = arms["model"]
     per_seed = "\n".join(
         f"| {seed} | {r['icl_gain']:.3f} | {r['t_icl']} | {r['t_head']} | {r['induction_score']:.2f} "
@@ -220,8 +219,10 @@ Plot: `phase_change.png` (ICL score, layer-1 induction score and layer-0 previou
 seed).
 
 {regime(s)}"""
-    return write_outputs(out, NAME, CLAIM, verdict, results, body, started, quick, protocol=protocol.as_dict(),
-                         device=device)
+    with publishing(out, NAME) as folder:
+        _plot(runs, s, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict, results, body, started, quick,
+                             protocol=protocol.as_dict(), device=device)
 
 
 def regime(s: dict[str, Any]) -> str:

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from attnlab.experiments.base import (
     interleaved_seconds,
     label_axes,
+    publishing,
     pyplot,
     save_figure,
     slope_interval,
@@ -195,9 +196,11 @@ def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
                "grad_norm_first_input_at_init": grads, "by_k": by_k, "forward_seconds": times,
                "time_slopes": {arm: dict(zip(("slope", "low", "high"), v)) for arm, v in slopes.items()},
                "outcomes": outcomes}
-    _plot(s["ks"], grad_ks, grads, by_k, times, out)
-    return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, grads, by_k, times, slopes, outcomes, protocol),
-                         started, quick, protocol=protocol.as_dict(), device=device)
+    body = _report(s, grads, by_k, times, slopes, outcomes, protocol)
+    with publishing(out, NAME) as folder:
+        _plot(s["ks"], grad_ks, grads, by_k, times, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict, results, body, started, quick,
+                             protocol=protocol.as_dict(), device=device)
 
 
 def rule() -> list[str]:

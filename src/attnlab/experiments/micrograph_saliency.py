@@ -43,7 +43,7 @@ import torch
 
 from attnlab.core import runtime
 from attnlab.experiments.attention_saliency import region_auc
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.partial import run_parts
 from attnlab.experiments.study import (
     Protocol,
@@ -57,6 +57,8 @@ from attnlab.experiments.study import (
 from attnlab.experiments.vit_vs_cnn import budget_text, train_and_test
 
 NAME = "micrograph-saliency"
+FIGURES = ("maps.png", "pointing.png")  # drawn in the training part, into OUT/DRAWN; published with the results
+DRAWN = ".figures"  # kept in OUT across sittings (beside .runs/) until the results are published
 CLAIM = ("On micrographs with one defect each, a ViT's [CLS] attention and rollout and a parameter-matched CNN's "
          "Grad-CAM point at the defect more often than a random patch would (pointing game above its chance level).")
 METHODS = {"vit": ("attention", "rollout"), "cnn": ("gradcam",)}
@@ -187,7 +189,7 @@ def _run(out: Path, quick: bool, s: dict[str, Any], resume: bool, device: str = 
             models[a] = build_model(model_config(a, s))
             models[a].load_state_dict(record[(a, arms[a]["lr"], 0)]["state"])
             models[a].eval()
-        _plot(method_table(arms), d, s, out, models)  # drawn here: the weights are in this part's runs only
+        _plot(method_table(arms), d, s, out / DRAWN, models)  # drawn here: the weights are in this part's runs only
         curves = {a: [record[(a, arms[a]["lr"], seed)]["curve"] for seed in protocol.seeds] for a in METHODS}
         return {"arms": arms, "curves": curves}
 
@@ -199,9 +201,10 @@ def _run(out: Path, quick: bool, s: dict[str, Any], resume: bool, device: str = 
     params = {a: build_model(model_config(a, s)).num_parameters() for a in METHODS}
     results = {"settings": s, "parameters": params, "arms": arms,
                "methods": table, "outcomes": outcomes, "val_curves": curves}
-    return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, arms, table, outcomes, params, protocol,
-                                                                     curves), started, quick,
-                         protocol=protocol.as_dict(), device=device)
+    body = _report(s, arms, table, outcomes, params, protocol, curves)
+    with publishing(out, NAME, carry=tuple(f"{DRAWN}/{f}" for f in FIGURES)) as folder:  # drawn in the part
+        return write_outputs(folder, NAME, CLAIM, verdict, results, body, started, quick,
+                             protocol=protocol.as_dict(), device=device)
 
 
 def _report(s, arms, table, outcomes, params, protocol, curves) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from attnlab.experiments.base import interleaved_seconds, label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import interleaved_seconds, label_axes, publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.partial import run_parts
 from attnlab.experiments.scaling import char_data, evaluate, non_embedding_params, text_of, warmup_cosine, windows
 from attnlab.experiments.study import Difference, Protocol, edge_text, fmt, outcome_lines, run_arms, verdict_of
@@ -172,10 +172,11 @@ def run(out: Path, quick: bool = False, resume: bool = False, data: Path | None 
                                        for arm, t in times.items()},
                "time_ratio_range": {arm: [min(r), max(r)] for arm, r in ratios.items()},
                "curves": curves}
-    _plot(curves, arms, out)
-    return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, arms, outcomes, others, results, protocol),
-                         started, quick, protocol=protocol.as_dict(), data=Path(about["file"]),
-                         device=device)
+    body = _report(s, arms, outcomes, others, results, protocol)
+    with publishing(out, NAME) as folder:
+        _plot(curves, arms, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict, results, body, started, quick,
+                             protocol=protocol.as_dict(), data=Path(about["file"]), device=device)
 
 
 def _report(s, arms, outcomes, others, results, protocol) -> str:

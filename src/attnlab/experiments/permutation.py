@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.study import HELD, NOT_HELD, Protocol, Threshold, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.experiments.tiny import TinyEncoder
 from attnlab.nn.attention import BACKENDS, MultiHeadAttention
@@ -155,7 +155,6 @@ def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
     curves = {scheme: [statistics.fmean(c) for c in zip(*(record[(scheme, arms[scheme]["lr"], seed)]["curve"]
                                                            for seed in protocol.seeds))] for scheme in arms}
     results = {"settings": s, "equivariance_relative_error": eq, "arms": arms, "outcomes": outcomes}
-    _plot(eq, curves, arms, out)
     eq_rows = "\n".join(f"| {b} | {eq['attention_layer'][b]:.2e} | {eq['encoder_stack'][b]:.2e} |" for b in BACKENDS)
     pos_rows = "\n".join(
         f"| {scheme} | {eq['encoder_by_positions'][scheme]:.2e} | "
@@ -193,8 +192,10 @@ alike up to direction); it can still solve the task because a reversed sorted se
 negatives. Plots: `equivariance.png`, `sorted_task.png`.
 
 {regime(s)}"""
-    return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, body, started, quick,
-                         protocol=protocol.as_dict(), device=device)
+    with publishing(out, NAME) as folder:
+        _plot(eq, curves, arms, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict_of(outcomes), results, body, started, quick,
+                             protocol=protocol.as_dict(), device=device)
 
 
 def regime(s: dict[str, Any]) -> str:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from attnlab.core import runtime
 from attnlab.core.errors import DataError
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.scaling_fit import above_zero, bootstrap, chinchilla
 from attnlab.experiments.study import Protocol, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.models import GPTConfig
@@ -181,10 +181,11 @@ def _run(out: Path, quick: bool, given: Path | None, device: str = "cpu") -> dic
                "n_decades": math.log10(ns[-1] / ns[0]), "cells": points, "arms": arms, "fits": fits,
                "outcomes": outcomes, "reference": {"kaplan_alpha_N": KAPLAN_ALPHA_N,
                                                    "hoffmann_alpha": HOFFMANN_ALPHA, "hoffmann_beta": HOFFMANN_BETA}}
-    _plot(points, fits, out)
-    return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, about, points, arms, fits, outcomes, ns),
-                         started, quick, protocol=protocol.as_dict(), data=Path(about["file"]),
-                         device=device)
+    body = _report(s, about, points, arms, fits, outcomes, ns)
+    with publishing(out, NAME) as folder:
+        _plot(points, fits, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict, results, body, started, quick,
+                             protocol=protocol.as_dict(), data=Path(about["file"]), device=device)
 
 
 def rule() -> list[str]:

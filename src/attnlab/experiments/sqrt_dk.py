@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.experiments.base import pyplot, save_figure, write_outputs
+from attnlab.experiments.base import publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.study import HELD, NOT_HELD, Difference, Protocol, fmt, run_arms, verdict_of
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.training.loop import fit
@@ -224,10 +224,11 @@ def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
     }
     curves = {label: [runs[(label, arms[label]["lr"], seed)]["val_curve"] for seed in protocol.seeds]
               for label in arms}
-    _plot(stats, curves, arms, out)
-    return write_outputs(out, NAME, CLAIM, verdict, results, _report(stats, checks, part1, arms, outcomes, part2,
-                                                                     protocol, n_trials, n_keys, un, sc),
-                         started, quick, protocol=protocol.as_dict(), device=device)
+    body = _report(stats, checks, part1, arms, outcomes, part2, protocol, n_trials, n_keys, un, sc)
+    with publishing(out, NAME) as folder:
+        _plot(stats, curves, arms, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict, results, body, started, quick,
+                             protocol=protocol.as_dict(), device=device)
 
 
 def _report(stats, checks, part1, arms, outcomes, part2, protocol, n_trials, n_keys, un, sc) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from attnlab.core import runtime
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.partial import run_parts
 from attnlab.experiments.study import Difference, Protocol, edge_text, fmt, outcome_lines, run_arms, verdict_of
 from attnlab.experiments.vit_vs_cnn import at_budget, data_files, train_and_test
@@ -162,7 +162,6 @@ def run(out: Path, quick: bool = False, resume: bool = False, device: str = "cpu
                                            resume, keep_runs=True)
     outcomes = [o for t in tables.values() for o in t["outcomes"]]
     verdict = verdict_of(outcomes)
-    _plot(tables, out)
     results = {"settings": s, "datasets": {k: {kk: vv for kk, vv in v.items() if kk != "protocol"}
                                            for k, v in tables.items()}, "outcomes": outcomes,
                "dataset_wall_time_s": spent}
@@ -170,8 +169,10 @@ def run(out: Path, quick: bool = False, resume: bool = False, device: str = "cpu
     protocol = {**first, "lr_sweep": {name: t["protocol"]["lr_sweep"] for name, t in tables.items()},
                 "verdict_rule": rule(s, datasets, {name: t["budgets"][0] for name, t in tables.items()})}
     files = [f for d in datasets.values() for f in data_files(d["data"]) or []]
-    return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, datasets, tables, outcomes), started, quick,
-                         protocol=protocol, data=files or None, device=device)
+    with publishing(out, NAME) as folder:
+        _plot(tables, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict, results, _report(s, datasets, tables, outcomes), started,
+                             quick, protocol=protocol, data=files or None, device=device)
 
 
 def _dataset(name: str, d: dict[str, Any], s: dict[str, Any], keep: Path | None = None,

@@ -52,6 +52,7 @@ from attnlab.cpu import accelerate
 from attnlab.experiments.base import (
     interleaved_seconds,
     label_axes,
+    publishing,
     pyplot,
     save_figure,
     slope_rule,
@@ -253,13 +254,14 @@ def _conclude(out: Path, raw: dict[str, Any], protocol: Protocol, started: float
                            margin=-0.02 * arms["attention"]["test_loss"]["mean"])
     outcomes = [*cost_outcomes(fitted), {**loss_rule.decide(arms), "part": "loss within 2% at equal parameters"}]
     results = {**raw, "slopes": fitted, "outcomes": outcomes}
-    _plot(measured, out)
     report = _report(s, start, measured, fitted, raw["widths"], arms, outcomes, protocol, raw["cost_threads"],
                      f"The characters of {raw['text']['file']}" if "text" in raw else "Shakespeare characters")
     if raw.get("reanalysed"):
         report += f"\n\n**Re-analysed** from this run's raw measurements: {raw['reanalysed']}"
-    return write_outputs(out, NAME, CLAIM, verdict_of(outcomes), results, report, started, quick,
-                         protocol=protocol.as_dict(), data=data, device=device)
+    with publishing(out, NAME) as folder:
+        _plot(measured, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict_of(outcomes), results, report, started, quick,
+                             protocol=protocol.as_dict(), data=data, device=device)
 
 
 def cost_outcomes(fitted: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

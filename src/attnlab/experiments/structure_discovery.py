@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.grammars import DEPTHS, GRAMMARS, entropy_rate, stream, vocabulary, windows
 from attnlab.experiments.structure_agreement import DEPTHS as TEST_DEPTHS
 from attnlab.experiments.structure_agreement import agreement_report, parse_head
@@ -171,9 +171,10 @@ def run(out: Path, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
     results = {"settings": s, "depth_distribution": DEPTHS, "test_depths": TEST_DEPTHS,
                "entropy_rate": {g: entropy_rate(g) for g in GRAMMARS},
                "arms": arms, "agreement": agreement, "outcomes": outcomes}
-    _plot(runs, arms, agreement, out)
-    return write_outputs(out, NAME, CLAIM, verdict, results, _report(s, protocol, arms, agreement, outcomes),
-                         started, quick, protocol=protocol.as_dict(), device=device)
+    with publishing(out, NAME) as folder:
+        _plot(runs, arms, agreement, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict, results, _report(s, protocol, arms, agreement, outcomes),
+                             started, quick, protocol=protocol.as_dict(), device=device)
 
 
 def _report(s: dict[str, Any], protocol: Protocol, arms: dict[str, Any], agreement: dict[str, Any],

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from attnlab.core import runtime
-from attnlab.experiments.base import label_axes, pyplot, save_figure, write_outputs
+from attnlab.experiments.base import label_axes, publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.partial import run_parts
 from attnlab.experiments.study import (
     Contrast,
@@ -227,12 +227,13 @@ def _run(out: Path, quick: bool, settings: dict[str, Any], resume: bool, device:
     outcomes = [r.decide(summary) for r in rule_list]
     verdict = verdict_of(outcomes)
     gaps = {f"{fr:g}": Difference(f"cnn@{fr:g}", f"vit@{fr:g}", "test_accuracy").decide(summary) for fr in fractions}
-    _plot(summary, fractions, params, settings, out)
     results = {"settings": settings, "parameters": params, "cnn_width": configs["cnn"].cnn_width, "arms": summary,
                "gaps": gaps, "outcomes": outcomes, "val_curves": curves}
-    return write_outputs(out, NAME, CLAIM, verdict, results, _report(settings, summary, gaps, outcomes, params,
-                                                                     configs, protocol, curves), started, quick,
-                         protocol=protocol.as_dict(), data=data_files(settings["data"]), device=device)
+    body = _report(settings, summary, gaps, outcomes, params, configs, protocol, curves)
+    with publishing(out, NAME) as folder:
+        _plot(summary, fractions, params, settings, folder)
+        return write_outputs(folder, NAME, CLAIM, verdict, results, body, started, quick,
+                             protocol=protocol.as_dict(), data=data_files(settings["data"]), device=device)
 
 
 def annealing(step: int, steps: int) -> bool:

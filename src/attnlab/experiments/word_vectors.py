@@ -24,7 +24,7 @@ from torch import Tensor
 from attnlab.core import runtime
 from attnlab.core.errors import ConfigError
 from attnlab.core.extras import require
-from attnlab.experiments.base import pyplot, save_figure, write_outputs
+from attnlab.experiments.base import publishing, pyplot, save_figure, write_outputs
 from attnlab.experiments.study import Protocol
 
 NAME = "word-vectors"
@@ -239,7 +239,6 @@ def _run(out: Path, quick: bool) -> dict[str, Any]:
     held = all(results["checks"].values())
     protocol = Protocol(seeds=[], budget={"training": "none: the released all-MiniLM-L6-v2 weights"}, lr_sweep={},
                         verdict_rule=rule())
-    _plot(static, encoder, words, hl, labels, out)
     cat_rows = "\n".join(
         f"| {c} | {len(PAIRS[c])} | {results['analogy']['input_embedding']['by_category'][c]:.2f} | "
         f"{results['analogy']['input_embedding_full_vocab']['by_category'][c]:.2f} | "
@@ -300,8 +299,10 @@ Plots: `projection.png` (PCA of the input embeddings and of the encoded words, p
 
 {regime(len(quads))}"""
     files = [minilm_path() / f for f in MINILM_FILES]
-    return write_outputs(out, NAME, CLAIM, held, results, body, started, quick, protocol=protocol.as_dict(),
-                         data=[f for f in files if f.is_file()])
+    with publishing(out, NAME) as folder:
+        _plot(static, encoder, words, hl, labels, folder)
+        return write_outputs(folder, NAME, CLAIM, held, results, body, started, quick,
+                             protocol=protocol.as_dict(), data=[f for f in files if f.is_file()])
 
 
 def regime(n_analogies: int) -> str:

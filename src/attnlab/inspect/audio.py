@@ -39,13 +39,18 @@ def inspect_audio(run_dir: str | Path, audio_path: str | Path, out_path: str | P
     """Classify one sound file with an encoder run trained on audio and write the attention-over-time PNG.
     Returns the class, its probability, the time (s) where rollout peaks, and the figure's path."""
     from attnlab.data.audio import HOP, SAMPLE_RATE, FrontEnd, fit_length, log_mel, read_audio
+    from attnlab.inspect.figure_path import check_figure_path
     from attnlab.inspect.plots import finish_figure
     from attnlab.models.registry import from_pretrained
-    from attnlab.training.tasks.continuous import ContinuousTask
+    from attnlab.training.tasks.continuous import INPUTS_FILE, ContinuousTask
 
+    check_figure_path(out_path, "--out")  # before the model runs
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run folder not found: {run_dir}")
+    if not (run_dir / INPUTS_FILE).is_file():  # a text or image run: no front end of features to read
+        raise ConfigError(f"{run_dir} was not trained on audio (it has no {INPUTS_FILE}); --audio needs a run of "
+                          "speech-words or data=WAV_FOLDER")
     saved = ContinuousTask._load_inputs(run_dir)
     if not saved.get("audio"):
         raise ConfigError(f"{run_dir} was not trained on audio; --audio needs a run of speech-words or data=WAV_FOLDER")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attnlab.core.fileio import save_figure
 from attnlab.inspect.plots import _plt, token_label
 
 
@@ -20,7 +21,7 @@ def _save(fig, path: str | Path, tight: bool = True) -> Path:
         warnings.filterwarnings("ignore", message="Glyph .* missing from font")
         if tight:
             fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
     _plt().close(fig)
     return path
 

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from attnlab.core.fileio import save_figure
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -94,21 +96,19 @@ def save(fig: Figure, stem: Path, formats: Sequence[str] = FORMATS) -> list[Path
         if fmt not in FORMATS:
             raise ValueError(f"unknown figure format {fmt!r}; choose from {FORMATS}")
         path = stem.with_name(f"{stem.name}.{fmt}")
-        fig.savefig(path, bbox_inches="tight")
+        save_figure(fig, path, bbox_inches="tight")
         paths.append(path)
     _plt().close(fig)
     return paths
 
 
 def finish_figure(fig, out_path: str | Path, title: str = "") -> Path:
-    """Title, tight layout, write ``out_path`` (creating its folder) and release the figure."""
+    """Title, tight layout, write ``out_path`` (creating its folder; atomically: a kill leaves the old file or the
+    new one) and release the figure."""
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path)
-    return out_path
+    return save_figure(fig, out_path)
 
 
 def _lists(t: Tensor) -> list:

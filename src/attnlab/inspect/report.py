@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.core.errors import ConfigError, DataError
+from attnlab.core.staging import check_own_folder, staged_folder
 from attnlab.inspect import plots
 from attnlab.inspect.heads import (
     THRESHOLDS,
@@ -33,6 +35,20 @@ from attnlab.inspect.heads import (
 from attnlab.inspect.record import Recording, record
 
 MAX_TEXT_TOKENS = 512  # the JSON dump and the figures grow as layers x heads x T^2
+MAX_BATCHES = 10_000  # heads --n-batches: far beyond what the averages need
+# the names of the files each command writes: an --out holding only these is an earlier output, replaced whole
+TEXT_OUTPUTS = re.compile(r"attention\.json|(attention_layer\d+_head\d+|heads_layer\d+|entropy|attribution)\.(png|svg)")
+HEAD_OUTPUTS = re.compile(r"heads\.(json|csv|md|png|svg)")
+
+
+def check_text_out(out: str | Path) -> None:
+    """ConfigError unless ``out`` can take ``inspect --text``'s files: new, empty, or an earlier output of it."""
+    check_own_folder(out, TEXT_OUTPUTS.fullmatch, "--out", ConfigError)
+
+
+def check_heads_out(out: str | Path) -> None:
+    """ConfigError unless ``out`` can take ``heads``'s files: new, empty, or an earlier output of it."""
+    check_own_folder(out, HEAD_OUTPUTS.fullmatch, "--out", ConfigError)
 
 
 def _load(run_dir: str | Path) -> tuple[nn.Module, object]:
@@ -118,11 +134,20 @@ def inspect_text(
     ids = _encode_text(model, tok, text, min(_context(model), MAX_TEXT_TOKENS))
     tokens = [tok.decode([i]) for i in ids]
     idx = torch.tensor([ids])
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     with torch.no_grad(), record(model, what=("probs",)) as rec:
         model(idx)
     name, head = _pick(rec, layer, head)
+    out = Path(out)
+    with staged_folder(out, ConfigError, replace=True) as folder:  # a kill leaves the old output or the new one
+        check_text_out(out)  # again, under the folder's lock
+        written = _text_figures(model, tok, rec, name, head, idx, ids, tokens, text, folder, formats, attribution)
+    return [out / p.name for p in written]
+
+
+def _text_figures(model: nn.Module, tok, rec: Recording, name: str, head: int, idx: Tensor, ids: list[int],
+                  tokens: list[str], text: str, out: Path, formats: tuple[str, ...], attribution: bool) -> list[Path]:
+    """Write inspect --text's files into ``out``: attention.json, one head's heatmap, the layer's heads, the
+    entropy overview and (a model with token embeddings) the attribution comparison."""
     lay = rec.layer[name]
     paths = [out / "attention.json"]
     paths[0].write_text(json.dumps(attention_json(rec, tokens, ids, text)) + "\n", encoding="utf-8")
@@ -198,6 +223,8 @@ def head_report(
 
     if n_batches < 1 or batch_size < 1:
         raise ConfigError("--n-batches and --batch-size must be >= 1")
+    if n_batches > MAX_BATCHES:  # each batch is a forward pass: a count far past this runs for days
+        raise ConfigError(f"--n-batches {n_batches:,} is more than {MAX_BATCHES:,}; the averages settle long before")
     model, tok = _load(run_dir)
     check_fits(model.config, "the model", batch_size, inference=True, patterns=True)  # every layer's (B, H, T, T)
     block = _context(model)
@@ -216,9 +243,11 @@ def head_report(
             row.ablation_loss_increase = float(rise[row.layer, row.head])
         rows.sort(key=lambda r: -r.ablation_loss_increase)
     out = Path(out)
-    paths = write_head_table(rows, out)
-    paths += plots.save(heads_figure(stats), out / "heads", formats)
-    return HeadReport(rows, paths, n_batches * batch_size)
+    with staged_folder(out, ConfigError, replace=True) as folder:  # a kill leaves the old output or the new one
+        check_heads_out(out)  # again, under the folder's lock
+        paths = write_head_table(rows, folder)
+        paths += plots.save(heads_figure(stats), folder / "heads", formats)
+    return HeadReport(rows, [out / p.name for p in paths], n_batches * batch_size)
 
 
 def next_token_loss(model: nn.Module, window: Tensor) -> Tensor:

@@ -96,9 +96,11 @@ def inspect_image(run_dir: str | Path, image_path: str | Path, out_path: str | P
     Returns the predicted class, its probability and the cell (row, col) where rollout (Grad-CAM) peaks.
     """
     from attnlab.data.images import normalize, read_image
+    from attnlab.inspect.figure_path import check_figure_path
     from attnlab.models.registry import from_pretrained
     from attnlab.training.tasks.images import load_labels
 
+    check_figure_path(out_path, "--out")  # before the model runs
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run folder not found: {run_dir}")

@@ -45,14 +45,15 @@ def _check(model: nn.Module, clean: Tensor, corrupted: Tensor) -> None:
                           "be (B, T): patching lines positions up")
 
 
-def last_logits_from(model: nn.Module, layer: int, x: Tensor) -> Tensor:
+def last_logits_from(model: nn.Module, layer: int, x: Tensor, idx: Tensor | None = None) -> Tensor:
     """The logits at the last position when the stream entering block ``layer`` is x (B, T, C): (B, 1, V),
-    computed as ``model(idx)`` computes them from there on (positions 0 .. T-1, causal, no cache)."""
+    computed as ``model(idx)`` computes them from there on (positions 0 .. T-1, causal, no cache); ``idx`` (B, T),
+    the token ids, for the blocks that look them up (Engram layers)."""
     T = x.size(1)
     pos = torch.arange(T, device=x.device)
     rotary, bias = model.positions.rotary(pos), model.positions.contiguous_bias(T, T, x.device)
     for block in model.blocks[layer:]:
-        x = block(x, BlockContext(bias=bias, rotary=rotary, is_causal=True))  # (B, T, C)
+        x = block(x, BlockContext(bias=bias, rotary=rotary, is_causal=True, token_ids=idx))  # (B, T, C)
     return model.head(model.norm_f(x[:, -1:]))  # (B, 1, V)
 
 
@@ -79,7 +80,8 @@ def _sweep(model: nn.Module, corrupted: Tensor, metric: Metric, cells: list, pat
                 return write(x, [(layer, *cell) for cell in chunk])
 
             with torch.no_grad(), hooks(model, {patch_point(layer): patch}):
-                logits = last_logits_from(model, layer, start.repeat(len(chunk), 1, 1))  # cell-major rows
+                logits = last_logits_from(model, layer, start.repeat(len(chunk), 1, 1),  # cell-major rows
+                                          corrupted.repeat(len(chunk), 1))
             values += _per_cell(metric, logits, B)
         out.append(values)
     return out

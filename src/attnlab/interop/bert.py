@@ -14,12 +14,15 @@
   cls.predictions.bias                     <-> mlm_bias   (decoder.weight is tied to word_embeddings)
   cls.seq_relationship                     <-> nsp_head
 
-  classifier                             <-> classifier, or regressor (scaling folded in)   (a head)
+  classifier                             <-> classifier, or regressor (scaling folded in)   (a sequence head)
+  classifier                             <-> token_classifier      (model.head_type=token: BertForTokenClassification)
+  qa_outputs                             <-> span_classifier       (model.head_type=span: BertForQuestionAnswering)
 
 A BertModel folder has no "bert." prefix and no cls.* heads (they keep their fresh init); old
 TensorFlow-converted checkpoints name LayerNorm parameters gamma/beta. Exports use the
 BertForPreTraining layout, which BertModel, BertForMaskedLM and BertForPreTraining all read; a model with
-a classification or regression head also gets BertForSequenceClassification's ``classifier`` (``sequence_head``).
+a classification or regression head also gets BertForSequenceClassification's ``classifier`` (``sequence_head``),
+a token head BertForTokenClassification's ``classifier`` and a span head BertForQuestionAnswering's ``qa_outputs``.
 """
 
 from __future__ import annotations
@@ -79,7 +82,12 @@ def check_bert_compatible(config: ModelConfig) -> None:
 
 
 def head_kind(config: BertConfig) -> str | None:
-    """The sequence head a BERT carries: "classification" (n_classes), "regression" (n_targets) or None."""
+    """The head a BERT carries: "classification" (n_classes), "regression" (n_targets), "token" (model.head_type=token,
+    n_classes tags), "span" (model.head_type=span: start/end logits) or None."""
+    if config.head_type == "span":
+        return "span"
+    if config.head_type == "token" and config.n_classes is not None:
+        return "token"
     if config.n_classes is not None:
         return "classification"
     return "regression" if config.n_targets is not None else None
@@ -91,7 +99,7 @@ def check_sequence_head(config: BertConfig) -> None:
     wrong = []
     if config.n_classes is not None and config.n_targets is not None:
         wrong.append(f"n_classes={config.n_classes} and n_targets={config.n_targets} (it has one head)")
-    if head_kind(config) is not None and config.pooling != "cls":
+    if head_kind(config) in ("classification", "regression") and config.pooling != "cls":
         wrong.append(f"pooling={config.pooling!r} with a {head_kind(config)} head (it pools with [CLS]'s tanh "
                      "pooler; train with model.pooling=cls to export the head)")
     refuse("BertForSequenceClassification", wrong)
@@ -112,6 +120,8 @@ def sequence_head(model, classes: list[str] | None = None,
     c = model.config
     check_sequence_head(c)
     kind = head_kind(c)
+    if kind in ("token", "span"):
+        return token_head(model, classes)
     if kind == "classification":
         names = classes if classes is not None else [f"LABEL_{i}" for i in range(c.n_classes)]
         if len(names) != c.n_classes:
@@ -135,6 +145,23 @@ def sequence_head(model, classes: list[str] | None = None,
     fields = {"architectures": ["BertForSequenceClassification"], "problem_type": problem,
               "id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
     return tensors, fields
+
+
+def token_head(model, tags: list[str] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, config.json fields) of a token head as BertForTokenClassification's ``classifier`` (``tags`` as
+    id2label), or of a span head as BertForQuestionAnswering's ``qa_outputs`` (start, end logits per token)."""
+    c = model.config
+    if c.head_type == "span":
+        layer, name, fields = model.span_classifier, "qa_outputs", {"architectures": ["BertForQuestionAnswering"]}
+    else:
+        names = tags if tags is not None else [f"LABEL_{i}" for i in range(c.n_classes)]
+        if len(names) != c.n_classes:
+            raise CheckpointError(f"{len(names)} tag names for a head of {c.n_classes} tags")
+        layer, name = model.token_classifier, "classifier"
+        fields = {"architectures": ["BertForTokenClassification"], "id2label": dict(enumerate(names)),
+                  "label2id": {n: i for i, n in enumerate(names)}}
+    return {f"{name}.weight": layer.weight.detach().contiguous().clone(),
+            f"{name}.bias": layer.bias.detach().contiguous().clone()}, fields
 
 
 def to_bert_state_dict(model) -> dict[str, torch.Tensor]:
@@ -175,7 +202,8 @@ def bert_config(config: ModelConfig) -> dict:
 def save_bert(model, directory: str | Path, classes: list[str] | None = None,
               target_scale: tuple[list[float], list[float]] | None = None) -> Path:
     """Write a folder that ``transformers.BertForPreTraining/BertForMaskedLM/BertModel.from_pretrained`` loads,
-    and with a classification or regression head ``BertForSequenceClassification`` too (``sequence_head``)."""
+    and with a classification or regression head ``BertForSequenceClassification`` too (``sequence_head``); with
+    a token or span head ``BertForTokenClassification`` / ``BertForQuestionAnswering`` (``classes``: the tags)."""
     head, fields = sequence_head(model, classes, target_scale)
     tensors = to_bert_state_dict(model)
     if model.config.tie_embeddings:  # tied: HF re-ties the decoder to word_embeddings, its bias to cls.predictions.bias

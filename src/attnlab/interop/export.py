@@ -5,7 +5,9 @@ as a folder the ecosystem reads.
     gpt     learned positions, LayerNorm, dense GELU/ReLU MLP  GPT-2      (GPT2LMHeadModel)
     gpt     RoPE, LayerNorm, dense GELU/ReLU MLP                GPT-NeoX   (GPTNeoXForCausalLM)
     gpt     RoPE, RMSNorm, SwiGLU (GQA allowed)                 LLaMA      (LlamaForCausalLM)
-    bert    post-norm, learned positions                        BERT       (BertForPreTraining layout)
+    bert    post-norm, learned positions                        BERT       (BertForPreTraining layout; a head as
+                                                                           BertFor{Sequence,Token}Classification
+                                                                           or BertForQuestionAnswering)
     vit     pre-norm, learned positions, [CLS] pooling          ViT        (ViTForImageClassification)
 
 Anything else (ALiBi, hyper-connections, experts, an SSM mixer ...) has no exact equivalent and is
@@ -19,13 +21,12 @@ is either complete or absent. ``--push REPO`` then uploads it to the Hub (``hub.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from attnlab.core.errors import CheckpointError, ConfigError
 from attnlab.core.fileio import atomic_write_text, check_writable_folder
+from attnlab.core.staging import staged_folder
 from attnlab.inspect.encoders import SentenceSettings
 from attnlab.interop.bert import check_bert_compatible, check_sequence_head, head_kind, save_bert
 from attnlab.interop.gpt2 import check_gpt2_compatible, save_gpt2
@@ -116,19 +117,10 @@ def export_run(run: str | Path, fmt: str, out: str | Path, license: str | None =
         raise CheckpointError(f"run folder not found: {run}")
     arch = architecture(read_config(run), fmt)  # refused here, before the weights are read
     model = from_pretrained(run)  # checks every file against the run's manifest, the tokenizer included
-    staging = out.parent / f".{out.name}.export-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with staged_folder(out, CheckpointError) as staging:  # a kill leaves no out or all of it, never a part
         files = _write(run, model, arch, fmt, staging)
         card = model_card(run, model, arch, fmt, push_to or load_path(given), license)
         atomic_write_text(staging / "README.md", card)
-        if out.exists():
-            out.rmdir()  # checked empty above
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     pushed = push(out, push_to) if push_to is not None else None  # a failed push leaves the folder in place
     return Exported(out, arch, [*files, "README.md"], pushed)
 
@@ -161,12 +153,15 @@ def generation_config(tokenizer, block_size: int) -> dict:
 
 
 def _head_files(run: Path, config) -> tuple[list[str] | None, tuple[list[float], list[float]] | None]:
-    """(class names, (targets' mean, std)) a BERT's head is exported with, from the run's labels.json or
-    targets.json (a one-line error if the run lacks it); (None, None) without a head."""
+    """(class names, (targets' mean, std)) a BERT's head is exported with, from the run's labels.json, tags.json
+    or targets.json (a one-line error if the run lacks it); (None, None) without a head, or for a span head."""
     from attnlab.training.tasks.classify import load_classes
     from attnlab.training.tasks.regress import load_target_scale
+    from attnlab.training.tasks.tokens import load_tags
 
     kind = head_kind(config)
+    if kind == "token":
+        return load_tags(run), None
     if kind == "classification":
         return load_classes(run), None
     if kind == "regression":

@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from attnlab.core.errors import CheckpointError
-from attnlab.core.fileio import atomic_write_text, check_writable_folder, staged_folder
+from attnlab.core.fileio import atomic_write_text, check_writable_folder
 from attnlab.core.manifest import write_manifest
+from attnlab.core.staging import staged_folder
 from attnlab.interop.bert import load_bert
 from attnlab.interop.checks import (
     JSON_LIMIT,

@@ -86,13 +86,15 @@ def bias_or_zeros(state: dict[str, torch.Tensor], name: str, size: int, like: to
 
 def mismatches(config, architecture: str, **wanted) -> list[str]:
     """"option=value (ARCH needs wanted)" for every option of ``config`` that differs from ``wanted``, and the
-    options no exported architecture has (QK-norm, logit soft-capping)."""
+    options no exported architecture has (QK-norm, logit soft-capping, Engram layers)."""
     wrong = [f"{k}={getattr(config, k)!r} ({architecture} needs {v!r})" for k, v in wanted.items()
              if getattr(config, k) != v]
     if getattr(config, "qk_norm", False):
         wrong.append(f"qk_norm=True ({architecture} does not normalise queries and keys)")
     if getattr(config, "logit_softcap", None) is not None:
         wrong.append(f"logit_softcap={config.logit_softcap:g} ({architecture}'s logits are not capped)")
+    if getattr(config, "engram_layers", ""):
+        wrong.append(f"engram_layers={config.engram_layers!r} ({architecture} has no n-gram memory)")
     return wrong
 
 

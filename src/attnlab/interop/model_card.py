@@ -150,6 +150,12 @@ def _head_note(c, architecture: str, fmt: str) -> list[str]:
     if kind == "classification":
         return [f"The sequence classifier ({c.n_classes} classes, id2label from the run) is the run's own; "
                 "AutoModelForMaskedLM reads the same folder's encoder and masked-LM head.", ""]
+    if kind == "token":
+        return [f"The token classifier ({c.n_classes} BIO tags, id2label from the run) is the run's own; "
+                "AutoModelForMaskedLM reads the same folder's encoder and masked-LM head.", ""]
+    if kind == "span":
+        return ["The question-answering head (start and end logits per token) is the run's own; "
+                "AutoModelForMaskedLM reads the same folder's encoder and masked-LM head.", ""]
     if kind == "regression":
         return [f"The regression head ({c.n_targets} target(s), problem_type regression) gives the targets in their "
                 "own units: the run's standardisation (targets.json) is folded into the classifier.", ""]
@@ -213,7 +219,8 @@ def usage(run: Path, model, architecture: str, fmt: str, load_from: str) -> str:
                 f"pixels = torch.rand(1, {c.in_channels}, {c.image_size}, {c.image_size})  # (B, C, H, W), normalised\n"
                 "print(model.config.id2label[int(model(pixel_values=pixels).logits.argmax(-1))])")
     head = head_kind(c) if architecture == "BERT" else None
-    loader = "AutoModelForSequenceClassification" if head else LOADERS[architecture]
+    loader = {"token": "AutoModelForTokenClassification", "span": "AutoModelForQuestionAnswering"}.get(
+        head or "", "AutoModelForSequenceClassification" if head else LOADERS[architecture])
     load = (f"from transformers import AutoTokenizer, {loader}\n\n"
             f"tokenizer = AutoTokenizer.from_pretrained({where})\n"
             f"model = {loader}.from_pretrained({where})\n")
@@ -224,6 +231,16 @@ def usage(run: Path, model, architecture: str, fmt: str, load_from: str) -> str:
     if head == "classification":
         return (load + "inputs = tokenizer([\"a first text\", \"another one\"], padding=True, return_tensors=\"pt\")\n"
                 "print([model.config.id2label[i] for i in model(**inputs).logits.argmax(-1).tolist()])")
+    if head == "token":
+        return (load.replace(f"import AutoTokenizer, {loader}", f"import AutoTokenizer, {loader}, pipeline")
+                + 'ner = pipeline("token-classification", model=model, tokenizer=tokenizer, '
+                'aggregation_strategy="first")\n'
+                'print(ner("Ana Rivas moved to Lisbon in May 2001 ."))')
+    if head == "span":
+        return (load + 'inputs = tokenizer("Where was Ana Rivas born?", "Ana Rivas was born in Lisbon.", '
+                'return_tensors="pt")\nout = model(**inputs)\n'
+                "start, end = int(out.start_logits[0].argmax()), int(out.end_logits[0].argmax())\n"
+                'print(tokenizer.decode(inputs["input_ids"][0, start:end + 1]))')
     if head == "regression":
         return (load + "inputs = tokenizer([\"a first text\", \"another one\"], padding=True, return_tensors=\"pt\")\n"
                 "print(model(**inputs).logits)  # (2, targets), in the targets' own units")
@@ -238,7 +255,9 @@ def _pipeline_tag(c, architecture: str, fmt: str) -> str:
     if architecture == "ViT":
         return "image-classification"
     if architecture == "BERT":
-        return "text-classification" if head_kind(c) else "fill-mask"
+        kind = head_kind(c)
+        return {"token": "token-classification", "span": "question-answering", None: "fill-mask"}.get(
+            kind, "text-classification")
     return "text-generation"
 
 

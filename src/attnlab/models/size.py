@@ -6,6 +6,7 @@ For a transformer of L layers (L_x of them decoder layers with cross-attention),
 width f (4d by default, 8d/3 for SwiGLU, which has three matrices), E experts, vocabulary V, context T:
 
     parameters P ~ L (4 d^2 + k d f E) + 4 d^2 L_x + V d + T d      (k = 2, or 3 for SwiGLU)
+                   (+ a GPT's Engram layers: their tables and projections)
     inference   ~ 4 P bytes (fp32 weights)
                   + a forward pass without gradients over a batch: ~4 B T (10 d + 2 V) bytes at its peak (a
                     block's input and norm, the MLP's hidden and activated 4d; the logits, their log-softmax),
@@ -47,8 +48,9 @@ def parameter_estimate(config: Any) -> int:
     vocab = getattr(config, "vocab_size", None) or 0
     context = getattr(config, "block_size", None) or 0
     cross = layers(config) - (getattr(config, "n_layer", 0) or 0)  # decoder layers also cross-attend
+    engram = config.engram_parameters(d) if hasattr(config, "engram_parameters") else 0  # a GPT's Engram tables
     return layers(config) * (4 * d * d + (3 if swiglu else 2) * d * f * experts) + cross * 4 * d * d \
-        + (vocab + context) * d
+        + (vocab + context) * d + engram
 
 
 def training_bytes(config: Any, batch_size: int) -> int:

@@ -11,6 +11,8 @@ nor whether its FFN is dense or a mixture of experts. How sub-layers meet the st
                                        x = x + Mixer(Norm(x));   x = x + CrossAttn(Norm(x), m);
                                        x = x + FFN(Norm(x))
     PostNormDecoderBlock               the same three sub-layers, post-norm (Vaswani et al. 2017)
+    EngramBlock    (pre-norm, with a hashed n-gram memory first, DeepSeek 2026; ``nn/engram.py``)
+                                       x = x + Engram(Norm(x), ids);   then PreNormBlock's two lines
 
 x (B, T, C) -> (B, T, C). Dropout is applied to each mixer/cross-attention output (the FFN applies
 its own). Residual schemes other than x + f (hyper-connections, mHC, attention residuals) wrap the
@@ -19,6 +21,7 @@ stream at model level: a pre-norm block hands them its ``sublayers`` f_i(x) = Dr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Literal
@@ -28,6 +31,7 @@ from torch import Tensor, nn
 
 from attnlab.nn.attention import Backend, KVCache, MultiHeadAttention
 from attnlab.nn.attention.latent import LatentKVCache
+from attnlab.nn.engram import Engram, EngramState
 from attnlab.nn.ffn import FeedForward, default_d_ff
 from attnlab.nn.hooks import HookPoint
 from attnlab.nn.mixing import BlockContext, Mixer
@@ -35,8 +39,29 @@ from attnlab.nn.norms import build_norm
 from attnlab.nn.ssm import SSMState
 
 NormPosition = Literal["pre", "post"]
-LayerCache = KVCache | LatentKVCache | SSMState
+MixerCache = KVCache | LatentKVCache | SSMState
 Sublayer = Callable[[Tensor, BlockContext], Tensor]
+
+
+class EngramCache:
+    """The decoding cache of an ``EngramBlock``: its mixer's cache (``mixer``) and its Engram's state (``engram``);
+    ``length`` is the mixer's (the tokens consumed so far)."""
+
+    def __init__(self, mixer: MixerCache, engram: EngramState) -> None:
+        self.mixer, self.engram = mixer, engram
+
+    @property
+    def length(self) -> int:
+        """Positions cached so far (the mixer's cache and the Engram state advance together)."""
+        return self.mixer.length
+
+    def reorder(self, index: Tensor) -> None:
+        """Select/reorder batch rows in place (beam search keeps the surviving beams)."""
+        self.mixer.reorder(index)
+        self.engram.reorder(index)
+
+
+LayerCache = MixerCache | EngramCache
 
 # checkpoints written before the blocks were composed named the mixer after its kind
 RENAMED: dict[str, str] = {"self_attn": "mixer", "ssm": "mixer", "norm_self": "norm_mixer"}
@@ -126,6 +151,53 @@ class PreNormBlock(Block):
         """f_i(x) = Dropout(F_i(Norm_i(x))) in order, for a model-level residual scheme."""
         return [lambda x, ctx: self.attend(self.norm_mixer(x), ctx),
                 lambda x, ctx: self.feed_forward(self.norm_ffn(x), ctx)]
+
+
+class EngramBlock(PreNormBlock):
+    """x = x + Engram(Norm(x), ids);  x = x + Mixer(Norm(x));  x = x + FFN(Norm(x)).
+
+    The token ids come in ``ctx.token_ids`` (B, T); with a cache, ``ctx.cache`` is an ``EngramCache`` and the mixer
+    sees its own part. Hook points: PreNormBlock's, and ``hook_engram_out`` (B, T, C), what the Engram adds.
+    """
+
+    def __init__(self, mixer: Mixer, ffn: nn.Module, engram: Engram, norm: Callable[[], nn.Module],
+                 dropout: float = 0.0) -> None:
+        super().__init__(mixer, ffn, norm, dropout)
+        self.engram = engram
+        self.norm_engram = norm()
+        self.hook_engram_out = HookPoint()
+
+    @property
+    def n_sublayers(self) -> int:
+        """Residual sub-layers: Engram, mixer, feed-forward."""
+        return 3
+
+    def new_cache(self, batch_size: int, max_len: int, dtype: Any, device: Any = None) -> EngramCache:
+        """The mixer's cache and the Engram's state (the last ids and convolution inputs)."""
+        return EngramCache(self.mixer.new_cache(batch_size, max_len, dtype, device),
+                           self.engram.new_state(batch_size, dtype, device))
+
+    def remember(self, h: Tensor, ctx: BlockContext) -> Tensor:
+        """Dropout(Engram(h, ids)): h (B, T, C) -> (B, T, C), the ids (and the Engram's state) from ``ctx``."""
+        if ctx.token_ids is None:
+            raise ValueError("an Engram block looks up the token ids: pass them in BlockContext.token_ids")
+        state = None if ctx.cache is None else ctx.cache.engram
+        return self.hook_engram_out(self._drop(self.engram(h, ctx.token_ids, state)))
+
+    def attend(self, h: Tensor, ctx: BlockContext) -> Tensor:
+        """Dropout(Mixer(h)), the mixer reading its own part of the cache."""
+        return super().attend(h, ctx if ctx.cache is None else dataclasses.replace(ctx, cache=ctx.cache.mixer))
+
+    def forward(self, x: Tensor, ctx: BlockContext) -> Tensor:
+        x = self.hook_resid_pre(x)
+        x = x + self.remember(self.norm_engram(x), ctx)
+        x = self.hook_resid_mid(x + self.attend(self.norm_mixer(x), ctx))
+        return self.hook_resid_post(x + self.feed_forward(self.norm_ffn(x), ctx))
+
+    @property
+    def sublayers(self) -> list[Sublayer]:
+        """f_i(x) = Dropout(F_i(Norm_i(x))) in order, for a model-level residual scheme."""
+        return [lambda x, ctx: self.remember(self.norm_engram(x), ctx), *super().sublayers]
 
 
 class PostNormBlock(Block):

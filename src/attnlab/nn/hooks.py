@@ -24,6 +24,8 @@ a hook that returns a tensor replaces it, so the rest of the model computes with
     blocks.{i}.ffn.hook_post           (B, T, d_ff)  after it, what W_2 reads
     blocks.{i}.hook_ffn_out            (B, T, C)     what the feed-forward network adds; also ``hook_mlp_out``
     blocks.{i}.hook_cross_out          (B, T, C)     what cross-attention adds (decoder blocks)
+    blocks.{i}.engram.hook_gate        (B, T, 1)     an Engram layer's context gate alpha_t in (0, 1) (``nn/engram.py``)
+    blocks.{i}.hook_engram_out         (B, T, C)     what the Engram memory adds, before the mixer (Engram blocks)
     blocks.{i}.hook_resid_post         (B, T, C)     the stream leaving block i
     norm_f.hook_scale / hook_normalized               the final norm (TransformerLens's ln_final) *
 

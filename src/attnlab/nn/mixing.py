@@ -32,8 +32,9 @@ class BlockContext:
     mask: bool (B or 1, 1, T or 1, S), True = attend;  bias: additive (H, T, S) or a callable on (q, k);
     rotary: (cos, sin), each (T, D);  is_causal: add the causal mask (aligned to the cache's end);
     cache: this layer's decoding cache (``Mixer.new_cache``);  memory (B, S, C_m), memory_mask
-    (B, 1, 1, S) and cross_cache: the encoder side of a decoder block;  moe: the MoEStats of an
-    expert layer, filled by the call.
+    (B, 1, 1, S) and cross_cache: the encoder side of a decoder block;  token_ids (B, T): the ids of the
+    tokens at these positions (an Engram sub-layer looks them up);  moe: the MoEStats of an expert layer,
+    filled by the call.
     """
 
     mask: Tensor | None = None
@@ -44,6 +45,7 @@ class BlockContext:
     memory: Tensor | None = None
     memory_mask: Tensor | None = None
     cross_cache: Any = None
+    token_ids: Tensor | None = None
     moe: Any = None
 
 

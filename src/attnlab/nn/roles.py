@@ -9,6 +9,7 @@ so a new mixer or FFN that declares its roles is initialised, decayed and counte
     EXPERT            one of a mixture's E experts: a token passes through top_k / E of it (the
                       owning module has ``top_k`` and ``n_experts``)
     POSITION_TABLE    a table of position vectors: read by index, no matmul FLOPs
+    LOOKUP_TABLE      a memory read by index only (an Engram's n-gram tables): no matmul FLOPs
     NO_WEIGHT_DECAY   never decayed (a state-space layer's A_log and D, the experts' biases)
 
 Roles live on the modules, not on the Parameter objects, so they survive anything that replaces
@@ -22,8 +23,9 @@ from torch import nn
 RESIDUAL_OUT = "residual_out"
 EXPERT = "expert"
 POSITION_TABLE = "position_table"
+LOOKUP_TABLE = "lookup_table"
 NO_WEIGHT_DECAY = "no_weight_decay"
-ROLES = (RESIDUAL_OUT, EXPERT, POSITION_TABLE, NO_WEIGHT_DECAY)
+ROLES = (RESIDUAL_OUT, EXPERT, POSITION_TABLE, LOOKUP_TABLE, NO_WEIGHT_DECAY)
 
 
 def declare(module: nn.Module, name: str, *roles: str) -> None:

@@ -13,7 +13,7 @@ from attnlab.data.pairs import Seq2SeqOptions
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt.config import GPTConfig
 from attnlab.nn.attention.kernels import check_route
-from attnlab.training.tasks.names import SECTIONS, TASK_SECTIONS, TOKENIZED, check_family, task_name
+from attnlab.training.tasks.names import SECTIONS, TASK_SECTIONS, TOKENIZED, check_family, check_head, task_name
 
 
 @dataclass
@@ -336,6 +336,7 @@ class TrainConfig:
         (``seq2seq.min_len=1`` on a language model, also written ``min_len=1``, used to train without it), and
         where a task without text is given a tokenizer; first, a family the task does not train."""
         check_family(task, self.model.family)
+        check_head(task, self.model)
         for key in ("tokenizer", "bpe_vocab_size"):
             if task not in TOKENIZED and getattr(self, key) != getattr(TrainConfig, key):
                 raise ConfigError(f"'{key}' is not used: task {task} reads no text (tasks {', '.join(TOKENIZED)} do)")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from attnlab.core.fileio import save_figure
+
 
 def plot_loss_curve(records: list[dict[str, Any]], out: Path, title: str = "") -> Path:
     """loss.png: train and val loss against the step (top) and the learning rate (bottom); returns the path."""
@@ -32,5 +34,5 @@ def plot_loss_curve(records: list[dict[str, Any]], out: Path, title: str = "") -
     ax_lr.set_xlabel("step")
     ax_lr.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out)
+    save_figure(fig, out)
     return out

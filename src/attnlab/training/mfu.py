@@ -2,8 +2,8 @@
 
 Training FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B):
 
-    F = 6 N + 12 L H Q T        N: parameters a token passes through (no position table; only the
-                                top-k of E experts in a mixture-of-experts layer), L layers,
+    F = 6 N + 12 L H Q T        N: parameters a token passes through (no position or lookup table;
+                                only the top-k of E experts in a mixture-of-experts layer), L layers,
                                 H heads of size Q (H Q = d_model), T the context length
 
 6N is forward (2N) plus backward (4N) through the weight matmuls; 12 L H Q T is the same for the
@@ -44,11 +44,11 @@ from attnlab.core.fileio import atomic_write_text, default_cache_dir
 
 
 def active_parameters(model: torch.nn.Module) -> int:
-    """Parameters one token's forward pass multiplies by: no position table, top-k/E of experts."""
+    """Parameters one token's forward pass multiplies by: no position or lookup table, top-k/E of experts."""
     from attnlab.nn import roles
 
     experts = {id(p) for _, p in roles.with_role(model, roles.EXPERT)}
-    tables = {id(p) for _, p in roles.with_role(model, roles.POSITION_TABLE)}
+    tables = {id(p) for role in (roles.POSITION_TABLE, roles.LOOKUP_TABLE) for _, p in roles.with_role(model, role)}
     seen: set[int] = set()  # tied weights counted once
     total = 0.0
     for module in model.modules():

@@ -9,6 +9,8 @@
     lm                     texts                                                       the next token, p(token | x)
     mlm                    texts with [MASK]                                           the text filled in, prod p(token)
     seq2seq                texts                                                       the greedy output, p(output | x)
+    token-classification   texts                                     entities with character offsets (predict_spans)
+    question-answering     .jsonl {question, context} rows           the answer, its start/end and score (predict_spans)
 
 Only what the run saved is read (weights, tokenizer, labels.json / targets.json / inputs.json): the training data
 need not be there. Inputs are checked before the model runs; a text too long for the model's context is cut to
@@ -314,7 +316,13 @@ def predict(run: str | Path, data: str | Path, batch_size: int = 64, resize: boo
                         "attnlab finetune RUN data=IMAGES, or probe its features with attnlab probe RUN data=IMAGES")
     if not data.exists():
         raise DataError(f"input not found: {data}")
-    texts = read_texts(data) if task in ("classify", "regress", "lm", "mlm", "seq2seq") else None
+    texts = read_texts(data) if task in ("classify", "regress", "lm", "mlm", "seq2seq", "token-classification") \
+        else None
+    if task == "question-answering":
+        from attnlab.training.predict_spans import predict_answers, read_questions
+
+        questions = read_questions(data)  # checked before the model is read
+        return predict_answers(from_pretrained(run).eval(), run, questions, batch_size)
     model = from_pretrained(run).eval()
     if task == "image-classification":
         return predict_images(model, run, data, batch_size, resize)
@@ -327,6 +335,10 @@ def predict(run: str | Path, data: str | Path, batch_size: int = 64, resize: boo
         return predict_text_rows(model, run, texts, task, batch_size)
     if task == "seq2seq":
         return predict_seq2seq(model, run, texts, batch_size)
+    if task == "token-classification":
+        from attnlab.training.predict_spans import predict_entities
+
+        return predict_entities(model, run, texts, batch_size)
     return predict_tokens(model, run, texts, task)
 
 
@@ -342,9 +354,10 @@ def write_predictions(rows: list[dict[str, Any]], out: str | Path) -> Path:
     if out.suffix.lower() == ".jsonl":
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     else:
-        columns = [c for c in ("input", "prediction", "probability", "truncated") if any(c in r for r in rows)]
+        columns = [c for c in ("input", "prediction", "probability", "start", "end", "score", "truncated")
+                   if any(c in r for r in rows)]  # a span run's entities list: JSONL only (its summary is "prediction")
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+        writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
         writer.writeheader()
         writer.writerows({**r, "prediction": _csv_value(r["prediction"])} for r in rows)
         text = buffer.getvalue()

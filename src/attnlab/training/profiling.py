@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from attnlab.core.fileio import atomic_write_text
+
 WARMUP_STEPS = 5
 
 
@@ -47,5 +49,5 @@ class StepProfiler:
         self.out.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(self.out / "trace.json"))
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-        (self.out / "ops.txt").write_text(table + "\n", encoding="utf-8")
+        atomic_write_text(self.out / "ops.txt", table + "\n")
         self.say(f"profile of {self.end - self.begin} steps written to {self.out / 'trace.json'}\n{table}")

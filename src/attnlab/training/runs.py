@@ -116,6 +116,10 @@ def load_run_config(run_dir: str | Path):
     run_dir = Path(run_dir)
     if not (run_dir / RUN_CONFIG).is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no {RUN_CONFIG})")
+    missing = DUMP_KEYS - set(load_yaml(run_dir / RUN_CONFIG))  # an emptied or cut file would read as the defaults
+    if missing:
+        raise ConfigError(f"{run_dir / RUN_CONFIG} is not a whole run config (it lacks {', '.join(sorted(missing))}): "
+                          "it was emptied or cut short; the run's settings cannot be read from it")
     return load_train_config(run_dir / RUN_CONFIG, dump=True)
 
 

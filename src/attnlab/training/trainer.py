@@ -236,16 +236,22 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def train(self) -> TrainResult:
+    def train(self, keep_lock: bool = False) -> TrainResult:
         """Train to max_iters; the process's thread count and kernel modes are restored afterwards, and the run
-        folder's lock (held from the Trainer's making) released."""
+        folder's lock (held from the Trainer's making) released, unless ``keep_lock``: the caller writes more
+        into the folder first (finetune's report) and then calls ``release_lock``."""
         try:
             with StopRequest() as self._stop:
                 return self._train()
         finally:
             runtime.apply(self._runtime_before, self.log)
-            if self.lock is not None:
-                self.lock.release()
+            if not keep_lock:
+                self.release_lock()
+
+    def release_lock(self) -> None:
+        """Let another process write this run folder (a second call does nothing)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def _train(self) -> TrainResult:
         from tqdm import tqdm

@@ -7,6 +7,7 @@
     pooled (mean): u = sum_t m_t h_L[:, t] / sum_t m_t    mean over real tokens (sentence-transformers)
     next sentence: softmax(u_cls W_nsp + b_nsp)            is segment B the real continuation of A?
     classify:      softmax(Dropout(u) W_c + b_c);  per token: softmax(Dropout(h_L) W_tc + b_tc)
+    answer span:   [s_t, e_t] = Dropout(h_L[:, t]) W_s + b_s     start and end logits of each token (head_type="span")
 
 Blocks are post-norm by default as in the original BERT (``norm_position="post"`` in the presets;
 pre-norm adds a final norm). Padding is a key mask: real tokens never attend to [PAD].
@@ -41,8 +42,10 @@ class BertOutput:
     positions whose ``mlm_labels`` are not -100 (row-major order) when labels are given.
     nsp_logits (B, 2) (from the [CLS] pooler, whatever the pooling); logits (B, n_classes) and
     token_logits (B, T, n_classes) when the model has ``n_classes``; predictions (B, n_targets), the
-    regression head's pool(h) W_r + b_r, when it has ``n_targets``. ``loss`` is the sum of the
-    losses of the labels given (mlm_loss, nsp_loss, cls_loss, reg_loss = mean (prediction - target)^2).
+    regression head's pool(h) W_r + b_r, when it has ``n_targets``. ``head_type="token"`` keeps only the
+    token classifier; ``head_type="span"`` gives start_logits and end_logits (B, T) instead. ``loss`` is the
+    sum of the losses of the labels given (mlm_loss, nsp_loss, cls_loss, reg_loss = mean (prediction -
+    target)^2, span_loss = (CE(start) + CE(end)) / 2 over the positions).
     """
 
     hidden_states: Tensor
@@ -57,6 +60,9 @@ class BertOutput:
     cls_loss: Tensor | None = None
     predictions: Tensor | None = None
     reg_loss: Tensor | None = None
+    start_logits: Tensor | None = None
+    end_logits: Tensor | None = None
+    span_loss: Tensor | None = None
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
@@ -93,7 +99,7 @@ class BertEmbeddings(nn.Module):
 
 
 class Bert(PretrainedModel):
-    """Encoder-only transformer (BERT layout) with MLM, NSP, sequence and token classification heads."""
+    """Encoder-only transformer (BERT layout) with MLM, NSP, sequence, token classification and span heads."""
 
     config_class = BertConfig
 
@@ -116,8 +122,9 @@ class Bert(PretrainedModel):
         self.classifier: nn.Linear | None = None
         self.token_classifier: nn.Linear | None = None
         if c.n_classes is not None:
-            self.classifier = nn.Linear(c.d_model, c.n_classes)
+            self.classifier = nn.Linear(c.d_model, c.n_classes) if c.head_type == "sequence" else None
             self.token_classifier = nn.Linear(c.d_model, c.n_classes)
+        self.span_classifier = nn.Linear(c.d_model, 2) if c.head_type == "span" else None  # (start, end) per token
         self.regressor = nn.Linear(c.d_model, c.n_targets) if c.n_targets is not None else None
         self.apply(self._init_weights)
         if self.regressor is not None:
@@ -163,13 +170,16 @@ class Bert(PretrainedModel):
         labels: Tensor | None = None,
         token_labels: Tensor | None = None,
         targets: Tensor | None = None,
+        start_positions: Tensor | None = None,
+        end_positions: Tensor | None = None,
         with_mlm: bool = False,
     ) -> BertOutput:
         """Encode, then the heads the labels ask for.
 
         mlm_labels (B, T): original ids at the selected positions, -100 elsewhere; next_sentence_label
         (B,): 0 = B follows A, 1 = B is random (BERT's convention); labels (B,): sequence classes;
-        token_labels (B, T): per-token classes, -100 to skip; targets (B, n_targets): regression values.
+        token_labels (B, T): per-token classes, -100 to skip; targets (B, n_targets): regression values;
+        start_positions, end_positions (B,): the answer's first and last token (head_type="span").
         ``with_mlm``: full (B, T, V) MLM logits.
         """
         hidden = self.encode(input_ids, attention_mask, token_type_ids)
@@ -188,20 +198,33 @@ class Bert(PretrainedModel):
         if next_sentence_label is not None:
             out.nsp_loss = F.cross_entropy(out.nsp_logits, next_sentence_label)
             losses.append(out.nsp_loss)
-        if self.classifier is not None and self.token_classifier is not None:
-            drop = self.config.dropout if self.training else 0.0
+        drop = self.config.dropout if self.training else 0.0
+        if self.classifier is not None:
             out.logits = self.classifier(F.dropout(pooled, drop))  # (B, n_classes)
-            out.token_logits = self.token_classifier(F.dropout(hidden, drop))  # (B, T, n_classes)
             if labels is not None:
                 out.cls_loss = F.cross_entropy(out.logits, labels)
                 losses.append(out.cls_loss)
+        elif labels is not None:
+            raise ValueError("this BERT has no sequence classification head: set model.n_classes and "
+                             "model.head_type=sequence")
+        if self.token_classifier is not None:
+            out.token_logits = self.token_classifier(F.dropout(hidden, drop))  # (B, T, n_classes)
             if token_labels is not None:
                 token_loss = F.cross_entropy(out.token_logits.flatten(0, 1), token_labels.flatten(),
                                              ignore_index=IGNORE_INDEX)
                 out.cls_loss = token_loss if out.cls_loss is None else out.cls_loss + token_loss
                 losses.append(token_loss)
-        elif labels is not None or token_labels is not None:
+        elif token_labels is not None:
             raise ValueError("this BERT has no classification head: set model.n_classes")
+        if self.span_classifier is not None:
+            span = self.span_classifier(F.dropout(hidden, drop))  # (B, T, 2)
+            out.start_logits, out.end_logits = span[..., 0], span[..., 1]  # (B, T) each
+            if start_positions is not None and end_positions is not None:
+                out.span_loss = (F.cross_entropy(out.start_logits, start_positions)
+                                 + F.cross_entropy(out.end_logits, end_positions)) / 2
+                losses.append(out.span_loss)
+        elif start_positions is not None or end_positions is not None:
+            raise ValueError("this BERT has no span head: set model.head_type=span")
         if self.regressor is not None:
             out.predictions = self.regressor(F.dropout(pooled, self.config.dropout if self.training else 0.0))
             if targets is not None:

@@ -17,12 +17,13 @@ from attnlab.models.config import (
     at_least,
     unused_rope_theta,
 )
+from attnlab.models.engram_options import EngramOptions
 
 
 @dataclass
 class GPTConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOptions, VocabularyOptions, MixerOptions,
-                MoEOptions, ResidualOptions, family="gpt"):
-    """A GPT: any token mixer per layer, dense or expert feed-forward, any residual scheme."""
+                MoEOptions, ResidualOptions, EngramOptions, family="gpt"):
+    """A GPT: any token mixer per layer, dense or expert feed-forward, any residual scheme, Engram layers."""
 
     family: str = "gpt"  # the model family; it chooses which of these tables applies
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma 2); None = uncapped
@@ -36,6 +37,7 @@ class GPTConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOption
         self.check_mixer(self.positions, self.head_dim)
         self.check_moe()
         self.check_residual(self.norm_position)
+        self.check_engram(self.n_layer, self.norm_position)
         super().validate()
 
     def attention_needs(self) -> dict[str, str]:
@@ -43,4 +45,4 @@ class GPTConfig(ModelConfig, TransformerOptions, SequenceOptions, PositionOption
 
     def unused_options(self) -> list[tuple[str, str]]:
         return [*self.unused_mixer_options(), *self.unused_moe_options(), *self.unused_residual_options(),
-                *unused_rope_theta(self.positions, self.mixer)]
+                *self.unused_engram_options(), *unused_rope_theta(self.positions, self.mixer)]

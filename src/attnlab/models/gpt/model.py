@@ -1,7 +1,8 @@
 """GPT: a decoder-only language model.
 
     h_0 = E[x] + P[pos]                      token embedding (+ additive positions, if any)
-    h_l = Block_l(h_{l-1}),  l = 1..L       causal self-attention + feed-forward
+    h_l = Block_l(h_{l-1}),  l = 1..L       causal self-attention + feed-forward (after an Engram sub-layer,
+                                             x + Engram(Norm(x), ids), at the layers engram_layers lists)
     p(x_{t+1} | x_<=t) = softmax(z),  z = Norm(h_L) E^T   LM head tied to the embedding
     z <- cap * tanh(z / cap)                 with model.logit_softcap (Gemma 2), else z as it is
 
@@ -20,9 +21,10 @@ from torch import Tensor, nn
 
 from attnlab.models.base import PretrainedModel
 from attnlab.models.gpt.config import GPTConfig
-from attnlab.models.layers import build_block
+from attnlab.models.layers import build_block, build_ffn, build_mixer
 from attnlab.nn import roles
-from attnlab.nn.blocks import LayerCache
+from attnlab.nn.blocks import Block, EngramBlock, LayerCache
+from attnlab.nn.engram import Engram
 from attnlab.nn.mixing import BlockContext
 from attnlab.nn.moe import MoEFeedForward, MoEStats
 from attnlab.nn.norms import build_norm
@@ -47,6 +49,19 @@ class LMOutput:
     moe_stats: list[MoEStats] | None = None
 
 
+def gpt_block(c: GPTConfig, index: int) -> Block:
+    """Block ``index`` of a GPT: its mixer and FFN (dense or experts), with an Engram sub-layer before the mixer
+    where ``engram_layers`` lists it (its hash multipliers drawn from the layer's index)."""
+    mixer, moe = c.layer_mixer(index), c.is_moe_layer(index)
+    if not c.is_engram_layer(index):
+        return build_block(c, mixer=mixer, moe=moe)
+    engram = Engram(c.d_model, c.vocab_size, order=c.engram_order, heads=c.engram_heads,
+                    table_size=c.engram_table_size, dim=c.engram_dim, conv=c.engram_conv, bias=c.bias,
+                    eps=c.norm_eps, seed=index)
+    norm = partial(build_norm, c.norm, c.d_model, c.norm_eps, c.bias)
+    return EngramBlock(build_mixer(c, mixer), build_ffn(c, moe), engram, norm, c.dropout)
+
+
 class GPT(PretrainedModel):
     """Decoder-only transformer LM (GPT-2 layout; positions, norms, FFN, heads set by the config)."""
 
@@ -59,9 +74,7 @@ class GPT(PretrainedModel):
         c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.positions = build_positions(c.positions, c.d_model, c.n_head, c.block_size, c.rope_theta)
-        self.blocks = nn.ModuleList(
-            build_block(c, mixer=c.layer_mixer(i), moe=c.is_moe_layer(i)) for i in range(c.n_layer)
-        )
+        self.blocks = nn.ModuleList(gpt_block(c, i) for i in range(c.n_layer))
         self.residual: ResidualScheme | None = None  # None: the plain x + f(norm(x)) (fastest path)
         if c.residual != "standard":
             self.residual = build_residual(c.residual, c.d_model, sum(b.n_sublayers for b in self.blocks),
@@ -92,11 +105,18 @@ class GPT(PretrainedModel):
         cap = self.config.logit_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
+    def set_engram_vocabulary(self, tokens: list[str]) -> None:
+        """Give every Engram layer the compressing map of the tokenizer's vocabulary (``nn.engram.canonical_ids``:
+        tokens[i] is id i's string); until then each token id is its own canonical id."""
+        for module in self.modules():
+            if isinstance(module, Engram):
+                module.set_vocabulary(tokens)
+
     def new_cache(
         self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None
     ) -> list[LayerCache]:
-        """One preallocated cache per layer (keys/values, MLA latents or an SSM state), for up to
-        ``max_len`` (default block_size) positions."""
+        """One preallocated cache per layer (keys/values, MLA latents or an SSM state, with an Engram's last ids and
+        convolution inputs), for up to ``max_len`` (default block_size) positions."""
         param = self.tok_emb.weight
         return [block.new_cache(batch_size, max_len or self.config.block_size, dtype or param.dtype, param.device)
                 for block in self.blocks]
@@ -128,8 +148,8 @@ class GPT(PretrainedModel):
             x = F.dropout(x, self.config.dropout, self.training)
         rotary = self.positions.rotary(pos)
         bias = self.positions.contiguous_bias(T, start + T, idx.device)  # (H, T, S): keys 0 .. start + T - 1
-        ctxs = [BlockContext(bias=bias, rotary=rotary, is_causal=True, cache=cache[i] if cache else None)
-                for i in range(len(self.blocks))]
+        ctxs = [BlockContext(bias=bias, rotary=rotary, is_causal=True, cache=cache[i] if cache else None,
+                             token_ids=idx) for i in range(len(self.blocks))]
         if self.residual is None:  # x = x + f(norm(x)), inside each block
             for block, ctx in zip(self.blocks, ctxs, strict=True):
                 x = block(x, ctx)  # (B, T, C)

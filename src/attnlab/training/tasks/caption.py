@@ -24,6 +24,7 @@ from torch import Tensor
 
 from attnlab.core.errors import ConfigError, DataError
 from attnlab.core.extras import require
+from attnlab.core.fileio import atomic_write_text
 from attnlab.data.pairs import PairEncoder
 from attnlab.training.tasks.base import Batch, sample_rows
 from attnlab.training.tasks.images import ImageClassificationTask
@@ -160,5 +161,5 @@ class CaptionTask(ImageClassificationTask):
         refs = self.captions["test"][:8]
         hyps = self.generate(model, "test", limit=8)
         text = "\n".join(f"{h}   (reference: {r})" for h, r in zip(hyps, refs))
-        (run_dir / "samples.txt").write_text(text + "\n", encoding="utf-8")
+        atomic_write_text(run_dir / "samples.txt", text + "\n")
         return text

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab.core.fileio import save_figure
 from attnlab.nn.hooks import capture
 
 
@@ -116,5 +117,5 @@ def render_word_attention(model: torch.nn.Module, encoder, images: Tensor, shown
                  fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_figure(fig, path)
     return path

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import CheckpointError, ConfigError, DataError
+from attnlab.core.fileio import save_figure
 from attnlab.training.metrics import accuracy, confusion_matrix, macro_f1
 from attnlab.training.tasks.base import Batch
 from attnlab.training.tasks.text_rows import TextRowsTask
@@ -96,7 +97,7 @@ class ClassifyTask(TextRowsTask):
         fig = confusion_figure(confusion_matrix(true, pred, len(self.classes)).numpy(), self.classes,
                                self.scores(model, "val"))
         path = run_dir / "confusion.png"
-        fig.savefig(path, dpi=100)
+        save_figure(fig, path, dpi=100)
         return [path]
 
 

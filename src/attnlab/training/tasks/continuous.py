@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import CheckpointError, ConfigError, DataError
+from attnlab.core.fileio import save_figure
 from attnlab.training.tasks.base import Batch, RowsTask
 from attnlab.training.tasks.names import check_family
 
@@ -201,5 +202,5 @@ class ContinuousTask(RowsTask):
             ax.set_title(f"held-out: R² = {s['r2']:.3f}, MAE = {s['mae']:.3g}")
             fig.tight_layout()
             out.append(run_dir / "predicted-vs-true.png")
-            fig.savefig(out[-1], dpi=120)
+            save_figure(fig, out[-1], dpi=120)
         return out

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import CheckpointError, DataError
-from attnlab.core.fileio import atomic_write_text
+from attnlab.core.fileio import atomic_write_text, save_figure
 from attnlab.training.tasks.base import Batch, Task, sample_rows
 from attnlab.training.tasks.names import check_family
 
@@ -157,5 +157,5 @@ class ImageClassificationTask(Task):
         ax.set_title(f"test accuracy {accuracy:.2%} ({len(true)} images)")
         fig.tight_layout()
         path = Path(run_dir) / "confusion_matrix.png"
-        fig.savefig(path)
+        save_figure(fig, path)
         return [path]

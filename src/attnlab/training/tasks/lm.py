@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from attnlab.core.fileio import atomic_write_text
 from attnlab.training.tasks.base import Batch, Task
 
 if TYPE_CHECKING:
@@ -83,5 +84,5 @@ class LanguageModelTask(Task):
         sampling = SamplingConfig(max_new_tokens=cfg.sample_tokens, temperature=0.8, top_k=None, seed=cfg.seed)
         out = generate(model, idx, sampling)
         text = self.tokenizer.decode(out[0].tolist())
-        (run_dir / "samples.txt").write_text(text + "\n", encoding="utf-8")
+        atomic_write_text(run_dir / "samples.txt", text + "\n")
         return text

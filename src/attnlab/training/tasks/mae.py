@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from attnlab.core.fileio import save_figure
 from attnlab.training.tasks.base import Batch
 from attnlab.training.tasks.images import ImageClassificationTask
 
@@ -78,5 +79,5 @@ class MaskedImageTask(ImageClassificationTask):
         fig.suptitle(f"masked autoencoder: {c.mask_ratio:.0%} of the patches hidden", fontsize=9)
         fig.tight_layout()
         path = Path(run_dir) / "reconstructions.png"
-        fig.savefig(path, dpi=100)
+        save_figure(fig, path, dpi=100)
         return [path]

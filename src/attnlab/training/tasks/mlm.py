@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import ConfigError
+from attnlab.core.fileio import atomic_write_text
 from attnlab.training.tasks.base import Batch, Task
 from attnlab.training.tasks.names import check_family
 
@@ -115,5 +116,5 @@ class MaskedLanguageModelTask(Task):
             lines.append("truth:     " + " ".join(truth[1:-1]).replace(" ##", ""))
             lines.append("predicted: " + " ".join(shown[1:-1]).replace(" ##", ""))
         text = "\n".join(lines)
-        (run_dir / "samples.txt").write_text(text + "\n", encoding="utf-8")
+        atomic_write_text(run_dir / "samples.txt", text + "\n")
         return text

@@ -15,6 +15,8 @@ TASKS: dict[str, str] = {
     "mlm": "attnlab.training.tasks.mlm:MaskedLanguageModelTask",
     "classify": "attnlab.training.tasks.classify:ClassifyTask",
     "regress": "attnlab.training.tasks.regress:RegressTask",
+    "token-classification": "attnlab.training.tasks.tokens:TokenClassificationTask",
+    "question-answering": "attnlab.training.tasks.qa:QuestionAnsweringTask",
     "seq2seq": "attnlab.training.tasks.seq2seq:Seq2SeqTask",
     "continuous": "attnlab.training.tasks.continuous:ContinuousTask",
     "mae": "attnlab.training.tasks.mae:MaskedImageTask",
@@ -33,12 +35,14 @@ TASK_SECTIONS: dict[str, tuple[str, ...]] = {
     "mlm": ("mlm",),
     "classify": ("classify",),
     "regress": ("classify",),
+    "token-classification": ("classify",),
+    "question-answering": ("classify",),
     "seq2seq": ("seq2seq",),
     "continuous": ("continuous",),
 }
 SECTIONS = ("images", "mlm", "classify", "seq2seq", "continuous")
 # the tasks that build a tokenizer (tokenizer=, bpe_vocab_size=)
-TOKENIZED = ("lm", "caption", "classify", "regress", "mlm", "seq2seq")
+TOKENIZED = ("lm", "caption", "classify", "regress", "mlm", "seq2seq", "token-classification", "question-answering")
 
 # the model families a task trains; checked before any other task option
 TASK_FAMILIES: dict[str, tuple[str, ...]] = {
@@ -52,6 +56,8 @@ TASK_FAMILIES: dict[str, tuple[str, ...]] = {
     "mlm": ("bert",),
     "classify": ("bert",),
     "regress": ("bert",),
+    "token-classification": ("bert",),
+    "question-answering": ("bert",),
 }
 
 
@@ -62,6 +68,22 @@ def check_family(task: str, family: str) -> None:
         what = ("a bert encoder" if families == ("bert",) else
                 f"the {', '.join(families[:-1]) + ' or ' if len(families) > 1 else ''}{families[-1]} family")
         raise ConfigError(f"task {task} trains {what}, not model.family={family}")
+
+
+# the BERT heads (model.head_type) a task trains; tasks not listed read no head
+TASK_HEADS: dict[str, tuple[str, ...]] = {
+    "classify": ("sequence",),
+    "regress": ("sequence",),
+    "token-classification": ("token", "sequence"),  # the task sets its own: token
+    "question-answering": ("span", "sequence"),  # span
+}
+
+
+def check_head(task: str, model) -> None:
+    """ConfigError where ``model`` (a model config) has a BERT head (model.head_type) that ``task`` does not train."""
+    head = getattr(model, "head_type", None)
+    if head is not None and task in TASK_HEADS and head not in TASK_HEADS[task]:
+        raise ConfigError(f"task {task} trains model.head_type={TASK_HEADS[task][0]}, not model.head_type={head}")
 
 
 # the task a family trains on when the config names none

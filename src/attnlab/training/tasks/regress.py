@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attnlab.core.errors import CheckpointError, DataError
+from attnlab.core.fileio import save_figure
 from attnlab.training.tasks.base import Batch
 from attnlab.training.tasks.text_rows import TextRowsTask
 
@@ -161,7 +162,7 @@ class RegressTask(TextRowsTask):
                      f"{s['mae_of_the_mean']:.3g}; bag of characters, MAE {s['mae_of_bag_of_characters']:.3g}",
                      fontsize=8)
         fig.tight_layout()
-        fig.savefig(run_dir / "predicted-vs-true.png", dpi=120)
+        save_figure(fig, run_dir / "predicted-vs-true.png", dpi=120)
         return [run_dir / "scores.json", run_dir / "predicted-vs-true.png"]
 
 

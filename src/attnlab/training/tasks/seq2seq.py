@@ -23,6 +23,7 @@ from torch import Tensor
 
 from attnlab.core.errors import DataError
 from attnlab.core.extras import require
+from attnlab.core.fileio import atomic_write_text, save_figure
 from attnlab.data.pairs import SPECIALS, PairEncoder, load_pairs
 from attnlab.nn.hooks import capture
 from attnlab.training.tasks.base import Batch, Task, sample_rows
@@ -199,7 +200,7 @@ class Seq2SeqTask(Task):
         pairs = self.pairs.test[:SAMPLES]
         outs = translate(model, self.encoder, [s for s, _ in pairs])
         text = "\n".join(f"{s}  ->  {o}   (reference: {t})" for (s, t), o in zip(pairs, outs))
-        (run_dir / "samples.txt").write_text(text + "\n", encoding="utf-8")
+        atomic_write_text(run_dir / "samples.txt", text + "\n")
         return text
 
 
@@ -272,5 +273,5 @@ def plot_cross_attention(model: torch.nn.Module, encoder: PairEncoder, source: s
     ax.set_title("cross-attention (last decoder layer, mean over heads)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     return path
