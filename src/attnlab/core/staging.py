@@ -6,11 +6,11 @@
 
 Everything happens under ``out``'s lock (``.OUT.lock`` beside it, ``core.locks``):
 
-1. a new folder ``.OUT.staging-XXXX`` is made beside ``out``, holding the mark file ``STAGING_MARK``;
+1. a new folder ``.OUT.staging-*`` is made beside ``out``, holding the mark file ``STAGING_MARK``;
 2. the body writes there; on an exception the folder is removed and ``out`` left as it was;
 3. every file is fsynced, then
    - ``out`` absent or empty: the mark is removed and the folder renamed onto ``out`` (one rename);
-   - ``replace`` and ``out`` full: ``out`` is renamed to ``.OUT.replaced-XXXX`` and the new folder onto ``out``; then
+   - ``replace`` and ``out`` full: ``out`` is renamed to ``.OUT.replaced-*`` and the new folder onto ``out``; then
      its mark and the old folder are removed.
 
 A kill leaves one of four states, and the next ``staged_folder`` for ``out`` (``recover``) resolves each before
