@@ -16,12 +16,12 @@ fine-tuned for 6 on 90 labelled rows, a checkpoint every step, an evaluation eve
 run's finetune.json holds the uninterrupted run's held-out scores. Writes
 ``benchmarks/results/kill_trials_finetune.json``.
 
-With ``--command folders`` the trials are of the commands that write a folder whole (import-hf, data
-micrographs, export, inspect --text, heads, experiment; tests/kill_trials_folders.py): each killed at every
+With ``--command folders`` the trials are of the commands that write a folder whole (import-hf, data micrographs,
+data spoken-words, export, inspect --text, heads, experiment; tests/kill_trials_folders.py): each killed at every
 window it passes (``staging.filled``; for those that replace an earlier output of their own also
 ``staging.swapping`` and ``staging.swapped``) and at random moments of its run, over its earlier output where it
-replaces one. A trial passes when OUT right after the kill is absent, the earlier output whole or the new one
-whole, and the same command run again exits 0 with the new output whole and nothing left beside it. Writes
+replaces one. A trial passes when OUT right after the kill is absent, the earlier output whole or the new one whole,
+and the same command run again exits 0 with the new output whole and nothing left beside it. Writes
 ``benchmarks/results/kill_trials_folders.json``.
 
     python benchmarks/kill_trials.py                      # ~5 minutes on 2 cores
@@ -78,7 +78,7 @@ CHECKS = ("killed", "identical", "best_kept")
 def main() -> None:
     ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--command", choices=("train", "finetune", "folders"), default="train",
-                    help="the command killed (folders: the six that write a folder whole)")
+                    help="the command killed (folders: the seven that write a folder whole)")
     ap.add_argument("--trials", type=at_least(1), default=None, help="named-window trials first, random moments "
                     "after (default 30; with folders: per command, default its windows and 2 random moments)")
     ap.add_argument("--seed", type=any_seed, default=0)

@@ -1,6 +1,7 @@
-"""kill -9 trials of the commands that write a folder whole (``core/staging.py``): import-hf, data micrographs,
-export, inspect --text, heads and experiment. Shared by ``benchmarks/kill_trials.py --command folders`` (every
-window and random moments) and tests/core/test_folder_kills.py (one trial, to keep the trials themselves honest).
+"""kill -9 trials of the commands that write a folder whole (``core/staging.py``): import-hf, data micrographs, data
+spoken-words, export, inspect --text, heads and experiment. Shared by ``benchmarks/kill_trials.py --command
+folders`` (every window and random moments) and tests/core/test_folder_kills.py (one trial, to keep the trials
+themselves honest).
 
 Each command is a ``Writer``: the argv of a run into OUT and, for the commands that replace an earlier output of
 their own (inspect, heads, experiment), the argv of that earlier output, written into OUT before each trial.
@@ -54,7 +55,7 @@ class Writer:
 
 
 def writers(root: Path) -> list[Writer]:
-    """The six commands, with their inputs made under ``root`` (in this process, once)."""
+    """The seven commands, with their inputs made under ``root`` (in this process, once)."""
     from attnlab.cli import main
     from tests.helpers import train_tiny_run
     from tests.hf_folders import tiny_hf_folders
@@ -70,6 +71,7 @@ def writers(root: Path) -> list[Writer]:
     return [
         Writer("import-hf", ["import-hf", str(hf / "bert")]),
         Writer("data micrographs", ["data", "micrographs", "--n", "40", "--size", "32"]),
+        Writer("data spoken-words", ["data", "spoken-words", "--n", "20"]),
         Writer("export", ["export", str(root / "imported")]),
         Writer("inspect --text", ["inspect", str(run), "--text", "The dog.", "--layer", "1"],
                ["inspect", str(run), "--text", "The cat.", "--layer", "0"], REPLACING_WINDOWS),
