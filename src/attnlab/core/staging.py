@@ -81,19 +81,18 @@ def _is_empty_folder(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def staged_folder(out: str | Path, error: type[Exception] = OSError, replace: bool = False,
-                  locked: bool = False) -> Iterator[Path]:
+def staged_folder(out: str | Path, error: type[Exception] = OSError, replace: bool = False) -> Iterator[Path]:
     """Yield a new folder beside ``out`` to write into; on success it takes ``out``'s place whole (the module's
     protocol). ``out`` must be absent or an empty folder unless ``replace``; the caller checks beforehand that a
-    folder it replaces is its own (no one else's files). ``locked``: the caller already holds ``out``'s lock
-    (``folder_lock(out, beside=True)``). ``error`` is raised, in one line, when the finished folder cannot take
-    ``out``'s place (``out`` was filled meanwhile, or is not a folder)."""
+    folder it replaces is its own (no one else's files). ``out``'s lock is taken unless this process holds it
+    already (``attnlab experiment`` does, for a whole study). ``error`` is raised, in one line, when the finished
+    folder cannot take ``out``'s place (``out`` was filled meanwhile, or is not a folder)."""
     from attnlab.core.killpoints import kill_point
-    from attnlab.core.locks import folder_lock
+    from attnlab.core.locks import folder_lock, held_here
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    lock = contextlib.nullcontext() if locked else folder_lock(out, beside=True, what="--out")
+    lock = contextlib.nullcontext() if held_here(out, beside=True) else folder_lock(out, beside=True, what="--out")
     with lock:
         recover(out)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))

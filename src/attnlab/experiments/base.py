@@ -87,11 +87,10 @@ def pyplot():
 
 def save_figure(fig: Any, path: Path) -> None:
     """Write ``fig`` to ``path`` (creating the folder), atomically: a kill leaves the old file or the new one."""
-    from attnlab.core.fileio import atomic_path
+    from attnlab.core import fileio
 
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
+    fileio.save_figure(fig, path, dpi=110)
 
 
 def label_axes(ax: Any, xlabel: str, ylabel: str, title: str | None = None, legend: int | None = 8) -> None:
@@ -209,13 +208,10 @@ def publishing(out: Path, name: str, carry: tuple[str, ...] = ()) -> Iterator[Pa
     ``out``'s lock (unless this process holds it: ``attnlab experiment`` does, for the whole run). ConfigError,
     before anything is written, where ``out`` holds files that are not a run of experiment ``name`` (they would be
     replaced)."""
-    from attnlab.core.locks import folder_lock, held_here
     from attnlab.core.staging import staged_folder
     from attnlab.experiments.partial import FILE, refuse_foreign_files
 
-    locked = held_here(out, beside=True)
-    with (contextlib.nullcontext() if locked else folder_lock(out, beside=True, what="the output folder")), \
-            staged_folder(out, ConfigError, replace=True, locked=True) as staging:
+    with staged_folder(out, ConfigError, replace=True) as staging:
         refuse_foreign_files(out, name)
         for kept in (FILE, *carry):
             if (out / kept).is_file():
